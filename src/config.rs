@@ -1,0 +1,177 @@
+//! Command line and environment: every flag has a `FARM_…` variable.
+
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+use crate::{
+    rest::RestSettings,
+    server::{self, AppState, ServeOptions, StateOptions},
+    tls::{self, ClientCas, ServingFiles},
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+/// farm-apiserver: the Kubernetes aggregated API server for farm.example.com/v1alpha.
+///
+/// With no arguments it serves https://127.0.0.1:8443 with Llamas in memory, creates a
+/// development CA and serving certificate under certs/, and writes certs/kubeconfig, so that
+/// `kubectl --kubeconfig certs/kubeconfig get llamas` works at once.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "farm-apiserver", version, about, long_about)]
+pub struct Args {
+    /// Address and port to serve HTTPS on.
+    #[arg(long, env = "FARM_BIND", default_value = "127.0.0.1:8443")]
+    pub bind: SocketAddr,
+
+    /// Directory for the development CA, serving certificate and kubeconfig, used when no
+    /// --tls-cert-file is given. Files: ca.crt, ca.key, tls.crt, tls.key, kubeconfig.
+    #[arg(long, env = "FARM_CERT_DIR", default_value = "certs")]
+    pub cert_dir: PathBuf,
+
+    /// Serving certificate (PEM, chain allowed), e.g. a mounted Secret's tls.crt. Reloaded when
+    /// it changes on disk.
+    #[arg(long, env = "FARM_TLS_CERT_FILE", requires = "tls_private_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+
+    /// Private key of --tls-cert-file (PEM).
+    #[arg(long, env = "FARM_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_private_key_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) whose client certificates are verified at the TLS handshake.
+    #[arg(long, env = "FARM_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+
+    /// How often to check the serving certificate files for changes, in seconds.
+    #[arg(long, env = "FARM_CERT_RELOAD_INTERVAL", default_value_t = 10)]
+    pub cert_reload_interval: u64,
+
+    /// Start with an empty Llama store instead of the sample `default/dolly`.
+    #[arg(long, env = "FARM_NO_SAMPLE_DATA")]
+    pub no_sample_data: bool,
+
+    /// Seconds between SIGTERM (readiness fails at once) and closing the listener, so that load
+    /// balancers stop sending traffic first.
+    #[arg(long, env = "FARM_SHUTDOWN_DELAY", default_value_t = 0)]
+    pub shutdown_delay: u64,
+
+    /// Seconds in-flight requests get to finish after the listener closes.
+    #[arg(long, env = "FARM_SHUTDOWN_GRACE", default_value_t = 30)]
+    pub shutdown_grace: u64,
+
+    /// Watches without timeoutSeconds end after a random time between this many seconds and twice
+    /// as many (kube-apiserver's --min-request-timeout).
+    #[arg(long, env = "FARM_MIN_REQUEST_TIMEOUT", default_value_t = 1800)]
+    pub min_request_timeout: u64,
+
+    /// Seconds between BOOKMARK events on watches that allow them.
+    #[arg(long, env = "FARM_WATCH_BOOKMARK_INTERVAL", default_value_t = 60)]
+    pub watch_bookmark_interval: u64,
+
+    /// Log filter, in RUST_LOG syntax (e.g. `info`, `farm_apiserver=debug`).
+    #[arg(long, env = "FARM_LOG", default_value = "info")]
+    pub log_level: String,
+
+    /// Log format.
+    #[arg(long, env = "FARM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+impl Args {
+    pub fn init_logging(&self) -> anyhow::Result<()> {
+        let filter = EnvFilter::try_new(&self.log_level)
+            .with_context(|| format!("invalid --log-level {:?}", self.log_level))?;
+        let registry = tracing_subscriber::registry().with(filter);
+        let ansi = std::io::stdout().is_terminal();
+        match self.log_format {
+            LogFormat::Plain => registry.with(fmt::layer().with_ansi(ansi)).try_init()?,
+            LogFormat::Json => registry
+                .with(fmt::layer().json().flatten_event(true))
+                .try_init()?,
+        }
+        Ok(())
+    }
+
+    pub fn rest_settings(&self) -> RestSettings {
+        RestSettings {
+            min_request_timeout: Duration::from_secs(self.min_request_timeout),
+            bookmark_interval: Duration::from_secs(self.watch_bookmark_interval.max(1)),
+        }
+    }
+
+    pub async fn run(self) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
+        self.init_logging()?;
+        let mut client_cas = ClientCas::default();
+        if let Some(path) = &self.client_ca_file {
+            client_cas.pem.push(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?,
+            );
+        }
+        let files = match (&self.tls_cert_file, &self.tls_private_key_file) {
+            (Some(cert), Some(key)) => ServingFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            _ => {
+                let ca = tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(self.bind))
+                    .with_context(|| {
+                    format!("preparing dev certificates in {}", self.cert_dir.display())
+                })?;
+                // Our own dev CA signs the kubeconfig's client certificate.
+                client_cas.pem.push(ca);
+                tracing::info!(
+                    kubeconfig = %self.cert_dir.join(tls::KUBECONFIG).display(),
+                    "development certificates ready"
+                );
+                ServingFiles {
+                    cert: self.cert_dir.join(tls::TLS_CERT),
+                    key: self.cert_dir.join(tls::TLS_KEY),
+                }
+            }
+        };
+        let tls_config = tls::load(&files, &client_cas)?;
+        tokio::spawn(tls::reload_loop(
+            tls_config.clone(),
+            files,
+            client_cas,
+            Duration::from_secs(self.cert_reload_interval.max(1)),
+        ));
+        let (state, shutdown) = AppState::new(StateOptions {
+            sample_data: !self.no_sample_data,
+            rest: self.rest_settings(),
+        });
+        let app = server::router(state);
+        server::serve(
+            app,
+            tls_config,
+            ServeOptions {
+                bind: self.bind,
+                shutdown_delay: Duration::from_secs(self.shutdown_delay),
+                shutdown_grace: Duration::from_secs(self.shutdown_grace),
+            },
+            shutdown,
+            started,
+        )
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Args;
+
+    #[test]
+    fn verify_cli() {
+        Args::command().debug_assert();
+    }
+}

@@ -1,0 +1,256 @@
+//! Discovery: `/api`, `/apis` (legacy APIGroupList or aggregated v2/v2beta1 with ETag and 304),
+//! `/apis/farm.example.com` and `/apis/farm.example.com/v1alpha`. The documents never change while
+//! the server runs, so they are encoded once.
+
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    APIGroup, APIGroupList, APIResource, APIResourceList, APIVersions, GroupVersionForDiscovery,
+    ObjectMeta,
+};
+use kube::core::discovery::v2::{
+    APIGroupDiscovery, APIGroupDiscoveryList, APIResourceDiscovery, APIVersionDiscovery,
+    GroupVersionKind,
+};
+use serde::Serialize;
+use sha2::{Digest, Sha512};
+
+use crate::{
+    error::Result,
+    negotiate::{self, Discovery},
+    resource::{GROUP, GROUP_VERSION, ResourceInfo, VERSION},
+};
+
+/// One encoded document and its ETag.
+#[derive(Debug, Clone)]
+struct Document {
+    body: bytes::Bytes,
+    etag: HeaderValue,
+}
+
+impl Document {
+    fn new<T: Serialize>(value: &T) -> Self {
+        let body = serde_json::to_vec(value).unwrap_or_default();
+        let etag = format!("\"{}\"", hex::encode(Sha512::digest(&body)));
+        Self {
+            etag: HeaderValue::from_str(&etag).unwrap_or(HeaderValue::from_static("\"\"")),
+            body: body.into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct DiscoveryDocuments {
+    api_versions: Document,
+    group_list: Document,
+    group: Document,
+    resource_list: Document,
+    aggregated_v2: Document,
+    aggregated_v2beta1: Document,
+    /// `/api` in aggregated form: no legacy (core) groups here.
+    core_v2: Document,
+    core_v2beta1: Document,
+}
+
+/// kube-rs's discovery types leave out `kind`/`apiVersion`; the server must send them.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Typed<'a, T: Serialize> {
+    kind: &'static str,
+    api_version: &'static str,
+    #[serde(flatten)]
+    inner: &'a T,
+}
+
+fn api_resource(info: &ResourceInfo) -> APIResource {
+    APIResource {
+        name: info.plural.clone(),
+        singular_name: info.singular.to_owned(),
+        namespaced: true,
+        kind: info.kind.clone(),
+        verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
+        short_names: (!info.short_names.is_empty())
+            .then(|| info.short_names.iter().map(|s| (*s).to_owned()).collect()),
+        categories: (!info.categories.is_empty())
+            .then(|| info.categories.iter().map(|s| (*s).to_owned()).collect()),
+        group: None,
+        version: None,
+        storage_version_hash: None,
+    }
+}
+
+fn group() -> APIGroup {
+    let version = GroupVersionForDiscovery {
+        group_version: GROUP_VERSION.into(),
+        version: VERSION.into(),
+    };
+    APIGroup {
+        name: GROUP.into(),
+        versions: vec![version.clone()],
+        preferred_version: Some(version),
+        server_address_by_client_cidrs: None,
+    }
+}
+
+fn aggregated(resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
+    APIGroupDiscoveryList {
+        metadata: Some(Default::default()),
+        items: vec![APIGroupDiscovery {
+            metadata: Some(ObjectMeta {
+                name: Some(GROUP.into()),
+                ..Default::default()
+            }),
+            versions: vec![APIVersionDiscovery {
+                version: Some(VERSION.into()),
+                freshness: Some("Current".into()),
+                resources: resources
+                    .iter()
+                    .map(|info| APIResourceDiscovery {
+                        resource: Some(info.plural.clone()),
+                        response_kind: Some(GroupVersionKind {
+                            group: Some(GROUP.into()),
+                            version: Some(VERSION.into()),
+                            kind: Some(info.kind.clone()),
+                        }),
+                        scope: Some("Namespaced".into()),
+                        singular_resource: Some(info.singular.into()),
+                        verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
+                        short_names: info.short_names.iter().map(|s| (*s).to_owned()).collect(),
+                        categories: info.categories.iter().map(|s| (*s).to_owned()).collect(),
+                        subresources: Vec::new(),
+                    })
+                    .collect(),
+            }],
+        }],
+    }
+}
+
+impl DiscoveryDocuments {
+    pub fn new(resources: &[ResourceInfo]) -> Self {
+        let aggregated = aggregated(resources);
+        Self {
+            api_versions: Document::new(&APIVersions {
+                versions: Vec::new(),
+                server_address_by_client_cidrs: Vec::new(),
+            }),
+            group_list: Document::new(&APIGroupList {
+                groups: vec![group()],
+            }),
+            group: Document::new(&group()),
+            resource_list: Document::new(&APIResourceList {
+                group_version: GROUP_VERSION.into(),
+                resources: resources.iter().map(api_resource).collect(),
+            }),
+            aggregated_v2: Document::new(&Typed {
+                kind: "APIGroupDiscoveryList",
+                api_version: "apidiscovery.k8s.io/v2",
+                inner: &aggregated,
+            }),
+            aggregated_v2beta1: Document::new(&Typed {
+                kind: "APIGroupDiscoveryList",
+                api_version: "apidiscovery.k8s.io/v2beta1",
+                inner: &aggregated,
+            }),
+            core_v2: Document::new(&Typed {
+                kind: "APIGroupDiscoveryList",
+                api_version: "apidiscovery.k8s.io/v2",
+                inner: &APIGroupDiscoveryList::default(),
+            }),
+            core_v2beta1: Document::new(&Typed {
+                kind: "APIGroupDiscoveryList",
+                api_version: "apidiscovery.k8s.io/v2beta1",
+                inner: &APIGroupDiscoveryList::default(),
+            }),
+        }
+    }
+}
+
+fn respond(
+    doc: &Document,
+    content_type: &'static str,
+    headers: &HeaderMap,
+    etag: bool,
+) -> Response {
+    let not_modified = etag
+        && headers
+            .get(header::IF_NONE_MATCH)
+            .is_some_and(|v| v.as_bytes() == doc.etag.as_bytes());
+    let mut response = if not_modified {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        (StatusCode::OK, doc.body.clone()).into_response()
+    };
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::VARY, HeaderValue::from_static("Accept"));
+    if etag {
+        h.insert(header::ETAG, doc.etag.clone());
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
+    }
+    response
+}
+
+async fn apis(State(docs): State<Arc<DiscoveryDocuments>>, headers: HeaderMap) -> Result<Response> {
+    let kind = negotiate::discovery(&headers)?;
+    Ok(match kind {
+        Discovery::V2 => respond(&docs.aggregated_v2, kind.content_type(), &headers, true),
+        Discovery::V2beta1 => respond(
+            &docs.aggregated_v2beta1,
+            kind.content_type(),
+            &headers,
+            true,
+        ),
+        Discovery::Legacy => respond(&docs.group_list, kind.content_type(), &headers, false),
+    })
+}
+
+async fn json_only(headers: &HeaderMap) -> Result<()> {
+    // These documents exist in plain JSON only; an Accept that excludes it gets 406.
+    negotiate::output(headers).map(|_| ())
+}
+
+async fn api(State(docs): State<Arc<DiscoveryDocuments>>, headers: HeaderMap) -> Result<Response> {
+    let kind = negotiate::discovery(&headers)?;
+    Ok(match kind {
+        Discovery::V2 => respond(&docs.core_v2, kind.content_type(), &headers, true),
+        Discovery::V2beta1 => respond(&docs.core_v2beta1, kind.content_type(), &headers, true),
+        Discovery::Legacy => respond(&docs.api_versions, kind.content_type(), &headers, false),
+    })
+}
+
+async fn api_group(
+    State(docs): State<Arc<DiscoveryDocuments>>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    json_only(&headers).await?;
+    Ok(respond(&docs.group, "application/json", &headers, false))
+}
+
+async fn resource_list(
+    State(docs): State<Arc<DiscoveryDocuments>>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    json_only(&headers).await?;
+    Ok(respond(
+        &docs.resource_list,
+        "application/json",
+        &headers,
+        false,
+    ))
+}
+
+pub fn router(docs: Arc<DiscoveryDocuments>) -> Router {
+    Router::new()
+        .route("/api", get(api))
+        .route("/apis", get(apis))
+        .route(&format!("/apis/{GROUP}"), get(api_group))
+        .route(&format!("/apis/{GROUP_VERSION}"), get(resource_list))
+        .with_state(docs)
+}

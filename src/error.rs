@@ -1,0 +1,296 @@
+//! The one error type of the server. Every variant renders as a `meta/v1 Status`, the only error
+//! body kubectl and client-go decode (anything else becomes "the server could not find the
+//! requested resource").
+
+use axum::{
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+
+/// Identifies the object an error is about, as `StatusDetails` does.
+#[derive(Debug, Clone, Default)]
+pub struct Subject {
+    /// `<plural>.<group>`, e.g. `llamas.farm.example.com`.
+    pub resource: String,
+    pub group: String,
+    /// The resource (plural) for NotFound/AlreadyExists, the Kind for Invalid, as kube-apiserver does.
+    pub kind: String,
+    pub name: String,
+}
+
+/// One invalid field, reported as a `StatusCause`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldError {
+    pub field: String,
+    /// `FieldValueInvalid`, `FieldValueRequired`, ...
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn invalid(field: &str, value: impl std::fmt::Display, detail: &str) -> Self {
+        Self {
+            field: field.to_owned(),
+            reason: "FieldValueInvalid",
+            message: format!("Invalid value: {value}: {detail}"),
+        }
+    }
+
+    pub fn required(field: &str, detail: &str) -> Self {
+        Self {
+            field: field.to_owned(),
+            reason: "FieldValueRequired",
+            message: format!("Required value: {detail}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}", not_found_message(.0))]
+    NotFound(Subject),
+
+    /// A path that names no resource of ours.
+    #[error("the server could not find the requested resource")]
+    NoRoute,
+
+    #[error("{} \"{}\" already exists", .0.resource, .0.name)]
+    AlreadyExists(Subject),
+
+    #[error("Operation cannot be fulfilled on {} \"{}\": {}", .subject.resource, .subject.name, .message)]
+    Conflict { subject: Subject, message: String },
+
+    #[error("{}.{} \"{}\" is invalid: {}", .subject.kind, .subject.group, .subject.name, join_causes(.causes))]
+    Invalid {
+        subject: Subject,
+        causes: Vec<FieldError>,
+    },
+
+    #[error("{0}")]
+    BadRequest(String),
+
+    #[error("{0}")]
+    MethodNotAllowed(String),
+
+    #[error("{0}")]
+    NotAcceptable(String),
+
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+
+    #[error("the request is too large: limit is {limit} bytes")]
+    RequestEntityTooLarge { limit: usize },
+
+    #[error("{0}")]
+    Expired(String),
+
+    #[error("{0}")]
+    Gone(String),
+
+    #[error("{0}")]
+    TooLargeResourceVersion(String),
+
+    #[error("{0}")]
+    Unauthorized(String),
+
+    #[error("{0}")]
+    Forbidden(String),
+
+    #[error("{0}")]
+    ServiceUnavailable(String),
+
+    #[error("Internal error occurred: {0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn not_found_message(subject: &Subject) -> String {
+    if subject.name.is_empty() {
+        format!("{} not found", subject.resource)
+    } else {
+        format!("{} \"{}\" not found", subject.resource, subject.name)
+    }
+}
+
+fn join_causes(causes: &[FieldError]) -> String {
+    let parts: Vec<String> = causes
+        .iter()
+        .map(|c| format!("{}: {}", c.field, c.message))
+        .collect();
+    if parts.len() == 1 {
+        parts[0].clone()
+    } else {
+        format!("[{}]", parts.join(", "))
+    }
+}
+
+impl Error {
+    pub fn code(&self) -> StatusCode {
+        match self {
+            Error::NotFound(_) | Error::NoRoute => StatusCode::NOT_FOUND,
+            Error::AlreadyExists(_) | Error::Conflict { .. } => StatusCode::CONFLICT,
+            Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Error::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Error::RequestEntityTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::Expired(_) | Error::Gone(_) => StatusCode::GONE,
+            Error::TooLargeResourceVersion(_) => StatusCode::GATEWAY_TIMEOUT,
+            Error::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Error::Forbidden(_) => StatusCode::FORBIDDEN,
+            Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The `reason` field, spelled as apimachinery's `StatusReason` constants.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::NotFound(_) | Error::NoRoute => "NotFound",
+            Error::AlreadyExists(_) => "AlreadyExists",
+            Error::Conflict { .. } => "Conflict",
+            Error::Invalid { .. } => "Invalid",
+            Error::BadRequest(_) => "BadRequest",
+            Error::MethodNotAllowed(_) => "MethodNotAllowed",
+            Error::NotAcceptable(_) => "NotAcceptable",
+            Error::UnsupportedMediaType(_) => "UnsupportedMediaType",
+            Error::RequestEntityTooLarge { .. } => "RequestEntityTooLarge",
+            Error::Expired(_) => "Expired",
+            Error::Gone(_) => "Gone",
+            Error::TooLargeResourceVersion(_) => "Timeout",
+            Error::Unauthorized(_) => "Unauthorized",
+            Error::Forbidden(_) => "Forbidden",
+            Error::ServiceUnavailable(_) => "ServiceUnavailable",
+            Error::Internal(_) => "InternalError",
+        }
+    }
+
+    fn details(&self) -> Option<StatusDetails> {
+        let subject = match self {
+            Error::NotFound(s) | Error::AlreadyExists(s) | Error::Conflict { subject: s, .. } => s,
+            Error::Invalid { subject, causes } => {
+                return Some(StatusDetails {
+                    name: Some(subject.name.clone()),
+                    group: Some(subject.group.clone()),
+                    kind: Some(subject.kind.clone()),
+                    causes: Some(
+                        causes
+                            .iter()
+                            .map(|c| StatusCause {
+                                field: Some(c.field.clone()),
+                                message: Some(c.message.clone()),
+                                reason: Some(c.reason.to_owned()),
+                            })
+                            .collect(),
+                    ),
+                    ..Default::default()
+                });
+            }
+            Error::TooLargeResourceVersion(_) => {
+                return Some(StatusDetails {
+                    causes: Some(vec![StatusCause {
+                        reason: Some("ResourceVersionTooLarge".into()),
+                        message: Some("Too large resource version".into()),
+                        field: None,
+                    }]),
+                    retry_after_seconds: Some(1),
+                    ..Default::default()
+                });
+            }
+            _ => return None,
+        };
+        Some(StatusDetails {
+            name: (!subject.name.is_empty()).then(|| subject.name.clone()),
+            group: Some(subject.group.clone()),
+            kind: Some(subject.kind.clone()),
+            ..Default::default()
+        })
+    }
+
+    /// The `meta/v1 Status` this error is on the wire, also used as a watch `ERROR` event object.
+    pub fn to_status(&self) -> Status {
+        Status {
+            code: Some(i32::from(self.code().as_u16())),
+            details: self.details(),
+            message: Some(self.to_string()),
+            metadata: Default::default(),
+            reason: Some(self.reason().to_owned()),
+            status: Some("Failure".to_owned()),
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let code = self.code();
+        if code.is_server_error() {
+            tracing::warn!(error = %self, "request failed");
+        }
+        let body = serde_json::to_vec(&self.to_status()).unwrap_or_default();
+        let mut response = (code, body).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response.extensions_mut().insert(ErrorReason(self.reason()));
+        response
+    }
+}
+
+/// Left on error responses so the request log can say why a request failed.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorReason(pub &'static str);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama(name: &str) -> Subject {
+        Subject {
+            resource: "llamas.farm.example.com".into(),
+            group: "farm.example.com".into(),
+            kind: "llamas".into(),
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn not_found_reads_like_kube_apiserver() {
+        let status = Error::NotFound(llama("dolly")).to_status();
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["kind"], "Status");
+        assert_eq!(json["apiVersion"], "v1");
+        assert_eq!(json["code"], 404);
+        assert_eq!(json["reason"], "NotFound");
+        assert_eq!(
+            json["message"],
+            "llamas.farm.example.com \"dolly\" not found"
+        );
+        assert_eq!(json["details"]["name"], "dolly");
+        assert_eq!(json["details"]["kind"], "llamas");
+    }
+
+    #[test]
+    fn invalid_lists_every_cause() {
+        let mut subject = llama("x");
+        subject.kind = "Llama".into();
+        let err = Error::Invalid {
+            subject,
+            causes: vec![
+                FieldError::invalid("spec.weight", -1.0, "must be greater than 0"),
+                FieldError::invalid("spec.height", 0.0, "must be greater than 0"),
+            ],
+        };
+        assert_eq!(err.code(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            err.to_string(),
+            "Llama.farm.example.com \"x\" is invalid: [spec.weight: Invalid value: -1: must be greater than 0, spec.height: Invalid value: 0: must be greater than 0]"
+        );
+        let causes = err.to_status().details.unwrap().causes.unwrap();
+        assert_eq!(causes.len(), 2);
+        assert_eq!(causes[0].field.as_deref(), Some("spec.weight"));
+    }
+}

@@ -1,0 +1,181 @@
+//! `/healthz`, `/livez` and `/readyz` as k8s.io/apiserver answers them: `ok`, `?verbose` lists each
+//! check as `[+]name ok`, `/readyz/<check>` asks one, and a failure is a 500 naming the check.
+//! Readiness turns false first on shutdown, so load balancers drain before the listener closes.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use axum::{
+    Router,
+    extract::{Path, RawQuery, State},
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+
+use crate::error::Error;
+
+type CheckFn = dyn Fn() -> Result<(), String> + Send + Sync;
+
+#[derive(Clone)]
+pub struct Check {
+    pub name: &'static str,
+    run: Arc<CheckFn>,
+}
+
+impl Check {
+    pub fn new(
+        name: &'static str,
+        run: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            name,
+            run: Arc::new(run),
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Health {
+    shutting_down: AtomicBool,
+    /// Checks that only readiness cares about (caches synced, ...).
+    readiness: std::sync::RwLock<Vec<Check>>,
+}
+
+impl Health {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    pub fn start_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    pub fn add_readiness_check(&self, check: Check) {
+        if let Ok(mut checks) = self.readiness.write() {
+            checks.push(check);
+        }
+    }
+
+    fn checks(&self, endpoint: Endpoint) -> Vec<(&'static str, Result<(), String>)> {
+        let mut out = vec![("ping", Ok(()))];
+        if endpoint == Endpoint::Readyz {
+            out.push((
+                "shutdown",
+                if self.is_shutting_down() {
+                    Err("process is shutting down".into())
+                } else {
+                    Ok(())
+                },
+            ));
+            if let Ok(checks) = self.readiness.read() {
+                out.extend(checks.iter().map(|c| (c.name, (c.run)())));
+            }
+        }
+        out
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Healthz,
+    Livez,
+    Readyz,
+}
+
+impl Endpoint {
+    fn name(self) -> &'static str {
+        match self {
+            Endpoint::Healthz => "healthz",
+            Endpoint::Livez => "livez",
+            Endpoint::Readyz => "readyz",
+        }
+    }
+}
+
+fn text(code: StatusCode, body: String) -> Response {
+    let mut response = (code, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response.headers_mut().insert(
+        "X-Content-Type-Options",
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
+fn report(health: &Health, endpoint: Endpoint, only: Option<&str>, verbose: bool) -> Response {
+    let mut checks = health.checks(endpoint);
+    if let Some(name) = only {
+        checks.retain(|(n, _)| *n == name);
+        if checks.is_empty() {
+            return Error::NoRoute.into_response();
+        }
+    }
+    let failed = checks.iter().any(|(_, r)| r.is_err());
+    let mut lines = String::new();
+    for (name, result) in &checks {
+        match result {
+            Ok(()) => lines.push_str(&format!("[+]{name} ok\n")),
+            // Like k8s.io/apiserver: details only in the server's log.
+            Err(reason) => {
+                tracing::warn!(check = name, %reason, "{} check failed", endpoint.name());
+                lines.push_str(&format!("[-]{name} failed: reason withheld\n"));
+            }
+        }
+    }
+    if failed {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("{lines}{} check failed\n", endpoint.name()),
+        )
+    } else if verbose {
+        text(
+            StatusCode::OK,
+            format!("{lines}{} check passed\n", endpoint.name()),
+        )
+    } else {
+        text(StatusCode::OK, "ok".into())
+    }
+}
+
+fn verbose(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        q.split('&')
+            .any(|kv| kv == "verbose" || kv.starts_with("verbose="))
+    })
+}
+
+async fn all(endpoint: Endpoint, health: Arc<Health>, query: Option<String>) -> Response {
+    report(&health, endpoint, None, verbose(query.as_deref()))
+}
+
+pub fn router(health: Arc<Health>) -> Router {
+    let mut router = Router::new();
+    for endpoint in [Endpoint::Healthz, Endpoint::Livez, Endpoint::Readyz] {
+        router = router
+            .route(
+                &format!("/{}", endpoint.name()),
+                get(move |State(h): State<Arc<Health>>, RawQuery(q): RawQuery| all(endpoint, h, q)),
+            )
+            .route(
+                &format!("/{}/{{check}}", endpoint.name()),
+                get(
+                    move |State(h): State<Arc<Health>>,
+                          Path(check): Path<String>,
+                          RawQuery(q): RawQuery| async move {
+                        report(&h, endpoint, Some(&check), verbose(q.as_deref()))
+                    },
+                ),
+            );
+    }
+    router.with_state(health)
+}

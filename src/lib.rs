@@ -1,0 +1,27 @@
+//! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com/v1alpha`.
+//!
+//! A request goes: [`tls`] (handshake, client certificate) → [`server::router`] →
+//! [`discovery`], [`openapi`], [`health`] or [`rest`] (the verbs of one kind, written once) →
+//! [`store`] (in memory by default). [`table`], [`watch`] and [`negotiate`] shape responses;
+//! [`error`] turns every failure into a `meta/v1 Status`.
+
+pub mod config;
+pub mod discovery;
+pub mod error;
+pub mod health;
+pub mod metrics;
+pub mod negotiate;
+pub mod openapi;
+pub mod request_info;
+pub mod resource;
+pub mod resources;
+pub mod rest;
+pub mod selector;
+pub mod server;
+pub mod store;
+pub mod table;
+pub mod tls;
+pub mod validation;
+pub mod watch;
+
+pub use error::{Error, Result};

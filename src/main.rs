@@ -1,0 +1,14 @@
+use clap::Parser;
+use farm_apiserver::config::Args;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    // ring is the only provider compiled in; installing it makes that explicit.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        anyhow::bail!("a rustls crypto provider was already installed");
+    }
+    Args::parse().run().await
+}

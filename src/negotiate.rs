@@ -1,0 +1,256 @@
+//! `Accept` negotiation, as kube-apiserver does it: media types in the order (and q) the client
+//! gave, with `as=`/`g=`/`v=` parameters selecting Table, PartialObjectMetadata or the discovery
+//! documents.
+
+use axum::http::{HeaderMap, header};
+
+use crate::error::{Error, Result};
+
+/// One entry of an Accept header.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaRange {
+    pub type_: String,
+    pub subtype: String,
+    pub params: Vec<(String, String)>,
+    q: f32,
+}
+
+impl MediaRange {
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// `application/json`, `application/*` or `*/*`.
+    pub fn accepts_json(&self) -> bool {
+        matches!(
+            (self.type_.as_str(), self.subtype.as_str()),
+            ("application", "json") | ("application", "*") | ("*", "*")
+        )
+    }
+
+    fn parse(entry: &str) -> Option<Self> {
+        let mut parts = entry.split(';');
+        let (type_, subtype) = parts.next()?.trim().split_once('/')?;
+        let mut params = Vec::new();
+        let mut q = 1.0;
+        for param in parts {
+            let Some((k, v)) = param.split_once('=') else {
+                continue;
+            };
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().trim_matches('"'));
+            if k == "q" {
+                q = v.parse().unwrap_or(0.0);
+            } else {
+                params.push((k, v.to_owned()));
+            }
+        }
+        Some(Self {
+            type_: type_.trim().to_ascii_lowercase(),
+            subtype: subtype.trim().to_ascii_lowercase(),
+            params,
+            q,
+        })
+    }
+}
+
+/// The Accept header as ranges, best first. No header means `*/*`.
+pub fn accept(headers: &HeaderMap) -> Vec<MediaRange> {
+    let mut ranges: Vec<MediaRange> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(MediaRange::parse)
+        .filter(|r| r.q > 0.0)
+        .collect();
+    if ranges.is_empty() {
+        ranges.push(MediaRange::parse("*/*").unwrap_or(MediaRange {
+            type_: "*".into(),
+            subtype: "*".into(),
+            params: Vec::new(),
+            q: 1.0,
+        }));
+    }
+    // Stable: equal q keeps the client's order.
+    ranges.sort_by(|a, b| b.q.total_cmp(&a.q));
+    ranges
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaVersion {
+    V1,
+    V1beta1,
+}
+
+impl MetaVersion {
+    pub fn api_version(self) -> &'static str {
+        match self {
+            MetaVersion::V1 => "meta.k8s.io/v1",
+            MetaVersion::V1beta1 => "meta.k8s.io/v1beta1",
+        }
+    }
+}
+
+/// The shape of an object or list response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Output {
+    Json,
+    Table(MetaVersion),
+    PartialObjectMetadata(MetaVersion),
+}
+
+fn meta_version(range: &MediaRange) -> Option<MetaVersion> {
+    if range.param("g") != Some("meta.k8s.io") {
+        return None;
+    }
+    match range.param("v") {
+        Some("v1") => Some(MetaVersion::V1),
+        Some("v1beta1") => Some(MetaVersion::V1beta1),
+        _ => None,
+    }
+}
+
+pub const NOT_ACCEPTABLE: &str = "only the following media types are accepted: application/json, application/json;as=Table;v=v1;g=meta.k8s.io, application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io";
+
+/// Picks the response shape for a get, list or watch.
+pub fn output(headers: &HeaderMap) -> Result<Output> {
+    for range in accept(headers) {
+        if !range.accepts_json() {
+            continue;
+        }
+        match range.param("as") {
+            None => return Ok(Output::Json),
+            Some("Table") => {
+                if let Some(v) = meta_version(&range) {
+                    return Ok(Output::Table(v));
+                }
+            }
+            Some("PartialObjectMetadata" | "PartialObjectMetadataList") => {
+                if let Some(v) = meta_version(&range) {
+                    return Ok(Output::PartialObjectMetadata(v));
+                }
+            }
+            Some(_) => {}
+        }
+    }
+    Err(Error::NotAcceptable(NOT_ACCEPTABLE.into()))
+}
+
+/// Which discovery document `/apis` answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Discovery {
+    V2,
+    V2beta1,
+    Legacy,
+}
+
+impl Discovery {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Discovery::V2 => "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            Discovery::V2beta1 => {
+                "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList"
+            }
+            Discovery::Legacy => "application/json",
+        }
+    }
+}
+
+pub fn discovery(headers: &HeaderMap) -> Result<Discovery> {
+    for range in accept(headers) {
+        if !range.accepts_json() {
+            continue;
+        }
+        match (range.param("as"), range.param("g"), range.param("v")) {
+            (None, _, _) => return Ok(Discovery::Legacy),
+            (Some("APIGroupDiscoveryList"), Some("apidiscovery.k8s.io"), Some("v2")) => {
+                return Ok(Discovery::V2);
+            }
+            (Some("APIGroupDiscoveryList"), Some("apidiscovery.k8s.io"), Some("v2beta1")) => {
+                return Ok(Discovery::V2beta1);
+            }
+            _ => {}
+        }
+    }
+    Err(Error::NotAcceptable(
+        "only the following media types are accepted: application/json, application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList, application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList".into(),
+    ))
+}
+
+/// Request bodies: JSON only (what kubectl, client-go and kube-rs send for custom kinds).
+pub fn require_json_body(headers: &HeaderMap) -> Result<()> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let base = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if base == "application/json" {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedMediaType(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json (got {content_type:?})"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(accept: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
+        h
+    }
+
+    #[test]
+    fn kubectl_get_asks_for_a_table() {
+        let h = headers(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json",
+        );
+        assert_eq!(output(&h).unwrap(), Output::Table(MetaVersion::V1));
+        assert_eq!(output(&HeaderMap::new()).unwrap(), Output::Json);
+        assert_eq!(
+            output(&headers("application/json, */*")).unwrap(),
+            Output::Json
+        );
+    }
+
+    #[test]
+    fn unsupported_types_are_406() {
+        for accept in [
+            "application/vnd.kubernetes.protobuf",
+            "application/json;as=Table;v=v2;g=meta.k8s.io",
+            "text/html",
+        ] {
+            assert_eq!(
+                output(&headers(accept)).unwrap_err().code(),
+                406,
+                "{accept}"
+            );
+        }
+    }
+
+    #[test]
+    fn aggregator_accept_picks_v2() {
+        let h = headers(
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        );
+        assert_eq!(discovery(&h).unwrap(), Discovery::V2);
+        let h =
+            headers("application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList");
+        assert_eq!(discovery(&h).unwrap(), Discovery::V2beta1);
+        assert_eq!(discovery(&HeaderMap::new()).unwrap(), Discovery::Legacy);
+        let h = headers("application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList");
+        assert_eq!(discovery(&h).unwrap_err().code(), 406);
+    }
+}

@@ -1,0 +1,1048 @@
+//! The REST verbs of one kind, written once for every [`ServedResource`]: get, list, watch,
+//! create, update, patch, delete and deletecollection, with kube-apiserver's query parameters,
+//! content negotiation, status codes and messages.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::{Path, RawQuery, State},
+    http::{HeaderMap, HeaderValue, Method, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{MethodRouter, get},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Time};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch as signal;
+
+use crate::{
+    error::{Error, FieldError, Result, Subject},
+    metrics::Metrics,
+    negotiate::{self, Output},
+    resource::{GROUP_VERSION, ObjectKey, ServedResource},
+    selector::{FieldSelector, Filter, LabelSelector},
+    store::{ListRequest, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
+    table::{self, IncludeObject, PartialObjectMetadata, PartialObjectMetadataList},
+    validation,
+    watch::{self, WatchOptions},
+};
+
+/// kube-apiserver's `--max-request-body-bytes` default for JSON bodies (3 MiB).
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Knobs of the REST layer shared by every kind.
+#[derive(Debug, Clone)]
+pub struct RestSettings {
+    /// Watches without `timeoutSeconds` end after a random time in [min, 2*min), as kube-apiserver's
+    /// `--min-request-timeout` does, so clients spread their reconnects.
+    pub min_request_timeout: Duration,
+    pub bookmark_interval: Duration,
+}
+
+impl Default for RestSettings {
+    fn default() -> Self {
+        Self {
+            min_request_timeout: Duration::from_secs(1800),
+            bookmark_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What every handler can reach besides its store.
+#[derive(Clone)]
+pub struct RestContext {
+    pub metrics: Arc<Metrics>,
+    pub shutdown: signal::Receiver<bool>,
+    pub settings: Arc<RestSettings>,
+}
+
+struct Api<K> {
+    store: Arc<dyn Store<K>>,
+    ctx: RestContext,
+}
+
+impl<K> Clone for Api<K> {
+    fn clone(&self) -> Self {
+        Self {
+            store: self.store.clone(),
+            ctx: self.ctx.clone(),
+        }
+    }
+}
+
+/// Routes of one kind under `/apis/<group>/<version>`.
+pub fn router<K: ServedResource>(store: Arc<dyn Store<K>>, ctx: RestContext) -> Router {
+    let plural = K::plural_name();
+    let base = format!("/apis/{GROUP_VERSION}");
+    let api = Api::<K> { store, ctx };
+
+    let cluster = get(list_all::<K>).fallback(method_not_allowed::<K>);
+    let (collection, item): (MethodRouter<Api<K>>, MethodRouter<Api<K>>) = if K::READ_ONLY {
+        (
+            get(list_namespaced::<K>).fallback(method_not_allowed::<K>),
+            get(get_item::<K>).fallback(method_not_allowed::<K>),
+        )
+    } else {
+        (
+            get(list_namespaced::<K>)
+                .post(create::<K>)
+                .delete(delete_collection::<K>)
+                .fallback(method_not_allowed::<K>),
+            get(get_item::<K>)
+                .put(update::<K>)
+                .patch(patch::<K>)
+                .delete(delete::<K>)
+                .fallback(method_not_allowed::<K>),
+        )
+    };
+    Router::new()
+        .route(&format!("{base}/{plural}"), cluster)
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/{plural}"),
+            collection,
+        )
+        .route(
+            &format!("{base}/namespaces/{{namespace}}/{plural}/{{name}}"),
+            item,
+        )
+        .with_state(api)
+}
+
+async fn method_not_allowed<K: ServedResource>(method: Method, RawQuery(q): RawQuery) -> Error {
+    let verb = match method {
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        Method::GET if q.as_deref().is_some_and(|q| q.contains("watch=")) => "watch",
+        _ => method.as_str(),
+    };
+    Error::MethodNotAllowed(format!(
+        "{} is not supported on resources of kind {:?}",
+        verb.to_ascii_lowercase(),
+        K::qualified_resource()
+    ))
+}
+
+// ---- query parameters ----
+
+/// The query parameters kube-apiserver reads on resource requests, as sent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Query {
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    limit: Option<String>,
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
+    resource_version: Option<String>,
+    resource_version_match: Option<String>,
+    watch: Option<String>,
+    allow_watch_bookmarks: Option<String>,
+    timeout_seconds: Option<String>,
+    send_initial_events: Option<String>,
+    include_object: Option<String>,
+    dry_run: Option<String>,
+    field_validation: Option<String>,
+    // Accepted and ignored, as for any server without these features.
+    #[allow(dead_code)]
+    field_manager: Option<String>,
+    #[allow(dead_code)]
+    pretty: Option<String>,
+    #[allow(dead_code)]
+    timeout: Option<String>,
+}
+
+fn parse_query(raw: Option<&str>) -> Result<Query> {
+    serde_urlencoded::from_str(raw.unwrap_or(""))
+        .map_err(|e| Error::BadRequest(format!("invalid query parameters: {e}")))
+}
+
+/// Go's `strconv.ParseBool`, which is what kube-apiserver applies to boolean parameters.
+fn parse_bool(name: &str, value: Option<&str>) -> Result<bool> {
+    match value {
+        None | Some("") => Ok(false),
+        Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
+        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
+        Some(other) => Err(Error::BadRequest(format!(
+            "invalid value for {name}: {other:?}: must be true or false"
+        ))),
+    }
+}
+
+fn parse_u64(name: &str, value: &str) -> Result<u64> {
+    value.parse().map_err(|_| {
+        Error::BadRequest(format!(
+            "invalid value for {name}: {value:?}: must be a non-negative integer"
+        ))
+    })
+}
+
+fn list_options_invalid(causes: Vec<FieldError>) -> Error {
+    Error::Invalid {
+        subject: Subject {
+            resource: String::new(),
+            group: "meta.k8s.io".into(),
+            kind: "ListOptions".into(),
+            name: String::new(),
+        },
+        causes,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FieldValidation {
+    Strict,
+    Warn,
+    Ignore,
+}
+
+impl Query {
+    fn filter(&self) -> Result<Filter> {
+        Ok(Filter {
+            labels: LabelSelector::parse(self.label_selector.as_deref().unwrap_or(""))?,
+            fields: FieldSelector::parse(self.field_selector.as_deref().unwrap_or(""))?,
+        })
+    }
+
+    fn resource_version(&self) -> Result<Option<u64>> {
+        match self.resource_version.as_deref() {
+            None | Some("") => Ok(None),
+            Some(rv) => parse_u64("resourceVersion", rv).map(Some),
+        }
+    }
+
+    fn include_object(&self) -> Result<IncludeObject> {
+        match self.include_object.as_deref() {
+            None | Some("") | Some("Metadata") => Ok(IncludeObject::Metadata),
+            Some("None") => Ok(IncludeObject::None),
+            Some("Object") => Ok(IncludeObject::Object),
+            Some(other) => Err(Error::BadRequest(format!(
+                "unrecognized includeObject value: {other:?}"
+            ))),
+        }
+    }
+
+    fn dry_run(&self) -> Result<bool> {
+        match self.dry_run.as_deref() {
+            None | Some("") => Ok(false),
+            Some("All") => Ok(true),
+            Some(other) => Err(Error::BadRequest(format!(
+                "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+            ))),
+        }
+    }
+
+    fn field_validation(&self) -> Result<FieldValidation> {
+        match self.field_validation.as_deref() {
+            None | Some("") | Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Strict") => Ok(FieldValidation::Strict),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some(other) => Err(Error::BadRequest(format!(
+                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
+            ))),
+        }
+    }
+
+    /// `resourceVersion` + `resourceVersionMatch` for a list, validated as ListOptions are.
+    fn read_at(&self) -> Result<ReadAt> {
+        let rv = self.resource_version()?;
+        match (self.resource_version_match.as_deref(), rv) {
+            (None | Some(""), None) => Ok(ReadAt::Latest),
+            (None | Some(""), Some(0)) => Ok(ReadAt::Any),
+            (None | Some(""), Some(rv)) | (Some("NotOlderThan"), Some(rv)) => {
+                Ok(ReadAt::NotOlderThan(rv))
+            }
+            (Some("Exact"), Some(0)) => Err(list_options_invalid(vec![FieldError::invalid(
+                "resourceVersionMatch",
+                "\"Exact\"",
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+            )])),
+            (Some("Exact"), Some(rv)) => Ok(ReadAt::Exact(rv)),
+            (Some("NotOlderThan" | "Exact"), None) => {
+                Err(list_options_invalid(vec![FieldError {
+                    field: "resourceVersionMatch".into(),
+                    reason: "FieldValueForbidden",
+                    message: "Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+                }]))
+            }
+            (Some(other), _) => Err(list_options_invalid(vec![FieldError {
+                field: "resourceVersionMatch".into(),
+                reason: "FieldValueNotSupported",
+                message: format!(
+                    "Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\", \"\""
+                ),
+            }])),
+        }
+    }
+}
+
+// ---- responses ----
+
+fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = (code, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).map_err(|e| Error::Internal(format!("encoding response: {e}")))
+}
+
+/// `items` of a list, serialized straight from the shared objects.
+struct Items<'a, K>(&'a [Arc<K>]);
+
+impl<K: Serialize> Serialize for Items<'_, K> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|item| item.as_ref()))
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct List<'a, K: Serialize> {
+    api_version: &'static str,
+    kind: String,
+    metadata: ListMeta,
+    items: Items<'a, K>,
+}
+
+fn list_kind<K: ServedResource>() -> String {
+    format!("{}List", K::kind_name())
+}
+
+fn object_response<K: ServedResource>(
+    object: &K,
+    output: Output,
+    include: IncludeObject,
+    code: StatusCode,
+) -> Result<Response> {
+    let body = match output {
+        Output::Json => to_json(object)?,
+        Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadata::new(object.meta(), v))?,
+        Output::Table(v) => to_json(&table::table(
+            [object],
+            ListMeta {
+                resource_version: object.meta().resource_version.clone(),
+                ..Default::default()
+            },
+            include,
+            v,
+            true,
+        ))?,
+    };
+    Ok(json_response(code, body))
+}
+
+fn list_response<K: ServedResource>(
+    items: &[Arc<K>],
+    metadata: ListMeta,
+    output: Output,
+    include: IncludeObject,
+) -> Result<Response> {
+    let body = match output {
+        Output::Json => to_json(&List {
+            api_version: GROUP_VERSION,
+            kind: list_kind::<K>(),
+            metadata,
+            items: Items(items),
+        })?,
+        Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadataList {
+            kind: "PartialObjectMetadataList",
+            api_version: v.api_version(),
+            metadata,
+            items: items
+                .iter()
+                .map(|i| PartialObjectMetadata::new(i.meta(), v))
+                .collect(),
+        })?,
+        Output::Table(v) => to_json(&table::table(
+            items.iter().map(|i| i.as_ref()),
+            metadata,
+            include,
+            v,
+            true,
+        ))?,
+    };
+    Ok(json_response(StatusCode::OK, body))
+}
+
+// ---- get, list, watch ----
+
+async fn list_all<K: ServedResource>(
+    State(api): State<Api<K>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response> {
+    list_or_watch(api, None, raw.as_deref(), &headers).await
+}
+
+async fn list_namespaced<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path(namespace): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response> {
+    list_or_watch(api, Some(namespace), raw.as_deref(), &headers).await
+}
+
+async fn list_or_watch<K: ServedResource>(
+    api: Api<K>,
+    namespace: Option<String>,
+    raw: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<Response> {
+    let query = parse_query(raw)?;
+    let output = negotiate::output(headers)?;
+    let include = query.include_object()?;
+    api.store.check_ready()?;
+    let filter = query.filter()?;
+    if parse_bool("watch", query.watch.as_deref())? {
+        return start_watch(api, namespace, filter, &query, output, include).await;
+    }
+    if query.send_initial_events.is_some() {
+        return Err(list_options_invalid(vec![FieldError {
+            field: "sendInitialEvents".into(),
+            reason: "FieldValueForbidden",
+            message: "Forbidden: sendInitialEvents is forbidden for list".into(),
+        }]));
+    }
+    let continue_token = query.continue_.clone().filter(|c| !c.is_empty());
+    if continue_token.is_some()
+        && query
+            .resource_version()
+            .ok()
+            .flatten()
+            .is_some_and(|rv| rv != 0)
+    {
+        return Err(Error::BadRequest(
+            "specifying resource version is not allowed when using continue".into(),
+        ));
+    }
+    let limit = match query.limit.as_deref() {
+        None | Some("") => None,
+        Some(l) => Some(usize::try_from(parse_u64("limit", l)?).unwrap_or(usize::MAX)),
+    };
+    let request = ListRequest {
+        namespace,
+        filter,
+        limit,
+        continue_token,
+        read_at: query.read_at()?,
+    };
+    let page = api.store.list(&request).await?;
+    let metadata = ListMeta {
+        resource_version: Some(page.resource_version.to_string()),
+        continue_: page.continue_token,
+        remaining_item_count: page.remaining_item_count,
+        ..Default::default()
+    };
+    list_response(&page.items, metadata, output, include)
+}
+
+async fn start_watch<K: ServedResource>(
+    api: Api<K>,
+    namespace: Option<String>,
+    filter: Filter,
+    query: &Query,
+    output: Output,
+    include: IncludeObject,
+) -> Result<Response> {
+    let send_initial_events =
+        parse_bool("sendInitialEvents", query.send_initial_events.as_deref())?;
+    let allow_bookmarks = parse_bool(
+        "allowWatchBookmarks",
+        query.allow_watch_bookmarks.as_deref(),
+    )?;
+    let rv = query.resource_version()?;
+    let rv_match = query.resource_version_match.as_deref().unwrap_or("");
+    if query.send_initial_events.is_some() {
+        let mut causes = Vec::new();
+        if rv_match != "NotOlderThan" {
+            causes.push(FieldError {
+                field: "resourceVersionMatch".into(),
+                reason: "FieldValueForbidden",
+                message: "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan".into(),
+            });
+        }
+        if send_initial_events && !allow_bookmarks {
+            causes.push(FieldError {
+                field: "allowWatchBookmarks".into(),
+                reason: "FieldValueForbidden",
+                message: "Forbidden: allowWatchBookmarks must be set to true when sendInitialEvents is true".into(),
+            });
+        }
+        if !causes.is_empty() {
+            return Err(list_options_invalid(causes));
+        }
+    } else if !rv_match.is_empty() {
+        return Err(list_options_invalid(vec![FieldError {
+            field: "resourceVersionMatch".into(),
+            reason: "FieldValueForbidden",
+            message: "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".into(),
+        }]));
+    }
+    let start = match (query.send_initial_events.is_some(), send_initial_events, rv) {
+        (true, true, _) => WatchStart::InitialState,
+        (true, false, rv) => WatchStart::After(
+            rv.filter(|r| *r != 0)
+                .unwrap_or_else(|| api.store.stats().resource_version),
+        ),
+        (false, _, None | Some(0)) => WatchStart::InitialState,
+        (false, _, Some(rv)) => WatchStart::After(rv),
+    };
+    let timeout = match query.timeout_seconds.as_deref() {
+        None | Some("") => {
+            let min = api.ctx.settings.min_request_timeout;
+            let extra = rand::rng().random_range(0.0..1.0);
+            min.mul_f64(1.0 + extra)
+        }
+        Some(s) => Duration::from_secs(parse_u64("timeoutSeconds", s)?),
+    };
+    let start_rv = match start {
+        WatchStart::After(rv) => rv,
+        WatchStart::InitialState => 0,
+    };
+    let stream = api
+        .store
+        .watch(WatchRequest {
+            namespace,
+            filter,
+            start,
+        })
+        .await?;
+    let options = WatchOptions {
+        output,
+        include,
+        allow_bookmarks,
+        send_initial_events_end: send_initial_events,
+        timeout,
+        bookmark_interval: api.ctx.settings.bookmark_interval,
+    };
+    Ok(watch::response(
+        stream,
+        options,
+        start_rv,
+        api.ctx.shutdown.clone(),
+        api.ctx.metrics.clone(),
+    ))
+}
+
+async fn get_item<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let query = parse_query(raw.as_deref())?;
+    let output = negotiate::output(&headers)?;
+    let include = query.include_object()?;
+    api.store.check_ready()?;
+    if parse_bool("watch", query.watch.as_deref())? {
+        // The old single-object watch: a watch with a name field selector.
+        let mut filter = query.filter()?;
+        filter.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
+        return start_watch(api, Some(namespace), filter, &query, output, include).await;
+    }
+    let object = api.store.get(&ObjectKey::new(namespace, name)).await?;
+    object_response(object.as_ref(), output, include, StatusCode::OK)
+}
+
+// ---- writes ----
+
+async fn read_body(body: Body) -> Result<Bytes> {
+    axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|e| {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if too_large {
+                Error::RequestEntityTooLarge {
+                    limit: MAX_BODY_BYTES,
+                }
+            } else {
+                Error::BadRequest(format!("failed to read the request body: {e}"))
+            }
+        })
+}
+
+fn cannot_handle<K: ServedResource>(detail: impl std::fmt::Display) -> Error {
+    Error::BadRequest(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: {detail}",
+        kind = K::kind_name(),
+        version = K::version(&()),
+    ))
+}
+
+/// Decodes a JSON object into `K`: apiVersion and kind must name this kind; unknown fields are
+/// rejected, reported or dropped per `fieldValidation`. Returns the object and the warnings.
+fn decode_object<K: ServedResource>(
+    value: Value,
+    validation: FieldValidation,
+) -> Result<(K, Vec<String>)> {
+    let Value::Object(map) = &value else {
+        return Err(cannot_handle::<K>("the body must be a JSON object"));
+    };
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            return Err(cannot_handle::<K>("Object 'Kind' is missing in the body"));
+        }
+        Some(kind) if kind != K::kind_name() => {
+            return Err(cannot_handle::<K>(format!(
+                "the kind in the body ({kind}) does not match the expected kind ({})",
+                K::kind_name()
+            )));
+        }
+        Some(_) => {}
+    }
+    match map.get("apiVersion").and_then(Value::as_str) {
+        Some(GROUP_VERSION) => {}
+        other => {
+            return Err(cannot_handle::<K>(format!(
+                "the API version in the data ({}) does not match the expected API version ({GROUP_VERSION})",
+                other.unwrap_or("")
+            )));
+        }
+    }
+    let mut unknown = Vec::new();
+    let object: K = serde_ignored::deserialize(value, |path| {
+        let path = path.to_string();
+        if path != "apiVersion" && path != "kind" {
+            unknown.push(path);
+        }
+    })
+    .map_err(|e| cannot_handle::<K>(e))?;
+    let messages: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field \"{p}\""))
+        .collect();
+    match validation {
+        FieldValidation::Strict if !messages.is_empty() => Err(cannot_handle::<K>(format!(
+            "strict decoding error: {}",
+            messages.join(", ")
+        ))),
+        FieldValidation::Warn => Ok((object, messages)),
+        _ => Ok((object, Vec::new())),
+    }
+}
+
+fn parse_json<K: ServedResource>(body: &[u8]) -> Result<Value> {
+    serde_json::from_slice(body).map_err(|e| cannot_handle::<K>(e))
+}
+
+fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
+    for warning in warnings {
+        let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
+        if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    response
+}
+
+fn validate<K: ServedResource>(object: &K) -> Result<()> {
+    let meta = object.meta();
+    let name = meta.name.clone().unwrap_or_default();
+    let mut causes: Vec<FieldError> = Vec::new();
+    causes.extend(validation::validate_name(&name));
+    causes.extend(validation::validate_namespace(
+        meta.namespace.as_deref().unwrap_or(""),
+    ));
+    causes.extend(validation::validate_metadata(meta));
+    causes.extend(object.validate());
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid {
+            subject: K::invalid_subject(&name),
+            causes,
+        })
+    }
+}
+
+const GENERATE_NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+fn generate_name(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())] as char)
+        .collect();
+    // kube-apiserver trims the prefix so the result stays a valid name.
+    let max_prefix = 63 - 5;
+    let prefix = if prefix.len() > max_prefix {
+        &prefix[..max_prefix]
+    } else {
+        prefix
+    };
+    format!("{prefix}{suffix}")
+}
+
+fn now() -> Time {
+    // kube-apiserver stores timestamps at second precision.
+    let now = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// Server-owned metadata of a new object; clears what clients may not set.
+fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str) -> Result<()> {
+    let meta = object.meta_mut();
+    match meta.namespace.as_deref() {
+        None | Some("") => meta.namespace = Some(namespace.to_owned()),
+        Some(ns) if ns == namespace => {}
+        Some(_) => {
+            return Err(Error::BadRequest(
+                "the namespace of the provided object does not match the namespace sent on the request".into(),
+            ));
+        }
+    }
+    if meta
+        .resource_version
+        .as_deref()
+        .is_some_and(|rv| !rv.is_empty())
+    {
+        return Err(Error::BadRequest(
+            "resourceVersion should not be set on objects to be created".into(),
+        ));
+    }
+    if meta.name.as_deref().unwrap_or("").is_empty() {
+        match meta.generate_name.as_deref() {
+            Some(prefix) if !prefix.is_empty() => meta.name = Some(generate_name(prefix)),
+            _ => {
+                return Err(Error::Invalid {
+                    subject: K::invalid_subject(""),
+                    causes: vec![FieldError::required(
+                        "metadata.name",
+                        "name or generateName is required",
+                    )],
+                });
+            }
+        }
+    }
+    meta.uid = Some(uuid::Uuid::new_v4().to_string());
+    meta.creation_timestamp = Some(now());
+    meta.generation = Some(1);
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.managed_fields = None;
+    meta.self_link = None;
+    Ok(())
+}
+
+/// Carries the server-owned metadata of `current` into the replacement `next`.
+fn prepare_update<K: ServedResource>(next: &mut K, current: &K) {
+    let spec_changed = next.spec_changed(current);
+    let old = current.meta();
+    let generation = old.generation.unwrap_or(1) + i64::from(spec_changed);
+    let meta = next.meta_mut();
+    meta.uid = old.uid.clone();
+    meta.creation_timestamp = old.creation_timestamp.clone();
+    meta.generation = Some(generation);
+    meta.namespace = old.namespace.clone();
+    meta.deletion_timestamp = old.deletion_timestamp.clone();
+    meta.managed_fields = None;
+    meta.self_link = None;
+}
+
+async fn create<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path(namespace): Path<String>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let query = parse_query(raw.as_deref())?;
+    let dry_run = query.dry_run()?;
+    let field_validation = query.field_validation()?;
+    let output = negotiate::output(&headers)?;
+    negotiate::require_json_body(&headers)?;
+    let body = read_body(body).await?;
+    let (mut object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    prepare_create(&mut object, &namespace)?;
+    validate(&object)?;
+    let created = api.store.create(object, dry_run).await?;
+    let response = object_response(
+        created.as_ref(),
+        output,
+        IncludeObject::Metadata,
+        StatusCode::CREATED,
+    )?;
+    Ok(with_warnings(response, &warnings))
+}
+
+fn check_name<K: ServedResource>(object: &K, name: &str) -> Result<()> {
+    match object.meta().name.as_deref() {
+        Some(n) if n == name => Ok(()),
+        other => Err(Error::BadRequest(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            other.unwrap_or("")
+        ))),
+    }
+}
+
+fn check_namespace<K: ServedResource>(object: &K, namespace: &str) -> Result<()> {
+    match object.meta().namespace.as_deref() {
+        None | Some("") => Ok(()),
+        Some(ns) if ns == namespace => Ok(()),
+        Some(_) => Err(Error::BadRequest(
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+        )),
+    }
+}
+
+async fn update<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let query = parse_query(raw.as_deref())?;
+    let dry_run = query.dry_run()?;
+    let field_validation = query.field_validation()?;
+    let output = negotiate::output(&headers)?;
+    negotiate::require_json_body(&headers)?;
+    let body = read_body(body).await?;
+    let (mut object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    check_name(&object, &name)?;
+    check_namespace(&object, &namespace)?;
+    let current = api.store.get(&ObjectKey::new(&namespace, &name)).await?;
+    if object
+        .meta()
+        .resource_version
+        .as_deref()
+        .unwrap_or("")
+        .is_empty()
+    {
+        return Err(Error::Invalid {
+            subject: K::invalid_subject(&name),
+            causes: vec![FieldError::invalid(
+                "metadata.resourceVersion",
+                "0x0",
+                "must be specified for an update",
+            )],
+        });
+    }
+    prepare_update(&mut object, current.as_ref());
+    validate(&object)?;
+    let updated = api.store.update(object, dry_run).await?;
+    let response = object_response(
+        updated.as_ref(),
+        output,
+        IncludeObject::Metadata,
+        StatusCode::OK,
+    )?;
+    Ok(with_warnings(response, &warnings))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PatchType {
+    Merge,
+    Json,
+}
+
+fn patch_type(headers: &HeaderMap) -> Result<PatchType> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let base = content_type.split(';').next().unwrap_or("").trim();
+    match base {
+        "application/merge-patch+json" => Ok(PatchType::Merge),
+        "application/json-patch+json" => Ok(PatchType::Json),
+        "application/strategic-merge-patch+json" => Err(Error::UnsupportedMediaType(
+            "strategic merge patch is not supported for farm.example.com resources (they are not built-in kinds); use a JSON merge patch (kubectl patch --type merge) or a JSON patch (--type json) - accepted media types include: application/json-patch+json, application/merge-patch+json".into(),
+        )),
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => Err(Error::UnsupportedMediaType(
+            "server-side apply is not supported by farm-apiserver; use client-side kubectl apply - accepted media types include: application/json-patch+json, application/merge-patch+json".into(),
+        )),
+        other => Err(Error::UnsupportedMediaType(format!(
+            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json"
+        ))),
+    }
+}
+
+fn apply_patch<K: ServedResource>(
+    current: &K,
+    patch_type: PatchType,
+    patch: &[u8],
+) -> Result<Value> {
+    let mut document = serde_json::to_value(current)
+        .map_err(|e| Error::Internal(format!("encoding the stored object: {e}")))?;
+    match patch_type {
+        PatchType::Merge => {
+            let patch: Value = serde_json::from_slice(patch)
+                .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?;
+            if !patch.is_object() {
+                return Err(Error::BadRequest(
+                    "error decoding patch: a merge patch must be a JSON object".into(),
+                ));
+            }
+            json_patch::merge(&mut document, &patch);
+        }
+        PatchType::Json => {
+            let patch: json_patch::Patch = serde_json::from_slice(patch)
+                .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?;
+            json_patch::patch(&mut document, &patch).map_err(|e| Error::Invalid {
+                subject: K::invalid_subject(current.meta().name.as_deref().unwrap_or("")),
+                causes: vec![FieldError {
+                    field: String::new(),
+                    reason: "FieldValueInvalid",
+                    message: format!("the JSON patch could not be applied: {e}"),
+                }],
+            })?;
+        }
+    }
+    Ok(document)
+}
+
+async fn patch<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let query = parse_query(raw.as_deref())?;
+    let dry_run = query.dry_run()?;
+    let field_validation = query.field_validation()?;
+    let output = negotiate::output(&headers)?;
+    let patch_type = patch_type(&headers)?;
+    let body = read_body(body).await?;
+    let key = ObjectKey::new(&namespace, &name);
+    // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let current = api.store.get(&key).await?;
+        let patched = apply_patch(current.as_ref(), patch_type, &body)?;
+        let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
+        check_name(&object, &name)?;
+        check_namespace(&object, &namespace)?;
+        let pinned = object.meta().resource_version != current.meta().resource_version;
+        if object
+            .meta()
+            .resource_version
+            .as_deref()
+            .unwrap_or("")
+            .is_empty()
+        {
+            object.meta_mut().resource_version = current.meta().resource_version.clone();
+        }
+        prepare_update(&mut object, current.as_ref());
+        validate(&object)?;
+        match api.store.update(object, dry_run).await {
+            Ok(updated) => {
+                let response = object_response(
+                    updated.as_ref(),
+                    output,
+                    IncludeObject::Metadata,
+                    StatusCode::OK,
+                )?;
+                return Ok(with_warnings(response, &warnings));
+            }
+            Err(Error::Conflict { .. }) if !pinned && attempts < 5 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeleteOptions {
+    #[serde(default)]
+    preconditions: Option<Preconditions>,
+    #[serde(default)]
+    dry_run: Option<Vec<String>>,
+}
+
+fn parse_delete_options(body: &[u8]) -> Result<DeleteOptions> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(DeleteOptions::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| Error::BadRequest(format!("invalid DeleteOptions: {e}")))
+}
+
+fn dry_run_of(options: &DeleteOptions, query: &Query) -> Result<bool> {
+    let from_body = match options.dry_run.as_deref() {
+        None | Some([]) => false,
+        Some([all]) if all == "All" => true,
+        Some(other) => {
+            return Err(Error::BadRequest(format!(
+                "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    Ok(from_body || query.dry_run()?)
+}
+
+async fn delete<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path((namespace, name)): Path<(String, String)>,
+    RawQuery(raw): RawQuery,
+    body: Body,
+) -> Result<Response> {
+    let query = parse_query(raw.as_deref())?;
+    let body = read_body(body).await?;
+    let options = parse_delete_options(&body)?;
+    let dry_run = dry_run_of(&options, &query)?;
+    let deleted = api
+        .store
+        .delete(
+            &ObjectKey::new(namespace, name),
+            &options.preconditions.unwrap_or_default(),
+            dry_run,
+        )
+        .await?;
+    Ok(json_response(StatusCode::OK, to_json(deleted.as_ref())?))
+}
+
+async fn delete_collection<K: ServedResource>(
+    State(api): State<Api<K>>,
+    Path(namespace): Path<String>,
+    RawQuery(raw): RawQuery,
+    body: Body,
+) -> Result<Response> {
+    let query = parse_query(raw.as_deref())?;
+    let body = read_body(body).await?;
+    let options = parse_delete_options(&body)?;
+    let dry_run = dry_run_of(&options, &query)?;
+    let page = api
+        .store
+        .list(&ListRequest {
+            namespace: Some(namespace),
+            filter: query.filter()?,
+            ..Default::default()
+        })
+        .await?;
+    let mut deleted = Vec::with_capacity(page.items.len());
+    for item in page.items {
+        match api
+            .store
+            .delete(
+                &ObjectKey::of(item.meta()),
+                &Preconditions::default(),
+                dry_run,
+            )
+            .await
+        {
+            Ok(object) => deleted.push(object),
+            // Deleted meanwhile by someone else: not an error for a collection delete.
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let metadata = ListMeta {
+        resource_version: Some(api.store.stats().resource_version.to_string()),
+        ..Default::default()
+    };
+    list_response(&deleted, metadata, Output::Json, IncludeObject::Metadata)
+}

@@ -1,0 +1,285 @@
+//! Wiring: the shared state, the one router factory, and serving it over TLS with graceful
+//! shutdown.
+
+use std::{
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    extract::{Request, State},
+    http::{HeaderValue, StatusCode, header},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use tokio::sync::watch as signal;
+
+use crate::{
+    discovery::{self, DiscoveryDocuments},
+    error::{Error, ErrorReason},
+    health::{self, Health},
+    metrics::Metrics,
+    openapi::{self, OpenApiDocuments},
+    request_info::RequestInfo,
+    resource::{ResourceInfo, ServedResource},
+    resources::{Llama, llama},
+    rest::{self, RestContext, RestSettings},
+    store::{MemoryStore, Store},
+};
+
+/// Ends watches and tells the health checks the server is going away.
+#[derive(Clone)]
+pub struct Shutdown {
+    tx: Arc<signal::Sender<bool>>,
+    health: Arc<Health>,
+}
+
+impl Shutdown {
+    /// Readiness fails from now on.
+    pub fn begin(&self) {
+        self.health.start_shutdown();
+    }
+
+    /// Open watches end cleanly (their streams close).
+    pub fn end_watches(&self) {
+        let _ = self.tx.send(true);
+    }
+}
+
+/// Everything the handlers share. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub llamas: Arc<dyn Store<Llama>>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub discovery: Arc<DiscoveryDocuments>,
+    pub openapi: Arc<OpenApiDocuments>,
+    pub rest: RestContext,
+}
+
+/// The kinds this server serves, in discovery order.
+pub fn resources() -> Vec<ResourceInfo> {
+    vec![ResourceInfo::of::<Llama>()]
+}
+
+#[derive(Debug, Clone)]
+pub struct StateOptions {
+    /// Start with the sample Llama `default/dolly`.
+    pub sample_data: bool,
+    pub rest: RestSettings,
+}
+
+impl Default for StateOptions {
+    fn default() -> Self {
+        Self {
+            sample_data: true,
+            rest: RestSettings::default(),
+        }
+    }
+}
+
+impl AppState {
+    /// The embedded default: Llamas in memory.
+    pub fn new(options: StateOptions) -> (Self, Shutdown) {
+        let llamas = MemoryStore::<Llama>::default();
+        if options.sample_data {
+            // A fresh store cannot refuse its first object.
+            let _ = futures::executor::block_on(llamas.create(llama::sample(), false));
+        }
+        Self::with_llamas(Arc::new(llamas), options)
+    }
+
+    pub fn with_llamas(llamas: Arc<dyn Store<Llama>>, options: StateOptions) -> (Self, Shutdown) {
+        let (tx, rx) = signal::channel(false);
+        let health = Health::new();
+        let metrics = Metrics::new();
+        let resources = resources();
+        let state = Self {
+            llamas,
+            metrics: metrics.clone(),
+            health: health.clone(),
+            discovery: Arc::new(DiscoveryDocuments::new(&resources)),
+            openapi: Arc::new(OpenApiDocuments::new(&resources)),
+            rest: RestContext {
+                metrics,
+                shutdown: rx,
+                settings: Arc::new(options.rest),
+            },
+        };
+        let shutdown = Shutdown {
+            tx: Arc::new(tx),
+            health,
+        };
+        (state, shutdown)
+    }
+}
+
+async fn version() -> Response {
+    let body = serde_json::json!({
+        "major": "0",
+        "minor": env!("CARGO_PKG_VERSION_MINOR"),
+        "gitVersion": concat!("v", env!("CARGO_PKG_VERSION")),
+        "gitCommit": option_env!("FARM_GIT_COMMIT").unwrap_or(""),
+        "gitTreeState": "",
+        "buildDate": "",
+        "goVersion": "",
+        "compiler": "rustc",
+        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+    });
+    let mut response = axum::Json(body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn store_metric<K: ServedResource>(metrics: &Metrics, store: &dyn Store<K>) {
+    metrics.set_stored(&K::qualified_resource(), store.stats().objects);
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    store_metric(&state.metrics, state.llamas.as_ref());
+    let mut response = (StatusCode::OK, state.metrics.render()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// Metrics and one log line per request, labelled as kube-apiserver labels them.
+async fn observe(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let info = RequestInfo::parse(
+        request.method(),
+        request.uri().path(),
+        request.uri().query(),
+    );
+    let response = next.run(request).await;
+    let elapsed = started.elapsed();
+    let code = response.status().as_u16();
+    let resource = if info.is_resource_request {
+        info.resource.as_str()
+    } else {
+        ""
+    };
+    metrics.observe(&info.verb, resource, code, elapsed.as_secs_f64());
+    let reason = response
+        .extensions()
+        .get::<ErrorReason>()
+        .map_or("", |r| r.0);
+    tracing::info!(
+        verb = %info.verb,
+        resource,
+        namespace = %info.namespace,
+        name = %info.name,
+        path = %info.path,
+        code,
+        reason,
+        latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+        "request"
+    );
+    response
+}
+
+async fn not_found() -> Error {
+    Error::NoRoute
+}
+
+/// The whole HTTP surface, for the TLS listener and for `oneshot` tests alike.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .merge(discovery::router(state.discovery.clone()))
+        .merge(openapi::router(state.openapi.clone()))
+        .merge(rest::router::<Llama>(
+            state.llamas.clone(),
+            state.rest.clone(),
+        ))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics_handler).with_state(state.clone()))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            observe,
+        ));
+    // Probes come after the layer: kubelet polls them every few seconds; they are not traffic.
+    api.merge(health::router(state.health.clone()))
+}
+
+/// Listener settings.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub bind: SocketAddr,
+    pub shutdown_delay: Duration,
+    pub shutdown_grace: Duration,
+}
+
+/// Serves `app` over TLS until SIGTERM/SIGINT, then: readiness fails, after `shutdown_delay`
+/// watches end and the listener stops accepting, in-flight requests get `shutdown_grace` to
+/// finish.
+pub async fn serve(
+    app: Router,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    options: ServeOptions,
+    shutdown: Shutdown,
+    started: Instant,
+) -> anyhow::Result<()> {
+    let handle = axum_server::Handle::<SocketAddr>::new();
+    let signal_handle = handle.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: readiness now fails");
+        shutdown.begin();
+        tokio::time::sleep(options.shutdown_delay).await;
+        shutdown.end_watches();
+        signal_handle.graceful_shutdown(Some(options.shutdown_grace));
+    });
+    let listening = handle.clone();
+    tokio::spawn(async move {
+        if let Some(addr) = listening.listening().await {
+            tracing::info!(
+                %addr,
+                startup_ms = started.elapsed().as_millis() as u64,
+                "serving farm.example.com/v1alpha"
+            );
+        }
+    });
+    axum_server::bind(options.bind)
+        .acceptor(crate::tls::Acceptor::new(tls))
+        .handle(handle)
+        .serve(app.into_make_service())
+        .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::warn!(%error, "cannot listen for Ctrl+C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = terminate => {},
+    }
+}

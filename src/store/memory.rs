@@ -1,0 +1,617 @@
+//! The in-memory store: a persistent ordered map (so a list snapshot costs O(1) and pages stay
+//! consistent), one monotonic resourceVersion counter, and a bounded event log that watches
+//! resume from. FarmPods use the same engine with resourceVersions taken from the Pods.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    ops::Bound,
+    sync::{Arc, RwLock},
+    time::{Duration, Instant},
+};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use imbl::{HashMap as PHashMap, OrdMap};
+use tokio::sync::broadcast;
+
+use super::{
+    ContinueToken, Event, EventType, ListPage, ListRequest, Preconditions, ReadAt, Store,
+    StoreStats, WatchItem, WatchRequest, WatchStart, WatchStream, expired_continue, too_old,
+};
+use crate::{
+    error::{Error, Result},
+    resource::{ObjectKey, ServedResource},
+    selector::Filter,
+};
+
+#[derive(Debug, Clone)]
+pub struct MemoryStoreConfig {
+    /// Events kept for watches to resume from; older resourceVersions get 410 Expired.
+    pub event_window: usize,
+    /// How long a list snapshot stays available to `continue` tokens (etcd compacts at 5 min).
+    pub snapshot_ttl: Duration,
+    pub max_snapshots: usize,
+    /// Buffer per watcher before a slow watcher is dropped (it then resumes from its last rv).
+    pub watch_buffer: usize,
+}
+
+impl Default for MemoryStoreConfig {
+    fn default() -> Self {
+        Self {
+            event_window: 10_000,
+            snapshot_ttl: Duration::from_secs(300),
+            max_snapshots: 64,
+            watch_buffer: 4096,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Snapshot<K> {
+    objects: OrdMap<ObjectKey, Arc<K>>,
+    per_namespace: PHashMap<String, usize>,
+    resource_version: u64,
+}
+
+struct State<K> {
+    current: Snapshot<K>,
+    events: VecDeque<Arc<Event<K>>>,
+    /// Watches may start at any resourceVersion from this one on.
+    oldest_watchable: u64,
+    snapshots: BTreeMap<u64, (Instant, Snapshot<K>)>,
+}
+
+struct Shared<K> {
+    state: RwLock<State<K>>,
+    events_tx: broadcast::Sender<Arc<Event<K>>>,
+    config: MemoryStoreConfig,
+}
+
+pub struct MemoryStore<K> {
+    shared: Arc<Shared<K>>,
+}
+
+impl<K> Clone for MemoryStore<K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K: ServedResource> Default for MemoryStore<K> {
+    fn default() -> Self {
+        Self::new(MemoryStoreConfig::default())
+    }
+}
+
+fn lock_poisoned() -> Error {
+    Error::Internal("store lock poisoned".into())
+}
+
+fn set_resource_version<K: ServedResource>(object: &mut K, rv: u64) {
+    object.meta_mut().resource_version = Some(rv.to_string());
+}
+
+fn parse_resource_version(value: &str) -> Option<u64> {
+    value.parse().ok()
+}
+
+impl<K: ServedResource> MemoryStore<K> {
+    pub fn new(config: MemoryStoreConfig) -> Self {
+        let (events_tx, _) = broadcast::channel(config.watch_buffer.max(16));
+        Self {
+            shared: Arc::new(Shared {
+                state: RwLock::new(State {
+                    current: Snapshot {
+                        objects: OrdMap::new(),
+                        per_namespace: PHashMap::new(),
+                        resource_version: 0,
+                    },
+                    events: VecDeque::new(),
+                    oldest_watchable: 0,
+                    snapshots: BTreeMap::new(),
+                }),
+                events_tx,
+                config,
+            }),
+        }
+    }
+
+    fn snapshot(&self) -> Result<Snapshot<K>> {
+        Ok(self
+            .shared
+            .state
+            .read()
+            .map_err(|_| lock_poisoned())?
+            .current
+            .clone())
+    }
+
+    /// Applies one change at `rv` (which must exceed the current one) and tells the watchers.
+    fn commit(state: &mut State<K>, shared: &Shared<K>, rv: u64, type_: EventType, object: Arc<K>) {
+        let key = ObjectKey::of(object.meta());
+        let existed = state.current.objects.contains_key(&key);
+        match type_ {
+            EventType::Deleted => {
+                if state.current.objects.remove(&key).is_some() {
+                    let count = state.current.per_namespace.get(&key.namespace).copied();
+                    match count {
+                        Some(n) if n > 1 => {
+                            state
+                                .current
+                                .per_namespace
+                                .insert(key.namespace.clone(), n - 1);
+                        }
+                        _ => {
+                            state.current.per_namespace.remove(&key.namespace);
+                        }
+                    }
+                }
+            }
+            EventType::Added | EventType::Modified => {
+                state.current.objects.insert(key.clone(), object.clone());
+                if !existed {
+                    *state
+                        .current
+                        .per_namespace
+                        .entry(key.namespace.clone())
+                        .or_insert(0) += 1;
+                }
+            }
+        }
+        state.current.resource_version = rv;
+        let event = Arc::new(Event::new(rv, type_, object));
+        state.events.push_back(event.clone());
+        while state.events.len() > shared.config.event_window {
+            if let Some(old) = state.events.pop_front() {
+                state.oldest_watchable = old.resource_version;
+            }
+        }
+        let ttl = shared.config.snapshot_ttl;
+        state
+            .snapshots
+            .retain(|_, (taken, _)| taken.elapsed() < ttl);
+        // No receivers is fine: nobody is watching.
+        let _ = shared.events_tx.send(event);
+    }
+
+    fn write(&self) -> Result<std::sync::RwLockWriteGuard<'_, State<K>>> {
+        self.shared.state.write().map_err(|_| lock_poisoned())
+    }
+
+    /// Upserts an object at an externally given resourceVersion (a watch cache of another
+    /// server's objects). Older or equal versions than the current state are ignored.
+    pub fn apply_external(&self, object: K) -> Result<()> {
+        let rv = object
+            .meta()
+            .resource_version
+            .as_deref()
+            .and_then(parse_resource_version)
+            .unwrap_or(0);
+        let mut state = self.write()?;
+        let rv = rv.max(state.current.resource_version + 1);
+        let key = ObjectKey::of(object.meta());
+        let type_ = if state.current.objects.contains_key(&key) {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        Self::commit(&mut state, &self.shared, rv, type_, Arc::new(object));
+        Ok(())
+    }
+
+    /// Removes an object at an externally given resourceVersion.
+    pub fn delete_external(&self, mut object: K) -> Result<()> {
+        let mut state = self.write()?;
+        let key = ObjectKey::of(object.meta());
+        if !state.current.objects.contains_key(&key) {
+            return Ok(());
+        }
+        let rv = object
+            .meta()
+            .resource_version
+            .as_deref()
+            .and_then(parse_resource_version)
+            .unwrap_or(0)
+            .max(state.current.resource_version + 1);
+        set_resource_version(&mut object, rv);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Deleted,
+            Arc::new(object),
+        );
+        Ok(())
+    }
+
+    /// Replaces the whole content (a relist), emitting the differences as events.
+    pub fn replace_external(&self, objects: Vec<K>) -> Result<()> {
+        let incoming: BTreeMap<ObjectKey, K> = objects
+            .into_iter()
+            .map(|o| (ObjectKey::of(o.meta()), o))
+            .collect();
+        let gone: Vec<Arc<K>> = {
+            let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+            state
+                .current
+                .objects
+                .iter()
+                .filter(|(k, _)| !incoming.contains_key(k))
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        for object in gone {
+            self.delete_external((*object).clone())?;
+        }
+        for (key, object) in incoming {
+            let unchanged = {
+                let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+                state.current.objects.get(&key).is_some_and(|current| {
+                    current.meta().resource_version == object.meta().resource_version
+                })
+            };
+            if !unchanged {
+                self.apply_external(object)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot_for_list(
+        &self,
+        request: &ListRequest,
+    ) -> Result<(Snapshot<K>, Option<ContinueToken>)> {
+        let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+        let current_rv = state.current.resource_version;
+        if let Some(token) = &request.continue_token {
+            let token = ContinueToken::decode(token)?;
+            if token.rv == current_rv {
+                return Ok((state.current.clone(), Some(token)));
+            }
+            return match state.snapshots.get(&token.rv) {
+                Some((taken, snapshot)) if taken.elapsed() < self.shared.config.snapshot_ttl => {
+                    Ok((snapshot.clone(), Some(token)))
+                }
+                _ => Err(expired_continue()),
+            };
+        }
+        let snapshot = match request.read_at {
+            ReadAt::Latest | ReadAt::Any => state.current.clone(),
+            ReadAt::NotOlderThan(rv) if rv <= current_rv => state.current.clone(),
+            ReadAt::Exact(rv) if rv == current_rv => state.current.clone(),
+            ReadAt::Exact(rv) if rv < current_rv => match state.snapshots.get(&rv) {
+                Some((_, snapshot)) => snapshot.clone(),
+                None => {
+                    return Err(Error::Expired(too_old(rv, state.oldest_watchable)));
+                }
+            },
+            ReadAt::NotOlderThan(rv) | ReadAt::Exact(rv) => {
+                return Err(Error::TooLargeResourceVersion(format!(
+                    "Too large resource version: {rv}, current: {current_rv}"
+                )));
+            }
+        };
+        Ok((snapshot, None))
+    }
+
+    fn remember_snapshot(&self, snapshot: &Snapshot<K>) -> Result<()> {
+        let mut state = self.write()?;
+        if state.snapshots.contains_key(&snapshot.resource_version) {
+            return Ok(());
+        }
+        state.snapshots.insert(
+            snapshot.resource_version,
+            (Instant::now(), snapshot.clone()),
+        );
+        while state.snapshots.len() > self.shared.config.max_snapshots {
+            state.snapshots.pop_first();
+        }
+        Ok(())
+    }
+}
+
+fn scope_matches(namespace: Option<&str>, key: &ObjectKey) -> bool {
+    namespace.is_none_or(|ns| ns == key.namespace)
+}
+
+fn wanted<K: ServedResource>(namespace: Option<&str>, filter: &Filter, object: &K) -> bool {
+    let key = ObjectKey::of(object.meta());
+    scope_matches(namespace, &key) && filter.matches(&key, object.meta().labels.as_ref())
+}
+
+#[async_trait]
+impl<K: ServedResource> Store<K> for MemoryStore<K> {
+    async fn get(&self, key: &ObjectKey) -> Result<Arc<K>> {
+        let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+        state
+            .current
+            .objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))
+    }
+
+    async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {
+        let (snapshot, token) = self.snapshot_for_list(request)?;
+        let namespace = request.namespace.as_deref();
+        let filter = &request.filter;
+        let limit = request.limit.filter(|l| *l > 0);
+        let offset = token.as_ref().map_or(0, |t| t.offset);
+
+        // A name-pinning field selector in a namespace is one lookup, not a scan.
+        if let (Some(ns), Some(name), None) = (namespace, filter.fields.exact_name(), &token) {
+            let key = ObjectKey::new(ns, name);
+            let items = snapshot
+                .objects
+                .get(&key)
+                .filter(|o| wanted(namespace, filter, o.as_ref()))
+                .cloned()
+                .into_iter()
+                .collect();
+            return Ok(ListPage {
+                items,
+                resource_version: snapshot.resource_version,
+                continue_token: None,
+                remaining_item_count: None,
+            });
+        }
+
+        let lower = match (&token, namespace) {
+            (Some(t), _) => Bound::Excluded(ObjectKey::new(t.start.0.clone(), t.start.1.clone())),
+            (None, Some(ns)) => Bound::Included(ObjectKey::new(ns, "")),
+            (None, None) => Bound::Unbounded,
+        };
+        let mut range = snapshot
+            .objects
+            .range((lower, Bound::Unbounded))
+            .take_while(|(k, _)| scope_matches(namespace, k))
+            .peekable();
+        let mut items = Vec::new();
+        let mut last_key = None;
+        for (key, object) in range.by_ref() {
+            if filter.matches(key, object.meta().labels.as_ref()) {
+                items.push(object.clone());
+                if limit.is_some_and(|l| items.len() >= l) {
+                    last_key = Some(key.clone());
+                    break;
+                }
+            }
+        }
+        let more = last_key.is_some() && range.peek().is_some();
+        let continue_token = match (more, last_key) {
+            (true, Some(key)) => Some(ContinueToken {
+                v: "meta.k8s.io/v1".into(),
+                rv: snapshot.resource_version,
+                start: (key.namespace, key.name),
+                offset: offset + items.len(),
+            }),
+            _ => None,
+        };
+        let remaining_item_count = match &continue_token {
+            Some(t) if filter.is_empty() => {
+                let total = match namespace {
+                    Some(ns) => snapshot.per_namespace.get(ns).copied().unwrap_or(0),
+                    None => snapshot.objects.len(),
+                };
+                Some(total.saturating_sub(t.offset) as i64)
+            }
+            _ => None,
+        };
+        if continue_token.is_some() {
+            self.remember_snapshot(&snapshot)?;
+        }
+        Ok(ListPage {
+            items,
+            resource_version: snapshot.resource_version,
+            continue_token: continue_token.map(|t| t.encode()),
+            remaining_item_count,
+        })
+    }
+
+    async fn create(&self, mut object: K, dry_run: bool) -> Result<Arc<K>> {
+        let key = ObjectKey::of(object.meta());
+        let mut state = self.write()?;
+        if state.current.objects.contains_key(&key) {
+            return Err(Error::AlreadyExists(K::subject(&key.name)));
+        }
+        if dry_run {
+            return Ok(Arc::new(object));
+        }
+        let rv = state.current.resource_version + 1;
+        set_resource_version(&mut object, rv);
+        let object = Arc::new(object);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Added,
+            object.clone(),
+        );
+        Ok(object)
+    }
+
+    async fn update(&self, mut object: K, dry_run: bool) -> Result<Arc<K>> {
+        let key = ObjectKey::of(object.meta());
+        let mut state = self.write()?;
+        let current = state
+            .current
+            .objects
+            .get(&key)
+            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
+        if current.meta().resource_version != object.meta().resource_version {
+            return Err(Error::Conflict {
+                subject: K::subject(&key.name),
+                message: "the object has been modified; please apply your changes to the latest version and try again".into(),
+            });
+        }
+        if dry_run {
+            return Ok(Arc::new(object));
+        }
+        let rv = state.current.resource_version + 1;
+        set_resource_version(&mut object, rv);
+        let object = Arc::new(object);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Modified,
+            object.clone(),
+        );
+        Ok(object)
+    }
+
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Arc<K>> {
+        let mut state = self.write()?;
+        let current = state
+            .current
+            .objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
+        let meta = current.meta();
+        if let Some(uid) = &preconditions.uid
+            && meta.uid.as_ref() != Some(uid)
+        {
+            return Err(Error::Conflict {
+                subject: K::subject(&key.name),
+                message: format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta.uid.as_deref().unwrap_or("")
+                ),
+            });
+        }
+        if let Some(rv) = &preconditions.resource_version
+            && meta.resource_version.as_ref() != Some(rv)
+        {
+            return Err(Error::Conflict {
+                subject: K::subject(&key.name),
+                message: format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta.resource_version.as_deref().unwrap_or("")
+                ),
+            });
+        }
+        if dry_run {
+            return Ok(current);
+        }
+        let rv = state.current.resource_version + 1;
+        let mut deleted = (*current).clone();
+        set_resource_version(&mut deleted, rv);
+        let deleted = Arc::new(deleted);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Deleted,
+            deleted.clone(),
+        );
+        Ok(deleted)
+    }
+
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>> {
+        let WatchRequest {
+            namespace,
+            filter,
+            start,
+        } = request;
+        let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+        let current_rv = state.current.resource_version;
+        let mut first: Vec<WatchItem<K>> = Vec::new();
+        match start {
+            WatchStart::InitialState => {
+                for object in state.current.objects.values() {
+                    if wanted(namespace.as_deref(), &filter, object.as_ref()) {
+                        let rv = object
+                            .meta()
+                            .resource_version
+                            .as_deref()
+                            .and_then(parse_resource_version)
+                            .unwrap_or(current_rv);
+                        first.push(WatchItem::Event(Arc::new(Event::new(
+                            rv,
+                            EventType::Added,
+                            object.clone(),
+                        ))));
+                    }
+                }
+                first.push(WatchItem::InitialEventsEnd(current_rv));
+            }
+            WatchStart::After(rv) if rv < state.oldest_watchable => {
+                let item = WatchItem::Expired(too_old(rv, state.oldest_watchable));
+                return Ok(futures::stream::iter([item]).boxed());
+            }
+            WatchStart::After(rv) => {
+                let from = state.events.partition_point(|e| e.resource_version <= rv);
+                first.extend(
+                    state
+                        .events
+                        .range(from..)
+                        .filter(|e| wanted(namespace.as_deref(), &filter, e.object.as_ref()))
+                        .map(|e| WatchItem::Event(e.clone())),
+                );
+            }
+        }
+        // Subscribed under the lock that writers send under: no gap, no duplicate.
+        let rx = self.shared.events_tx.subscribe();
+        drop(state);
+
+        let shared = self.shared.clone();
+        let live = futures::stream::unfold((rx, false), move |(mut rx, done)| {
+            let namespace = namespace.clone();
+            let filter = filter.clone();
+            let shared = shared.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    match rx.recv().await {
+                        Ok(event) => {
+                            if wanted(namespace.as_deref(), &filter, event.object.as_ref()) {
+                                return Some((WatchItem::Event(event), (rx, false)));
+                            }
+                            // Filtered out: progress is still progress (for bookmarks).
+                            if rx.is_empty() {
+                                return Some((
+                                    WatchItem::Progress(event.resource_version),
+                                    (rx, false),
+                                ));
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            let oldest = shared
+                                .state
+                                .read()
+                                .map(|s| s.oldest_watchable)
+                                .unwrap_or_default();
+                            return Some((
+                                WatchItem::Expired(format!(
+                                    "watcher fell behind; resume from a newer resourceVersion ({oldest})"
+                                )),
+                                (rx, true),
+                            ));
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            }
+        });
+        Ok(futures::stream::iter(first).chain(live).boxed())
+    }
+
+    fn stats(&self) -> StoreStats {
+        self.snapshot()
+            .map(|s| StoreStats {
+                objects: s.objects.len(),
+                resource_version: s.resource_version,
+            })
+            .unwrap_or_default()
+    }
+}

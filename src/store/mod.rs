@@ -1,0 +1,200 @@
+//! Storage behind the REST handlers. Handlers talk to [`Store`] only: the in-memory store is the
+//! embedded default, the FarmPod watch cache is another user of the same engine, and a durable
+//! store can implement the trait with the same resourceVersion, list and watch semantics.
+
+pub mod memory;
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    error::{Error, Result},
+    resource::{ObjectKey, ServedResource},
+    selector::Filter,
+};
+
+pub use memory::MemoryStore;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, at the resourceVersion it produced.
+#[derive(Debug)]
+pub struct Event<K> {
+    pub resource_version: u64,
+    pub type_: EventType,
+    pub object: Arc<K>,
+    /// The plain JSON watch line, encoded once however many watchers send it.
+    json_line: OnceLock<Bytes>,
+}
+
+impl<K: ServedResource> Event<K> {
+    pub fn new(resource_version: u64, type_: EventType, object: Arc<K>) -> Self {
+        Self {
+            resource_version,
+            type_,
+            object,
+            json_line: OnceLock::new(),
+        }
+    }
+
+    /// `{"type":"ADDED","object":{...}}\n`
+    pub fn json_line(&self) -> Bytes {
+        self.json_line
+            .get_or_init(|| crate::watch::event_line(self.type_.as_str(), self.object.as_ref()))
+            .clone()
+    }
+}
+
+/// What a list wants to see, from `resourceVersion` and `resourceVersionMatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadAt {
+    /// No resourceVersion: the latest state.
+    #[default]
+    Latest,
+    /// `resourceVersion=0`: any state is fine.
+    Any,
+    NotOlderThan(u64),
+    Exact(u64),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    pub namespace: Option<String>,
+    pub filter: Filter,
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+    pub read_at: ReadAt,
+}
+
+#[derive(Debug)]
+pub struct ListPage<K> {
+    pub items: Vec<Arc<K>>,
+    pub resource_version: u64,
+    pub continue_token: Option<String>,
+    pub remaining_item_count: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchStart {
+    /// Synthetic ADDED events for the current state, then changes (resourceVersion unset or 0,
+    /// or `sendInitialEvents=true`).
+    InitialState,
+    /// Every change after this resourceVersion.
+    After(u64),
+}
+
+#[derive(Debug, Clone)]
+pub struct WatchRequest {
+    pub namespace: Option<String>,
+    pub filter: Filter,
+    pub start: WatchStart,
+}
+
+#[derive(Debug)]
+pub enum WatchItem<K> {
+    Event(Arc<Event<K>>),
+    /// All initial events were sent; the state they showed is at this resourceVersion.
+    InitialEventsEnd(u64),
+    /// Nothing the watcher cares about happened up to this resourceVersion.
+    Progress(u64),
+    /// The watch fell too far behind; the client must relist.
+    Expired(String),
+}
+
+pub type WatchStream<K> = BoxStream<'static, WatchItem<K>>;
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Preconditions {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    pub objects: usize,
+    pub resource_version: u64,
+}
+
+#[async_trait]
+pub trait Store<K: ServedResource>: Send + Sync + 'static {
+    async fn get(&self, key: &ObjectKey) -> Result<Arc<K>>;
+    async fn list(&self, request: &ListRequest) -> Result<ListPage<K>>;
+    /// Stores a new object; the store sets `metadata.resourceVersion`.
+    async fn create(&self, object: K, dry_run: bool) -> Result<Arc<K>>;
+    /// Replaces an object whose `metadata.resourceVersion` must still be current.
+    async fn update(&self, object: K, dry_run: bool) -> Result<Arc<K>>;
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Arc<K>>;
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>>;
+    fn stats(&self) -> StoreStats;
+    /// Not ready (a cache still syncing) answers 503.
+    fn check_ready(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The opaque `continue` token: where the next page starts, in which snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContinueToken {
+    /// Always `meta.k8s.io/v1`, as kube-apiserver's tokens say.
+    pub v: String,
+    pub rv: u64,
+    /// Namespace and name of the last item returned.
+    pub start: (String, String),
+    /// Items already returned, for `remainingItemCount`.
+    pub offset: usize,
+}
+
+impl ContinueToken {
+    pub fn encode(&self) -> String {
+        use base64::Engine;
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+    }
+
+    pub fn decode(token: &str) -> Result<Self> {
+        use base64::Engine;
+        let bad = || Error::BadRequest(format!("continue key is not valid: {token:?}"));
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| bad())?;
+        let token: Self = serde_json::from_slice(&json).map_err(|_| bad())?;
+        if token.v != "meta.k8s.io/v1" {
+            return Err(bad());
+        }
+        Ok(token)
+    }
+}
+
+/// The 410 for a continue token whose snapshot is gone (kube-apiserver's wording).
+pub fn expired_continue() -> Error {
+    Error::Expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.".into())
+}
+
+pub fn too_old(requested: u64, oldest: u64) -> String {
+    format!("too old resource version: {requested} ({oldest})")
+}

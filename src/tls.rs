@@ -1,0 +1,380 @@
+//! Serving TLS: certificates from files (reloaded when they change on disk) or a development CA
+//! made with rcgen; optional client certificates verified against the trusted client CAs; ALPN
+//! h2 + http/1.1; `TCP_NODELAY` on every socket; the verified client chain handed to handlers.
+
+use std::{
+    io,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use axum::Extension;
+use axum_server::{
+    accept::{Accept, NoDelayAcceptor},
+    tls_rustls::{RustlsAcceptor, RustlsConfig},
+};
+use futures::future::BoxFuture;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::{RootCertStore, ServerConfig, server::WebPkiClientVerifier};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpStream;
+use tower::Layer;
+
+pub const CA_CERT: &str = "ca.crt";
+pub const CA_KEY: &str = "ca.key";
+pub const TLS_CERT: &str = "tls.crt";
+pub const TLS_KEY: &str = "tls.key";
+pub const KUBECONFIG: &str = "kubeconfig";
+
+/// The user the generated kubeconfig authenticates as.
+pub const DEV_USER: &str = "farm-dev-admin";
+pub const DEV_GROUP: &str = "system:masters";
+
+/// Names the dev serving certificate is valid for: local use and the in-cluster Service.
+pub const DEV_SANS: &[&str] = &[
+    "localhost",
+    "127.0.0.1",
+    "::1",
+    "farm-apiserver",
+    "farm-apiserver.farm-system",
+    "farm-apiserver.farm-system.svc",
+    "farm-apiserver.farm-system.svc.cluster.local",
+];
+
+/// Where the serving certificate and key are.
+#[derive(Debug, Clone)]
+pub struct ServingFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Verified client certificate chain of a connection (leaf first), empty when none was sent.
+#[derive(Debug, Clone, Default)]
+pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+
+#[cfg(unix)]
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    use std::{fs::OpenOptions, io::Write, os::unix::fs::OpenOptionsExt};
+    let mut file = OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(contents.as_bytes())?;
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+fn ca_params() -> Result<CertificateParams> {
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "farm-apiserver development CA");
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let now = time_now();
+    params.not_before = now - rcgen_days(1);
+    params.not_after = now + rcgen_days(3650);
+    Ok(params)
+}
+
+fn time_now() -> time::OffsetDateTime {
+    time::OffsetDateTime::now_utc()
+}
+
+fn rcgen_days(days: i64) -> time::Duration {
+    time::Duration::days(days)
+}
+
+/// The development CA: loaded from the cert dir, or created there.
+pub struct DevCa {
+    pub cert_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl DevCa {
+    pub fn load_or_create(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
+        if cert_path.exists() && key_path.exists() {
+            let cert_pem = std::fs::read_to_string(&cert_path)?;
+            let key = KeyPair::from_pem(&std::fs::read_to_string(&key_path)?)
+                .context("parsing the dev CA key")?;
+            let issuer =
+                Issuer::from_ca_cert_pem(&cert_pem, key).context("parsing the dev CA cert")?;
+            return Ok(Self { cert_pem, issuer });
+        }
+        let key = KeyPair::generate()?;
+        let params = ca_params()?;
+        let cert = params.self_signed(&key)?;
+        write_private(&key_path, &key.serialize_pem())?;
+        std::fs::write(&cert_path, cert.pem())?;
+        Ok(Self {
+            cert_pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// A serving certificate for `sans`, signed by this CA. Returns (cert PEM, key PEM).
+    pub fn issue_serving(&self, sans: &[&str]) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())?;
+        params.distinguished_name = DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "farm-apiserver");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let now = time_now();
+        params.not_before = now - rcgen_days(1);
+        params.not_after = now + rcgen_days(365);
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// A client certificate: user = CN, groups = O. Returns (cert PEM, key PEM).
+    pub fn issue_client(&self, user: &str, groups: &[&str]) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, user);
+        for group in groups {
+            params
+                .distinguished_name
+                .push(DnType::OrganizationName, *group);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let now = time_now();
+        params.not_before = now - rcgen_days(1);
+        params.not_after = now + rcgen_days(365);
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+/// Makes sure `dir` holds a dev CA, a serving cert for [`DEV_SANS`] and a kubeconfig for
+/// `server_url`. The CA and serving cert are reused across restarts; the kubeconfig is rewritten
+/// (the port may have changed). Returns the CA PEM.
+pub fn ensure_dev_certificates(dir: &Path, server_url: &str) -> Result<String> {
+    let ca = DevCa::load_or_create(dir)?;
+    let (cert_path, key_path) = (dir.join(TLS_CERT), dir.join(TLS_KEY));
+    if !(cert_path.exists() && key_path.exists()) {
+        let (cert, key) = ca.issue_serving(DEV_SANS)?;
+        write_private(&key_path, &key)?;
+        std::fs::write(&cert_path, cert)?;
+    }
+    let (client_cert, client_key) = ca.issue_client(DEV_USER, &[DEV_GROUP])?;
+    write_private(
+        &dir.join(KUBECONFIG),
+        &kubeconfig(server_url, &ca.cert_pem, &client_cert, &client_key),
+    )?;
+    Ok(ca.cert_pem)
+}
+
+pub fn kubeconfig(server_url: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: farm-dev
+  cluster:
+    server: {server_url}
+    certificate-authority-data: {ca}
+users:
+- name: {DEV_USER}
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: farm-dev
+  context:
+    cluster: farm-dev
+    user: {DEV_USER}
+    namespace: default
+current-context: farm-dev
+",
+        ca = b64(ca_pem),
+        cert = b64(cert_pem),
+        key = b64(key_pem),
+    )
+}
+
+/// The URL a local client reaches a bind address at (wildcards become loopback).
+pub fn local_url(addr: SocketAddr) -> String {
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() && ip.is_ipv4() => "127.0.0.1".to_owned(),
+        ip if ip.is_unspecified() => "[::1]".to_owned(),
+        std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+        ip => ip.to_string(),
+    };
+    format!("https://{host}:{}", addr.port())
+}
+
+pub fn load_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .context("parsing PEM certificates")?;
+    anyhow::ensure!(!certs.is_empty(), "no certificate in PEM data");
+    Ok(certs)
+}
+
+/// Client CAs: certificates of the issuers whose client certificates we verify.
+#[derive(Debug, Clone, Default)]
+pub struct ClientCas {
+    pub pem: Vec<String>,
+}
+
+impl ClientCas {
+    fn root_store(&self) -> Result<Option<Arc<RootCertStore>>> {
+        let mut roots = RootCertStore::empty();
+        for pem in &self.pem {
+            for cert in load_certs(pem.as_bytes())? {
+                roots.add(cert).context("adding a client CA")?;
+            }
+        }
+        Ok((!roots.is_empty()).then(|| Arc::new(roots)))
+    }
+}
+
+/// A rustls server config for the serving cert and key PEM and the client CAs.
+pub fn server_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    client_cas: &ClientCas,
+) -> Result<ServerConfig> {
+    let certs = load_certs(cert_pem)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).context("parsing the private key")?;
+    let builder = ServerConfig::builder();
+    let builder = match client_cas.root_store()? {
+        // Optional: health probes and token clients have no certificate.
+        Some(roots) => builder.with_client_cert_verifier(
+            WebPkiClientVerifier::builder(roots)
+                .allow_unauthenticated()
+                .build()
+                .context("building the client certificate verifier")?,
+        ),
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .context("the serving certificate does not match its key")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+fn read_files(files: &ServingFiles) -> Result<(Vec<u8>, Vec<u8>)> {
+    let cert =
+        std::fs::read(&files.cert).with_context(|| format!("reading {}", files.cert.display()))?;
+    let key =
+        std::fs::read(&files.key).with_context(|| format!("reading {}", files.key.display()))?;
+    Ok((cert, key))
+}
+
+fn fingerprint(cert: &[u8], key: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(cert);
+    hasher.update(key);
+    hasher.finalize().into()
+}
+
+/// Loads the serving files into a reloadable config.
+pub fn load(files: &ServingFiles, client_cas: &ClientCas) -> Result<RustlsConfig> {
+    let (cert, key) = read_files(files)?;
+    let config = server_config(&cert, &key, client_cas)?;
+    Ok(RustlsConfig::from_config(Arc::new(config)))
+}
+
+/// Re-reads the serving files every `interval` and swaps the config when their content changed.
+/// Reading content (not mtimes) follows a Secret volume's `..data` symlink swap. New handshakes
+/// get the new certificate; open connections keep theirs.
+pub async fn reload_loop(
+    config: RustlsConfig,
+    files: ServingFiles,
+    client_cas: ClientCas,
+    interval: Duration,
+) {
+    let mut last = read_files(&files)
+        .map(|(c, k)| fingerprint(&c, &k))
+        .unwrap_or_default();
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Ok((cert, key)) = read_files(&files) else {
+            continue;
+        };
+        let current = fingerprint(&cert, &key);
+        if current == last {
+            continue;
+        }
+        match server_config(&cert, &key, &client_cas) {
+            Ok(new) => {
+                config.reload_from_config(Arc::new(new));
+                last = current;
+                tracing::info!(cert = %files.cert.display(), "reloaded the serving certificate");
+            }
+            // A half-written pair (cert updated, key not yet) is retried on the next tick.
+            Err(error) => tracing::warn!(%error, "not reloading the serving certificate yet"),
+        }
+    }
+}
+
+/// TLS with `TCP_NODELAY` (no 40 ms delayed-ACK stall on the first response of a connection),
+/// passing the client's certificate chain to handlers as [`PeerCertificates`].
+#[derive(Clone)]
+pub struct Acceptor {
+    inner: RustlsAcceptor<NoDelayAcceptor>,
+}
+
+impl Acceptor {
+    pub fn new(config: RustlsConfig) -> Self {
+        Self {
+            inner: RustlsAcceptor::new(config)
+                .handshake_timeout(Duration::from_secs(10))
+                .acceptor(NoDelayAcceptor::new()),
+        }
+    }
+}
+
+impl<S: Send + 'static> Accept<TcpStream, S> for Acceptor {
+    type Stream = tokio_rustls::server::TlsStream<TcpStream>;
+    type Service = axum::middleware::AddExtension<S, PeerCertificates>;
+    type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
+
+    fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let (stream, service) = inner.accept(stream, service).await?;
+            let chain = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
+                .unwrap_or_default();
+            let service = Extension(PeerCertificates(Arc::new(chain))).layer(service);
+            Ok((stream, service))
+        })
+    }
+}

@@ -1,0 +1,135 @@
+//! Object metadata validation, as apimachinery's `ValidateObjectMeta` does it for custom kinds.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::error::FieldError;
+
+const DNS1123_SUBDOMAIN_MESSAGE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// Total size of all annotations, as kube-apiserver limits it.
+const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
+
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// Validates a name a client gave (path segment or metadata.name).
+pub fn validate_name(name: &str) -> Option<FieldError> {
+    if is_dns1123_subdomain(name) {
+        None
+    } else {
+        Some(FieldError::invalid(
+            "metadata.name",
+            format!("{name:?}"),
+            DNS1123_SUBDOMAIN_MESSAGE,
+        ))
+    }
+}
+
+pub fn validate_namespace(namespace: &str) -> Option<FieldError> {
+    if is_dns1123_label(namespace) {
+        None
+    } else {
+        Some(FieldError::invalid(
+            "metadata.namespace",
+            format!("{namespace:?}"),
+            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+        ))
+    }
+}
+
+fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    let name_ok = {
+        let b = name.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    };
+    name_ok && prefix.is_none_or(|p| !p.is_empty() && is_dns1123_subdomain(p))
+}
+
+fn is_label_value(value: &str) -> bool {
+    value.is_empty() || (is_qualified_name(value) && !value.contains('/'))
+}
+
+/// Labels and annotations a client set.
+pub fn validate_metadata(meta: &ObjectMeta) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (key, value) in meta.labels.iter().flatten() {
+        if !is_qualified_name(key) {
+            errors.push(FieldError::invalid(
+                "metadata.labels",
+                format!("{key:?}"),
+                "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            ));
+        }
+        if !is_label_value(value) {
+            errors.push(FieldError::invalid(
+                "metadata.labels",
+                format!("{value:?}"),
+                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            ));
+        }
+    }
+    let mut total = 0;
+    for (key, value) in meta.annotations.iter().flatten() {
+        total += key.len() + value.len();
+        if !is_qualified_name(&key.to_lowercase()) {
+            errors.push(FieldError::invalid(
+                "metadata.annotations",
+                format!("{key:?}"),
+                "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character",
+            ));
+        }
+    }
+    if total > MAX_ANNOTATIONS_BYTES {
+        errors.push(FieldError {
+            field: "metadata.annotations".into(),
+            reason: "FieldValueTooLong",
+            message: format!("Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes"),
+        });
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_rfc1123() {
+        assert!(validate_name("dolly").is_none());
+        assert!(validate_name("dolly.the-llama-2").is_none());
+        for bad in ["Dolly", "-x", "x-", "a_b", "", &"a".repeat(254)] {
+            assert!(validate_name(bad).is_some(), "{bad}");
+        }
+        assert!(validate_namespace("default").is_none());
+        assert!(validate_namespace("a.b").is_some());
+    }
+
+    #[test]
+    fn labels_are_checked() {
+        let meta = ObjectMeta {
+            labels: Some([("app".to_string(), "bad value".to_string())].into()),
+            ..Default::default()
+        };
+        assert_eq!(validate_metadata(&meta).len(), 1);
+    }
+}

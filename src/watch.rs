@@ -1,0 +1,232 @@
+//! The watch wire format: newline-delimited `{"type":…,"object":…}` events, one HTTP chunk each,
+//! with bookmarks, the `k8s.io/initial-events-end` bookmark, `timeoutSeconds` and a clean end on
+//! shutdown.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    body::Body,
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+};
+use bytes::Bytes;
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use kube::core::{
+    TypeMeta,
+    watch::{Bookmark, BookmarkMeta},
+};
+use serde::Serialize;
+use tokio::sync::watch as signal;
+
+use crate::{
+    error::Error,
+    metrics::Metrics,
+    negotiate::Output,
+    resource::ServedResource,
+    store::{Event, WatchItem, WatchStream},
+    table::{self, IncludeObject, PartialObjectMetadata},
+};
+
+/// The annotation client-go's watch-list waits for after the initial events.
+pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// kube's `WatchEvent` owns its object and renders errors without `kind`; this borrows.
+#[derive(Serialize)]
+struct Line<'a, T: Serialize> {
+    #[serde(rename = "type")]
+    type_: &'a str,
+    object: &'a T,
+}
+
+pub fn event_line<T: Serialize>(type_: &str, object: &T) -> Bytes {
+    let mut buf = Vec::with_capacity(256);
+    // Serializing our own types into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut buf, &Line { type_, object });
+    buf.push(b'\n');
+    Bytes::from(buf)
+}
+
+#[derive(Debug, Clone)]
+pub struct WatchOptions {
+    pub output: Output,
+    pub include: IncludeObject,
+    pub allow_bookmarks: bool,
+    /// Send the `initial-events-end` bookmark (sendInitialEvents=true).
+    pub send_initial_events_end: bool,
+    pub timeout: Duration,
+    pub bookmark_interval: Duration,
+}
+
+struct Watcher<K> {
+    stream: WatchStream<K>,
+    options: WatchOptions,
+    last_rv: u64,
+    bookmarked_rv: u64,
+    first_table: bool,
+    shutdown: signal::Receiver<bool>,
+    deadline: tokio::time::Instant,
+    ticker: tokio::time::Interval,
+    done: bool,
+    _open: OpenWatch,
+}
+
+/// Counts open watches in the metrics while a watch response lives.
+struct OpenWatch(Arc<Metrics>);
+
+impl OpenWatch {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        metrics.open_watches.inc();
+        Self(metrics)
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.0.open_watches.dec();
+    }
+}
+
+impl<K: ServedResource> Watcher<K> {
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut annotations = std::collections::BTreeMap::new();
+        if initial_end {
+            annotations.insert(INITIAL_EVENTS_END.to_owned(), "true".to_owned());
+        }
+        match self.options.output {
+            Output::Table(version) => {
+                let table = table::Table {
+                    kind: "Table",
+                    api_version: version.api_version(),
+                    metadata: ListMeta {
+                        resource_version: Some(rv.to_string()),
+                        ..Default::default()
+                    },
+                    column_definitions: None,
+                    rows: Vec::new(),
+                };
+                event_line("BOOKMARK", &table)
+            }
+            _ => event_line(
+                "BOOKMARK",
+                &Bookmark {
+                    types: TypeMeta::resource::<K>(),
+                    metadata: BookmarkMeta {
+                        resource_version: rv.to_string(),
+                        annotations,
+                    },
+                },
+            ),
+        }
+    }
+
+    fn event(&mut self, event: &Event<K>) -> Bytes {
+        let type_ = event.type_.as_str();
+        match self.options.output {
+            Output::Json => event.json_line(),
+            Output::PartialObjectMetadata(version) => event_line(
+                type_,
+                &PartialObjectMetadata::new(event.object.meta(), version),
+            ),
+            Output::Table(version) => {
+                let with_columns = std::mem::take(&mut self.first_table);
+                let table = table::table(
+                    [event.object.as_ref()],
+                    ListMeta {
+                        resource_version: Some(event.resource_version.to_string()),
+                        ..Default::default()
+                    },
+                    self.options.include,
+                    version,
+                    with_columns,
+                );
+                event_line(type_, &table)
+            }
+        }
+    }
+
+    /// The next chunk to send, or None when the watch ends.
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        loop {
+            if self.done {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                _ = self.shutdown.changed() => {
+                    self.done = true;
+                    return None;
+                }
+                _ = tokio::time::sleep_until(self.deadline) => {
+                    self.done = true;
+                    return None;
+                }
+                item = self.stream.next() => match item {
+                    None => {
+                        self.done = true;
+                        return None;
+                    }
+                    Some(WatchItem::Event(event)) => {
+                        self.last_rv = event.resource_version;
+                        return Some(self.event(&event));
+                    }
+                    Some(WatchItem::InitialEventsEnd(rv)) => {
+                        self.last_rv = self.last_rv.max(rv);
+                        if self.options.send_initial_events_end {
+                            self.bookmarked_rv = rv;
+                            return Some(self.bookmark(rv, true));
+                        }
+                    }
+                    Some(WatchItem::Progress(rv)) => {
+                        self.last_rv = self.last_rv.max(rv);
+                    }
+                    Some(WatchItem::Expired(message)) => {
+                        self.done = true;
+                        return Some(event_line("ERROR", &Error::Expired(message).to_status()));
+                    }
+                },
+                _ = self.ticker.tick(), if self.options.allow_bookmarks => {
+                    if self.last_rv > self.bookmarked_rv {
+                        self.bookmarked_rv = self.last_rv;
+                        return Some(self.bookmark(self.last_rv, false));
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn response<K: ServedResource>(
+    stream: WatchStream<K>,
+    options: WatchOptions,
+    start_rv: u64,
+    shutdown: signal::Receiver<bool>,
+    metrics: Arc<Metrics>,
+) -> Response {
+    let interval = options.bookmark_interval.max(Duration::from_millis(10));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let watcher = Watcher {
+        stream,
+        deadline: tokio::time::Instant::now() + options.timeout,
+        options,
+        last_rv: start_rv,
+        bookmarked_rv: start_rv,
+        first_table: true,
+        shutdown,
+        ticker,
+        done: false,
+        _open: OpenWatch::new(metrics),
+    };
+    let body = futures::stream::unfold(watcher, |mut w| async move {
+        w.next_chunk()
+            .await
+            .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), w))
+    });
+    let mut response = (StatusCode::OK, Body::from_stream(body)).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

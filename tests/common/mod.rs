@@ -1,0 +1,327 @@
+//! A real farm-apiserver on an ephemeral loopback port, with dev certificates in a temp dir, and
+//! the clients the tests talk to it with: kube::Client, kubectl, and a raw HTTPS client that sends
+//! exactly the headers it is given.
+
+#![allow(dead_code)]
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use farm_apiserver::{
+    rest::RestSettings,
+    server::{self, AppState, Shutdown, StateOptions},
+    tls::{self, ClientCas, DevCa, ServingFiles},
+};
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, Response};
+use rustls::{ClientConfig, RootCertStore};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub state: AppState,
+    pub shutdown: Shutdown,
+    handle: axum_server::Handle<SocketAddr>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.end_watches();
+        self.handle.shutdown();
+    }
+}
+
+pub struct Options {
+    pub sample_data: bool,
+    pub bookmark_interval: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            sample_data: true,
+            bookmark_interval: Duration::from_millis(300),
+        }
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> Self {
+        install_crypto();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let ca = tls::ensure_dev_certificates(dir.path(), &tls::local_url(addr)).expect("certs");
+        let files = ServingFiles {
+            cert: dir.path().join(tls::TLS_CERT),
+            key: dir.path().join(tls::TLS_KEY),
+        };
+        let client_cas = ClientCas { pem: vec![ca] };
+        let config = tls::load(&files, &client_cas).expect("tls config");
+        let (state, shutdown) = AppState::new(StateOptions {
+            sample_data: options.sample_data,
+            rest: RestSettings {
+                min_request_timeout: Duration::from_secs(1800),
+                bookmark_interval: options.bookmark_interval,
+            },
+        });
+        let app = server::router(state.clone());
+        let handle = axum_server::Handle::<SocketAddr>::new();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let server = axum_server::from_tcp(listener)
+            .expect("from_tcp")
+            .acceptor(tls::Acceptor::new(config))
+            .handle(handle.clone());
+        tokio::spawn(async move {
+            let _ = server.serve(app.into_make_service()).await;
+        });
+        handle.listening().await.expect("listening");
+        Self {
+            addr,
+            dir,
+            state,
+            shutdown,
+            handle,
+        }
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join(tls::KUBECONFIG)
+    }
+
+    pub fn ca_pem(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join(tls::CA_CERT)).expect("ca")
+    }
+
+    pub fn dev_ca(&self) -> DevCa {
+        DevCa::load_or_create(self.dir.path()).expect("dev ca")
+    }
+
+    pub async fn kube_client(&self) -> kube::Client {
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(self.kubeconfig()).expect("kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("config");
+        kube::Client::try_from(config).expect("client")
+    }
+
+    /// A raw client trusting the dev CA, presenting `identity` (cert PEM, key PEM) if given.
+    pub fn raw(&self, identity: Option<(String, String)>, alpn: Alpn) -> RawClient {
+        RawClient::new(self.addr, &self.ca_pem(), identity, alpn)
+    }
+
+    /// The dev kubeconfig's identity: farm-dev-admin, system:masters.
+    pub fn admin_identity(&self) -> (String, String) {
+        self.dev_ca()
+            .issue_client(tls::DEV_USER, &[tls::DEV_GROUP])
+            .expect("client cert")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alpn {
+    Http1,
+    Http2,
+}
+
+#[derive(Clone)]
+pub struct RawClient {
+    addr: SocketAddr,
+    connector: TlsConnector,
+    alpn: Alpn,
+}
+
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+impl RawResponse {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body[..self.body.len().min(400)])
+            )
+        })
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl RawClient {
+    pub fn new(
+        addr: SocketAddr,
+        ca_pem: &str,
+        identity: Option<(String, String)>,
+        alpn: Alpn,
+    ) -> Self {
+        install_crypto();
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.expect("ca pem")).expect("add root");
+        }
+        let builder = ClientConfig::builder().with_root_certificates(roots);
+        let mut config = match identity {
+            Some((cert, key)) => {
+                let certs: Vec<_> = CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .map(|c| c.expect("cert"))
+                    .collect();
+                let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .expect("client auth")
+            }
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = match alpn {
+            Alpn::Http1 => vec![b"http/1.1".to_vec()],
+            Alpn::Http2 => vec![b"h2".to_vec()],
+        };
+        Self {
+            addr,
+            connector: TlsConnector::from(Arc::new(config)),
+            alpn,
+        }
+    }
+
+    /// Sends one request on a new connection; headers go out exactly as given (name, value).
+    pub async fn send(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> RawResponse {
+        let tcp = TcpStream::connect(self.addr).await.expect("connect");
+        tcp.set_nodelay(true).ok();
+        let tls = self
+            .connector
+            .connect(ServerName::try_from("localhost").expect("name"), tcp)
+            .await
+            .expect("tls handshake");
+        let io = hyper_util::rt::TokioIo::new(tls);
+        let mut builder = Request::builder().method(method).uri(path_and_query);
+        if self.alpn == Alpn::Http2 {
+            builder = builder.uri(format!(
+                "https://localhost:{}{path_and_query}",
+                self.addr.port()
+            ));
+        }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let has_host = headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host"));
+        if self.alpn == Alpn::Http1 && !has_host {
+            builder = builder.header("Host", format!("localhost:{}", self.addr.port()));
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .expect("request");
+        let response: Response<hyper::body::Incoming> = match self.alpn {
+            Alpn::Http1 => {
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+                    .await
+                    .expect("h1 handshake");
+                tokio::spawn(conn);
+                sender.send_request(request).await.expect("send")
+            }
+            Alpn::Http2 => {
+                let (mut sender, conn) =
+                    hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                        .await
+                        .expect("h2 handshake");
+                tokio::spawn(conn);
+                sender.send_request(request).await.expect("send")
+            }
+        };
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect())
+            .await
+            .expect("body in time")
+            .expect("body")
+            .to_bytes();
+        RawResponse {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> RawResponse {
+        self.send("GET", path, headers, None).await
+    }
+}
+
+/// kubectl from PATH, with a private discovery cache; None (and a printed reason) when absent.
+pub fn kubectl(kubeconfig: &Path, cache: &Path) -> Option<Command> {
+    let found = Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("SKIPPED: kubectl is not on PATH; the kubectl tests need it");
+        return None;
+    }
+    let mut cmd = Command::new("kubectl");
+    cmd.arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(cache)
+        .env("KUBECACHEDIR", cache)
+        .env_remove("KUBECONFIG");
+    Some(cmd)
+}
+
+/// Runs kubectl (blocking, on a helper thread) and returns (success, stdout, stderr).
+pub async fn run(mut cmd: Command, stdin: Option<&str>) -> (bool, String, String) {
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        use std::process::Stdio;
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn kubectl");
+        if let Some(input) = stdin
+            && let Some(mut pipe) = child.stdin.take()
+        {
+            pipe.write_all(input.as_bytes()).expect("stdin");
+        }
+        let out = child.wait_with_output().expect("kubectl output");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .expect("join")
+}

@@ -1,0 +1,619 @@
+//! End to end over the real TLS listener: kube::Client, kubectl with the generated kubeconfig, and
+//! a raw HTTPS client replaying kube-apiserver's aggregator requests header for header.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::Stdio,
+    time::Duration,
+};
+
+use common::{Alpn, TestServer, kubectl, run};
+use farm_apiserver::resources::{Llama, LlamaSpec};
+use futures::{StreamExt, TryStreamExt};
+use kube::{
+    Api,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams},
+};
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn kube_client_crud_and_watch_from_list_resource_version() {
+    let server = TestServer::start().await;
+    let client = server.kube_client().await;
+    let api: Api<Llama> = Api::namespaced(client.clone(), "default");
+
+    let dolly = api.get("dolly").await.expect("get dolly");
+    assert_eq!(dolly.spec.weight, 31.4);
+
+    let list = api.list(&ListParams::default()).await.expect("list");
+    assert_eq!(list.items.len(), 1);
+    let rv = list.metadata.resource_version.clone().expect("list rv");
+
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(10), &rv)
+        .await
+        .expect("watch")
+        .boxed();
+
+    let created = api
+        .create(
+            &PostParams::default(),
+            &Llama::new(
+                "kuzco",
+                LlamaSpec {
+                    weight: 120.0,
+                    height: 1.7,
+                },
+            ),
+        )
+        .await
+        .expect("create");
+    assert!(created.metadata.uid.is_some());
+    let patched = api
+        .patch(
+            "kuzco",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"height": 1.9}})),
+        )
+        .await
+        .expect("patch");
+    assert_eq!(patched.spec.height, 1.9);
+    api.delete("kuzco", &DeleteParams::default())
+        .await
+        .expect("delete");
+
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .expect("event in time")
+            .expect("stream ok")
+            .expect("stream open");
+        match event {
+            WatchEvent::Added(l) => seen.push(("ADDED", l.spec.height)),
+            WatchEvent::Modified(l) => seen.push(("MODIFIED", l.spec.height)),
+            WatchEvent::Deleted(l) => seen.push(("DELETED", l.spec.height)),
+            WatchEvent::Bookmark(_) => {}
+            WatchEvent::Error(e) => panic!("watch error {e:?}"),
+        }
+    }
+    assert_eq!(seen, [("ADDED", 1.7), ("MODIFIED", 1.9), ("DELETED", 1.9)]);
+
+    let missing = api.get("kuzco").await.expect_err("gone");
+    match missing {
+        kube::Error::Api(status) => {
+            assert_eq!(status.code, 404);
+            assert_eq!(status.reason, "NotFound");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // All namespaces, as `kubectl get -A` and informers do.
+    let all: Api<Llama> = Api::all(client);
+    assert_eq!(
+        all.list(&ListParams::default())
+            .await
+            .expect("list all")
+            .items
+            .len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn watch_resumes_without_gap_bookmarks_and_expires() {
+    let server = TestServer::start().await;
+    let client = server.kube_client().await;
+    let api: Api<Llama> = Api::namespaced(client, "default");
+    let rv: u64 = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+    for i in 0..3 {
+        api.create(
+            &PostParams::default(),
+            &Llama::new(
+                &format!("w{i}"),
+                LlamaSpec {
+                    weight: 1.0,
+                    height: 1.0,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    }
+    // Starting from the list's rv replays exactly the three creates, then bookmarks arrive.
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(5), &rv.to_string())
+        .await
+        .unwrap()
+        .boxed();
+    let mut names = Vec::new();
+    let mut bookmark = None;
+    while bookmark.is_none() {
+        match tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .expect("in time")
+            .unwrap()
+            .expect("open")
+        {
+            WatchEvent::Added(l) => names.push(l.metadata.name.unwrap()),
+            WatchEvent::Bookmark(b) => bookmark = Some(b.metadata.resource_version),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(names, ["w0", "w1", "w2"]);
+    assert_eq!(bookmark.unwrap(), (rv + 3).to_string());
+
+    // Starting after the second create yields only the third.
+    let mut stream = api
+        .watch(&WatchParams::default().timeout(2), &(rv + 2).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    match stream.try_next().await.unwrap().unwrap() {
+        WatchEvent::Added(l) => assert_eq!(l.metadata.name.as_deref(), Some("w2")),
+        other => panic!("unexpected {other:?}"),
+    }
+    // timeoutSeconds ends the stream (bookmarks may come first).
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.try_next().await {
+                Ok(Some(WatchEvent::Bookmark(_))) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("closed by timeoutSeconds");
+    assert!(matches!(end, Ok(None)), "{end:?}");
+}
+
+#[tokio::test]
+async fn too_old_resource_version_is_410_error_event() {
+    use farm_apiserver::store::{MemoryStore, memory::MemoryStoreConfig};
+    // A tiny event window so "too old" is reachable.
+    common::install_crypto();
+    let store = MemoryStore::<Llama>::new(MemoryStoreConfig {
+        event_window: 2,
+        ..Default::default()
+    });
+    let (state, _shutdown) = farm_apiserver::server::AppState::with_llamas(
+        std::sync::Arc::new(store.clone()),
+        Default::default(),
+    );
+    let app = farm_apiserver::server::router(state.clone());
+    for i in 0..5 {
+        let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": format!("o{i}")}, "spec": {"weight": 1, "height": 1}});
+        let request =
+            axum::http::Request::post("/apis/farm.example.com/v1alpha/namespaces/default/llamas")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body.to_string()))
+                .unwrap();
+        tower::ServiceExt::oneshot(app.clone(), request)
+            .await
+            .unwrap();
+    }
+    let request = axum::http::Request::get(
+        "/apis/farm.example.com/v1alpha/llamas?watch=true&resourceVersion=1&timeoutSeconds=1",
+    )
+    .body(axum::body::Body::empty())
+    .unwrap();
+    let response = tower::ServiceExt::oneshot(app, request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let event: Value = serde_json::from_slice(body.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(event["type"], "ERROR");
+    assert_eq!(event["object"]["kind"], "Status");
+    assert_eq!(event["object"]["code"], 410);
+    assert_eq!(event["object"]["reason"], "Expired");
+    assert!(
+        event["object"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("too old resource version: 1")
+    );
+}
+
+#[tokio::test]
+async fn watch_list_sends_initial_events_end_bookmark() {
+    let server = TestServer::start().await;
+    let raw = server.raw(Some(server.admin_identity()), Alpn::Http1);
+    let reply = raw
+        .get(
+            "/apis/farm.example.com/v1alpha/llamas?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1",
+            &[],
+        )
+        .await;
+    assert_eq!(reply.status, 200);
+    let events: Vec<Value> = reply
+        .body
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "dolly");
+    assert_eq!(events[1]["type"], "BOOKMARK");
+    assert_eq!(
+        events[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    assert_eq!(events[1]["object"]["kind"], "Llama");
+}
+
+fn fixtures() -> Vec<Value> {
+    include_str!("fixtures/aggregator-requests.jsonl")
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("fixture line"))
+        .collect()
+}
+
+/// Headers of a recorded request, as sent (Host dropped on HTTP/2, where :authority carries it).
+fn recorded_headers(entry: &Value, alpn: Alpn) -> Vec<(String, String)> {
+    entry["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| {
+            (
+                h[0].as_str().unwrap().to_owned(),
+                h[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .filter(|(n, _)| !(alpn == Alpn::Http2 && n.eq_ignore_ascii_case("host")))
+        .collect()
+}
+
+#[tokio::test]
+async fn replays_the_aggregators_requests_over_h1_and_h2() {
+    let server = TestServer::start().await;
+    // The aggregator's proxy client certificate (kubeadm names it front-proxy-client).
+    let proxy_identity = server
+        .dev_ca()
+        .issue_client("front-proxy-client", &[])
+        .unwrap();
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let raw = server.raw(Some(proxy_identity.clone()), alpn);
+        for entry in fixtures() {
+            let headers = recorded_headers(&entry, alpn);
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            let path = entry["path"].as_str().unwrap();
+            let reply = raw.get(path, &headers).await;
+            assert_eq!(
+                reply.status,
+                200,
+                "{alpn:?} {path}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            let accept = headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case("accept"))
+                .map(|(_, v)| *v)
+                .unwrap_or("");
+            if path == "/healthz" {
+                assert_eq!(&reply.body[..], b"ok");
+                continue;
+            }
+            let body = reply.json();
+            match path {
+                "/apis" => {
+                    assert_eq!(
+                        reply.header("content-type"),
+                        Some(
+                            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+                        )
+                    );
+                    assert_eq!(body["items"][0]["versions"][0]["freshness"], "Current");
+                }
+                "/apis/farm.example.com/v1alpha" => {
+                    assert_eq!(body["groupVersion"], "farm.example.com/v1alpha")
+                }
+                "/openapi/v2" => {
+                    assert!(body["definitions"]["com.example.farm.v1alpha.Llama"].is_object())
+                }
+                "/openapi/v3" => assert!(
+                    body["paths"]["apis/farm.example.com/v1alpha"]["serverRelativeURL"]
+                        .as_str()
+                        .unwrap()
+                        .contains("?hash=")
+                ),
+                _ if accept.contains("as=Table") => {
+                    assert_eq!(body["kind"], "Table", "{path}");
+                    assert_eq!(body["rows"][0]["cells"][0], "dolly");
+                }
+                _ => assert!(
+                    body["kind"] == "LlamaList" || body["kind"] == "Llama",
+                    "{path}: {body}"
+                ),
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn availability_probe_discovery_etag_and_openapi() {
+    let server = TestServer::start().await;
+    let proxy_identity = server
+        .dev_ca()
+        .issue_client("front-proxy-client", &[])
+        .unwrap();
+    let raw = server.raw(Some(proxy_identity), Alpn::Http2);
+    let probe_headers = [
+        ("User-Agent", "Go-http-client/1.1"),
+        ("X-Remote-Group", "system:masters"),
+        ("X-Remote-User", "system:kube-aggregator"),
+        ("Accept-Encoding", "gzip"),
+    ];
+    // The availability controller's 5 parallel discovery GETs: every one must be 2xx.
+    let probes = futures::future::join_all(
+        (0..5).map(|_| raw.get("/apis/farm.example.com/v1alpha", &probe_headers)),
+    )
+    .await;
+    for reply in &probes {
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.json()["kind"], "APIResourceList");
+    }
+    let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+    let first = raw
+        .get(
+            "/apis",
+            &[
+                ("Accept", accept),
+                ("X-Remote-User", "system:kube-aggregator"),
+                ("X-Remote-Group", "system:masters"),
+            ],
+        )
+        .await;
+    assert_eq!(first.status, 200);
+    let etag = first.header("etag").unwrap().to_owned();
+    let second = raw
+        .get("/apis", &[("Accept", accept), ("If-None-Match", &etag)])
+        .await;
+    assert_eq!(second.status, 304);
+    assert_eq!(second.header("etag"), Some(etag.as_str()));
+
+    let v2 = raw
+        .get(
+            "/openapi/v2",
+            &[
+                ("Accept", "application/json"),
+                ("X-Remote-User", "system:aggregator"),
+            ],
+        )
+        .await;
+    assert_eq!(v2.status, 200);
+    let v2_etag = v2.header("etag").unwrap().to_owned();
+    assert_eq!(
+        raw.get("/openapi/v2", &[("If-None-Match", &v2_etag)])
+            .await
+            .status,
+        304
+    );
+
+    let root = raw.get("/openapi/v3", &[]).await.json();
+    let url = root["paths"]["apis/farm.example.com/v1alpha"]["serverRelativeURL"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let doc = raw.get(&url, &[]).await;
+    assert_eq!(doc.status, 200);
+    assert_eq!(doc.header("cache-control"), Some("public, immutable"));
+    assert!(doc.header("expires").is_some());
+    let doc_json = doc.json();
+    let schema = &doc_json["components"]["schemas"]["com.example.farm.v1alpha.Llama"];
+    assert_eq!(
+        schema["x-kubernetes-group-version-kind"][0]["kind"],
+        "Llama"
+    );
+    let stale = raw
+        .get(
+            "/openapi/v3/apis/farm.example.com/v1alpha?hash=DEADBEEF",
+            &[],
+        )
+        .await;
+    assert_eq!(stale.status, 301);
+    assert_eq!(stale.header("location"), Some(url.as_str()));
+}
+
+#[tokio::test]
+async fn http2_and_http1_are_both_negotiated() {
+    let server = TestServer::start().await;
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let reply = server
+            .raw(Some(server.admin_identity()), alpn)
+            .get(
+                "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
+                &[],
+            )
+            .await;
+        assert_eq!(reply.status, 200, "{alpn:?}");
+    }
+}
+
+#[tokio::test]
+async fn kubectl_works_as_a_user_would_use_it() {
+    let server = TestServer::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig();
+    let Some(_) = kubectl(&kubeconfig, cache.path()) else {
+        return;
+    };
+    let k = |args: &[&str]| {
+        let mut cmd = kubectl(&kubeconfig, cache.path()).unwrap();
+        cmd.args(args);
+        cmd
+    };
+
+    let (ok, out, err) = run(k(&["get", "llamas"]), None).await;
+    assert!(ok, "{err}");
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "WEIGHT", "HEIGHT", "AGE"]);
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], ["dolly", "31.4", "0.5"]);
+
+    let (ok, out, err) = run(k(&["get", "ll", "-A"]), None).await;
+    assert!(ok, "{err}");
+    assert!(out.starts_with("NAMESPACE"), "{out}");
+    assert!(out.contains("default"), "{out}");
+
+    let manifest = "apiVersion: farm.example.com/v1alpha
+kind: Llama
+metadata:
+  name: kuzco
+  labels:
+    herd: gold
+spec:
+  weight: 120.5
+  height: 1.7
+";
+    let (ok, out, err) = run(k(&["apply", "-f", "-"]), Some(manifest)).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "llama.farm.example.com/kuzco created");
+    let (ok, out, _) = run(
+        k(&["apply", "-f", "-"]),
+        Some(&manifest.replace("120.5", "130")),
+    )
+    .await;
+    assert!(ok);
+    assert_eq!(out.trim(), "llama.farm.example.com/kuzco configured");
+
+    let (ok, out, err) = run(k(&["get", "llama", "kuzco", "-o", "yaml"]), None).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("weight: 130"), "{out}");
+    assert!(out.contains("kind: Llama"));
+
+    let (ok, out, err) = run(
+        k(&[
+            "patch",
+            "llama",
+            "kuzco",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"height":1.8}}"#,
+        ]),
+        None,
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("patched"), "{out}");
+    let (_, out, _) = run(
+        k(&[
+            "get",
+            "ll",
+            "-l",
+            "herd=gold",
+            "-o",
+            "jsonpath={.items[*].spec.height}",
+        ]),
+        None,
+    )
+    .await;
+    assert_eq!(out.trim(), "1.8");
+
+    let (ok, _, err) = run(k(&["get", "llama", "nope"]), None).await;
+    assert!(!ok);
+    assert!(
+        err.contains(r#"Error from server (NotFound): llamas.farm.example.com "nope" not found"#),
+        "{err}"
+    );
+
+    let (ok, out, err) = run(k(&["explain", "llamas.spec.weight"]), None).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("Weight of the llama in kilograms"), "{out}");
+
+    let (ok, out, err) = run(k(&["api-resources"]), None).await;
+    assert!(ok, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("llamas"))
+        .expect("llamas listed");
+    assert!(
+        line.contains("ll") && line.contains("farm.example.com/v1alpha") && line.contains("Llama"),
+        "{line}"
+    );
+
+    let (ok, out, err) = run(k(&["delete", "llama", "kuzco"]), None).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "llama.farm.example.com \"kuzco\" deleted");
+}
+
+#[tokio::test]
+async fn kubectl_get_watch_prints_the_first_event() {
+    let server = TestServer::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    let Some(mut cmd) = kubectl(&server.kubeconfig(), cache.path()) else {
+        return;
+    };
+    let mut child = cmd
+        .args(["get", "llamas", "-w", "--output-watch-events"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The initial list first, then the new llama as an ADDED event with its columns.
+    let header = tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        header.contains("NAME") && header.contains("WEIGHT"),
+        "{header}"
+    );
+    let api: Api<Llama> = Api::namespaced(server.kube_client().await, "default");
+    let mut added = None;
+    for _ in 0..20 {
+        if api.get_opt("watched").await.unwrap().is_none() {
+            api.create(
+                &PostParams::default(),
+                &Llama::new(
+                    "watched",
+                    LlamaSpec {
+                        weight: 7.0,
+                        height: 0.7,
+                    },
+                ),
+            )
+            .await
+            .unwrap();
+        }
+        match tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+            Ok(Some(line)) if line.contains("watched") => {
+                added = Some(line);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let line = added.expect("kubectl printed the watch event");
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&cells[..4], ["ADDED", "watched", "7", "0.7"], "{line}");
+}

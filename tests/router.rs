@@ -1,0 +1,781 @@
+//! The router driven with `oneshot`: discovery, OpenAPI, Table, lists, writes and every error
+//! shape, without a socket.
+
+use axum::{
+    Router,
+    body::Body,
+    http::{Request, StatusCode},
+};
+use farm_apiserver::server::{self, AppState, StateOptions};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const BASE: &str = "/apis/farm.example.com/v1alpha";
+const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+
+fn app() -> Router {
+    let (state, _shutdown) = AppState::new(StateOptions::default());
+    server::router(state)
+}
+
+fn app_with_state() -> (Router, AppState) {
+    let (state, _shutdown) = AppState::new(StateOptions::default());
+    (server::router(state.clone()), state)
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Asserts a Status body with this code and reason; returns its message.
+    fn status(&self, code: u16, reason: &str) -> String {
+        let body = self.json();
+        assert_eq!(self.status.as_u16(), code, "{body}");
+        assert_eq!(body["kind"], "Status", "{body}");
+        assert_eq!(body["apiVersion"], "v1");
+        assert_eq!(body["status"], "Failure");
+        assert_eq!(body["code"], code);
+        assert_eq!(body["reason"], reason, "{body}");
+        body["message"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+async fn get(app: &Router, uri: &str) -> Reply {
+    call(app, "GET", uri, &[], "").await
+}
+
+fn llama(name: &str, weight: f64, height: f64) -> String {
+    json!({
+        "apiVersion": "farm.example.com/v1alpha",
+        "kind": "Llama",
+        "metadata": { "name": name },
+        "spec": { "weight": weight, "height": height }
+    })
+    .to_string()
+}
+
+async fn create(app: &Router, ns: &str, body: &str) -> Reply {
+    call(
+        app,
+        "POST",
+        &format!("{BASE}/namespaces/{ns}/llamas"),
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn resource_list_has_exact_group_version_and_verbs() {
+    let reply = get(&app(), BASE).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    let body = reply.json();
+    assert_eq!(body["kind"], "APIResourceList");
+    assert_eq!(body["apiVersion"], "v1");
+    assert_eq!(body["groupVersion"], "farm.example.com/v1alpha");
+    let llamas = &body["resources"][0];
+    assert_eq!(llamas["name"], "llamas");
+    assert_eq!(llamas["singularName"], "llama");
+    assert_eq!(llamas["kind"], "Llama");
+    assert_eq!(llamas["namespaced"], true);
+    assert_eq!(llamas["shortNames"], json!(["ll"]));
+    assert_eq!(llamas["categories"], json!(["farm"]));
+    let verbs: Vec<&str> = llamas["verbs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for verb in [
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+    ] {
+        assert!(verbs.contains(&verb), "{verb} missing from {verbs:?}");
+    }
+}
+
+#[tokio::test]
+async fn apis_negotiates_aggregated_discovery_with_etag() {
+    let app = app();
+    let accept = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+    let reply = call(&app, "GET", "/apis", &[("accept", accept)], "").await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.headers["content-type"],
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+    );
+    assert_eq!(reply.headers["vary"], "Accept");
+    let etag = reply.headers["etag"].to_str().unwrap().to_owned();
+    assert!(etag.starts_with('"') && etag.len() == 130, "{etag}");
+    let body = reply.json();
+    assert_eq!(body["kind"], "APIGroupDiscoveryList");
+    assert_eq!(body["apiVersion"], "apidiscovery.k8s.io/v2");
+    assert_eq!(body["items"].as_array().unwrap().len(), 1, "only our group");
+    let version = &body["items"][0]["versions"][0];
+    assert_eq!(body["items"][0]["metadata"]["name"], "farm.example.com");
+    assert_eq!(version["version"], "v1alpha");
+    assert_eq!(version["freshness"], "Current");
+    assert_eq!(version["resources"][0]["resource"], "llamas");
+    assert_eq!(version["resources"][0]["scope"], "Namespaced");
+    assert_eq!(
+        version["resources"][0]["responseKind"],
+        json!({"group": "farm.example.com", "version": "v1alpha", "kind": "Llama"})
+    );
+
+    let again = call(
+        &app,
+        "GET",
+        "/apis",
+        &[("accept", accept), ("if-none-match", &etag)],
+        "",
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    assert!(again.body.is_empty());
+
+    let beta = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
+    let reply = call(&app, "GET", "/apis", &[("accept", beta)], "").await;
+    assert_eq!(reply.headers["content-type"], beta);
+    assert_eq!(reply.json()["apiVersion"], "apidiscovery.k8s.io/v2beta1");
+    assert_ne!(reply.headers["etag"].to_str().unwrap(), etag);
+
+    let legacy = call(&app, "GET", "/apis", &[("accept", "application/json")], "").await;
+    assert_eq!(legacy.json()["kind"], "APIGroupList");
+    assert_eq!(
+        legacy.json()["groups"][0]["preferredVersion"]["groupVersion"],
+        "farm.example.com/v1alpha"
+    );
+
+    let refused = call(
+        &app,
+        "GET",
+        "/apis",
+        &[("accept", "application/vnd.kubernetes.protobuf")],
+        "",
+    )
+    .await;
+    refused.status(406, "NotAcceptable");
+}
+
+#[tokio::test]
+async fn group_api_and_version_for_standalone_kubectl() {
+    let app = app();
+    let group = get(&app, "/apis/farm.example.com").await.json();
+    assert_eq!(group["kind"], "APIGroup");
+    assert_eq!(group["name"], "farm.example.com");
+    let api = get(&app, "/api").await.json();
+    assert_eq!(api["kind"], "APIVersions");
+    assert_eq!(api["versions"], json!([]));
+    let version = get(&app, "/version").await.json();
+    assert!(version["gitVersion"].as_str().unwrap().starts_with('v'));
+}
+
+#[tokio::test]
+async fn get_returns_the_sample_and_404_is_a_status() {
+    let app = app();
+    let dolly = get(&app, &format!("{BASE}/namespaces/default/llamas/dolly"))
+        .await
+        .json();
+    assert_eq!(dolly["kind"], "Llama");
+    assert_eq!(dolly["apiVersion"], "farm.example.com/v1alpha");
+    assert_eq!(dolly["spec"]["weight"], 31.4);
+    assert_eq!(dolly["spec"]["height"], 0.5);
+    assert!(dolly["metadata"]["uid"].is_string());
+    assert!(dolly["metadata"]["creationTimestamp"].is_string());
+    assert_eq!(dolly["metadata"]["generation"], 1);
+
+    let missing = get(&app, &format!("{BASE}/namespaces/default/llamas/nope")).await;
+    let message = missing.status(404, "NotFound");
+    assert_eq!(message, "llamas.farm.example.com \"nope\" not found");
+    assert_eq!(
+        missing.json()["details"],
+        json!({"name": "nope", "group": "farm.example.com", "kind": "llamas"})
+    );
+
+    let elsewhere = get(&app, &format!("{BASE}/namespaces/default/cows")).await;
+    elsewhere.status(404, "NotFound");
+    let outside = get(&app, "/nothing/here").await;
+    outside.status(404, "NotFound");
+}
+
+#[tokio::test]
+async fn table_has_columns_rows_and_partial_metadata() {
+    let app = app();
+    let reply = call(
+        &app,
+        "GET",
+        &format!("{BASE}/llamas?limit=500"),
+        &[("accept", TABLE_ACCEPT)],
+        "",
+    )
+    .await;
+    let table = reply.json();
+    assert_eq!(table["kind"], "Table");
+    assert_eq!(table["apiVersion"], "meta.k8s.io/v1");
+    let names: Vec<&str> = table["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["Name", "Weight", "Height", "Age"]);
+    let row = &table["rows"][0];
+    assert_eq!(row["cells"][0], "dolly");
+    assert_eq!(row["cells"][1], 31.4);
+    assert_eq!(row["cells"][2], 0.5);
+    assert!(row["cells"][3].as_str().unwrap().ends_with('s'));
+    assert_eq!(row["object"]["kind"], "PartialObjectMetadata");
+    assert_eq!(row["object"]["metadata"]["namespace"], "default");
+    assert!(table["metadata"]["resourceVersion"].is_string());
+
+    let none = call(
+        &app,
+        "GET",
+        &format!("{BASE}/llamas?includeObject=None"),
+        &[("accept", TABLE_ACCEPT)],
+        "",
+    )
+    .await;
+    assert!(none.json()["rows"][0].get("object").is_none());
+    let object = call(
+        &app,
+        "GET",
+        &format!("{BASE}/llamas?includeObject=Object"),
+        &[("accept", TABLE_ACCEPT)],
+        "",
+    )
+    .await;
+    assert_eq!(object.json()["rows"][0]["object"]["kind"], "Llama");
+    let bad = call(
+        &app,
+        "GET",
+        &format!("{BASE}/llamas?includeObject=Everything"),
+        &[("accept", TABLE_ACCEPT)],
+        "",
+    )
+    .await;
+    bad.status(400, "BadRequest");
+
+    let beta = call(
+        &app,
+        "GET",
+        &format!("{BASE}/namespaces/default/llamas/dolly"),
+        &[(
+            "accept",
+            "application/json;as=Table;v=v1beta1;g=meta.k8s.io",
+        )],
+        "",
+    )
+    .await;
+    assert_eq!(beta.json()["apiVersion"], "meta.k8s.io/v1beta1");
+    assert_eq!(beta.json()["rows"].as_array().unwrap().len(), 1);
+
+    let pom = call(
+        &app,
+        "GET",
+        &format!("{BASE}/llamas"),
+        &[(
+            "accept",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json",
+        )],
+        "",
+    )
+    .await;
+    let pom = pom.json();
+    assert_eq!(pom["kind"], "PartialObjectMetadataList");
+    assert_eq!(pom["items"][0]["kind"], "PartialObjectMetadata");
+    assert!(pom["items"][0].get("spec").is_none());
+
+    let refused = call(
+        &app,
+        "GET",
+        &format!("{BASE}/llamas"),
+        &[("accept", "application/json;as=Table;v=v2;g=meta.k8s.io")],
+        "",
+    )
+    .await;
+    refused.status(406, "NotAcceptable");
+}
+
+#[tokio::test]
+async fn create_update_patch_delete_round_trip() {
+    let app = app();
+    let created = create(&app, "farm", &llama("kuzco", 120.5, 1.7)).await;
+    assert_eq!(
+        created.status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let created = created.json();
+    assert_eq!(created["metadata"]["namespace"], "farm");
+    assert_eq!(created["metadata"]["generation"], 1);
+    let rv = created["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Update with the current resourceVersion: generation bumps with the spec.
+    let mut next = created.clone();
+    next["spec"]["weight"] = json!(125.0);
+    let updated = call(
+        &app,
+        "PUT",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[("content-type", "application/json")],
+        &next.to_string(),
+    )
+    .await;
+    assert_eq!(updated.status, StatusCode::OK);
+    let updated = updated.json();
+    assert_eq!(updated["metadata"]["generation"], 2);
+    assert_eq!(updated["metadata"]["uid"], created["metadata"]["uid"]);
+    assert_ne!(updated["metadata"]["resourceVersion"], rv.as_str());
+
+    // The stale resourceVersion now conflicts.
+    let stale = call(
+        &app,
+        "PUT",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[("content-type", "application/json")],
+        &next.to_string(),
+    )
+    .await;
+    let message = stale.status(409, "Conflict");
+    assert!(
+        message.contains("the object has been modified"),
+        "{message}"
+    );
+
+    let merged = call(
+        &app,
+        "PATCH",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[("content-type", "application/merge-patch+json")],
+        r#"{"metadata":{"labels":{"tier":"gold"}},"spec":{"height":1.8}}"#,
+    )
+    .await;
+    assert_eq!(merged.status, StatusCode::OK);
+    assert_eq!(merged.json()["spec"]["height"], 1.8);
+    assert_eq!(merged.json()["metadata"]["labels"]["tier"], "gold");
+
+    let jsonpatch = call(
+        &app,
+        "PATCH",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[("content-type", "application/json-patch+json")],
+        r#"[{"op":"replace","path":"/spec/weight","value":99}]"#,
+    )
+    .await;
+    assert_eq!(jsonpatch.json()["spec"]["weight"], 99.0);
+
+    let strategic = call(
+        &app,
+        "PATCH",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[("content-type", "application/strategic-merge-patch+json")],
+        r#"{"spec":{"weight":1}}"#,
+    )
+    .await;
+    let message = strategic.status(415, "UnsupportedMediaType");
+    assert!(message.contains("--type merge"), "{message}");
+
+    let deleted = call(
+        &app,
+        "DELETE",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(deleted.status, StatusCode::OK);
+    assert_eq!(deleted.json()["metadata"]["name"], "kuzco");
+    get(&app, &format!("{BASE}/namespaces/farm/llamas/kuzco"))
+        .await
+        .status(404, "NotFound");
+    call(
+        &app,
+        "DELETE",
+        &format!("{BASE}/namespaces/farm/llamas/kuzco"),
+        &[],
+        "",
+    )
+    .await
+    .status(404, "NotFound");
+}
+
+#[tokio::test]
+async fn generate_name_dry_run_and_already_exists() {
+    let app = app();
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"generateName": "baby-"}, "spec": {"weight": 3, "height": 0.4}});
+    let created = create(&app, "default", &body.to_string()).await.json();
+    let name = created["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("baby-") && name.len() == 10, "{name}");
+
+    let dry = call(
+        &app,
+        "POST",
+        &format!("{BASE}/namespaces/default/llamas?dryRun=All"),
+        &[("content-type", "application/json")],
+        &llama("ghost", 1.0, 1.0),
+    )
+    .await;
+    assert_eq!(dry.status, StatusCode::CREATED);
+    get(&app, &format!("{BASE}/namespaces/default/llamas/ghost"))
+        .await
+        .status(404, "NotFound");
+    call(
+        &app,
+        "POST",
+        &format!("{BASE}/namespaces/default/llamas?dryRun=Maybe"),
+        &[("content-type", "application/json")],
+        &llama("ghost", 1.0, 1.0),
+    )
+    .await
+    .status(400, "BadRequest");
+
+    let twice = create(&app, "default", &llama("dolly", 1.0, 1.0)).await;
+    assert_eq!(
+        twice.status(409, "AlreadyExists"),
+        "llamas.farm.example.com \"dolly\" already exists"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
+    let (app, state) = app_with_state();
+    let before = state.llamas.stats();
+    let ns = format!("{BASE}/namespaces/default/llamas");
+    let json_ct = [("content-type", "application/json")];
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("malformed JSON", "{\"apiVersion\":".into(), 400, "BadRequest"),
+        ("not an object", "[1,2]".into(), 400, "BadRequest"),
+        ("wrong kind", llama("x", 1.0, 1.0).replace("\"Llama\"", "\"Cow\""), 400, "BadRequest"),
+        ("wrong apiVersion", llama("x", 1.0, 1.0).replace("farm.example.com/v1alpha", "farm.example.com/v1"), 400, "BadRequest"),
+        ("name not DNS-1123", llama("Bad_Name", 1.0, 1.0), 422, "Invalid"),
+        ("negative weight", llama("x", -2.0, 1.0), 422, "Invalid"),
+        ("zero height", llama("x", 2.0, 0.0), 422, "Invalid"),
+        ("overflowing f32", llama("x", 1e39, 1.0), 422, "Invalid"),
+        ("NaN literal", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":NaN"), 400, "BadRequest"),
+        ("weight as a string", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":\"heavy\""), 400, "BadRequest"),
+        ("missing spec", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x"}}).to_string(), 400, "BadRequest"),
+        ("no name", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {}, "spec": {"weight": 1, "height": 1}}).to_string(), 422, "Invalid"),
+        ("other namespace", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x", "namespace": "kube-system"}, "spec": {"weight": 1, "height": 1}}).to_string(), 400, "BadRequest"),
+        ("resourceVersion on create", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x", "resourceVersion": "3"}, "spec": {"weight": 1, "height": 1}}).to_string(), 400, "BadRequest"),
+        ("bad label", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x", "labels": {"a": "b c"}}, "spec": {"weight": 1, "height": 1}}).to_string(), 422, "Invalid"),
+    ];
+    for (what, body, code, reason) in cases {
+        let reply = call(&app, "POST", &ns, &json_ct, &body).await;
+        assert_eq!(
+            reply.status.as_u16(),
+            code,
+            "{what}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        reply.status(code, reason);
+    }
+    // Validation reports every field at once, with kube-apiserver's wording.
+    let both = call(&app, "POST", &ns, &json_ct, &llama("x", -1.0, 0.0)).await;
+    let message = both.status(422, "Invalid");
+    assert_eq!(
+        message,
+        "Llama.farm.example.com \"x\" is invalid: [spec.weight: Invalid value: -1: must be a finite number greater than 0, spec.height: Invalid value: 0: must be a finite number greater than 0]"
+    );
+    assert_eq!(
+        both.json()["details"]["causes"].as_array().unwrap().len(),
+        2
+    );
+
+    // Strict unknown fields → 400; Warn → Warning header; Ignore → silently dropped.
+    let extra = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "extra"}, "spec": {"weight": 1, "height": 1, "color": "brown"}}).to_string();
+    let strict = call(
+        &app,
+        "POST",
+        &format!("{ns}?fieldValidation=Strict"),
+        &json_ct,
+        &extra,
+    )
+    .await;
+    assert!(
+        strict
+            .status(400, "BadRequest")
+            .contains("strict decoding error: unknown field \"spec.color\"")
+    );
+    let huge = "x".repeat(4 * 1024 * 1024);
+    call(&app, "POST", &ns, &json_ct, &huge)
+        .await
+        .status(413, "RequestEntityTooLarge");
+    call(
+        &app,
+        "POST",
+        &ns,
+        &[("content-type", "application/yaml")],
+        "kind: Llama",
+    )
+    .await
+    .status(415, "UnsupportedMediaType");
+    call(
+        &app,
+        "POST",
+        &format!("{ns}?fieldValidation=Loose"),
+        &json_ct,
+        &extra,
+    )
+    .await
+    .status(400, "BadRequest");
+    assert_eq!(
+        state.llamas.stats(),
+        before,
+        "rejected writes must not touch the store"
+    );
+
+    let warn = call(
+        &app,
+        "POST",
+        &format!("{ns}?fieldValidation=Warn"),
+        &json_ct,
+        &extra,
+    )
+    .await;
+    assert_eq!(warn.status, StatusCode::CREATED);
+    assert_eq!(
+        warn.headers["warning"],
+        "299 - \"unknown field \\\"spec.color\\\"\""
+    );
+    assert!(warn.json()["spec"].get("color").is_none());
+}
+
+#[tokio::test]
+async fn list_query_errors() {
+    let app = app();
+    for (query, code, reason) in [
+        ("labelSelector=app%20in%20(", 400, "BadRequest"),
+        ("labelSelector=%3Dx", 400, "BadRequest"),
+        ("fieldSelector=spec.weight%3D1", 400, "BadRequest"),
+        ("limit=abc", 400, "BadRequest"),
+        ("limit=-1", 400, "BadRequest"),
+        ("resourceVersion=abc", 400, "BadRequest"),
+        ("watch=maybe", 400, "BadRequest"),
+        ("continue=garbage", 400, "BadRequest"),
+        ("resourceVersionMatch=Exact", 422, "Invalid"),
+        (
+            "resourceVersion=1&resourceVersionMatch=Sometimes",
+            422,
+            "Invalid",
+        ),
+        ("sendInitialEvents=true", 422, "Invalid"),
+        ("watch=true&sendInitialEvents=true", 422, "Invalid"),
+        (
+            "resourceVersion=999999&resourceVersionMatch=NotOlderThan",
+            504,
+            "Timeout",
+        ),
+    ] {
+        let reply = get(&app, &format!("{BASE}/llamas?{query}")).await;
+        assert_eq!(
+            reply.status.as_u16(),
+            code,
+            "{query}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        reply.status(code, reason);
+    }
+}
+
+#[tokio::test]
+async fn selectors_and_pagination() {
+    let app = app();
+    for i in 0..7 {
+        let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": format!("l{i}"), "labels": {"herd": if i % 2 == 0 { "even" } else { "odd" }, "n": i.to_string()}},
+            "spec": {"weight": 1 + i, "height": 1}});
+        create(
+            &app,
+            if i < 5 { "farm" } else { "ranch" },
+            &body.to_string(),
+        )
+        .await;
+    }
+    let names = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let even = get(&app, &format!("{BASE}/llamas?labelSelector=herd%3Deven"))
+        .await
+        .json();
+    assert_eq!(names(&even), ["l0", "l2", "l4", "l6"]);
+    assert_eq!(even["kind"], "LlamaList");
+    assert_eq!(even["items"][0]["kind"], "Llama");
+    let set = get(
+        &app,
+        &format!("{BASE}/namespaces/farm/llamas?labelSelector=n%20in%20(1,3),herd!%3Deven"),
+    )
+    .await
+    .json();
+    assert_eq!(names(&set), ["l1", "l3"]);
+    let by_name = get(
+        &app,
+        &format!("{BASE}/llamas?fieldSelector=metadata.name%3Dl5"),
+    )
+    .await
+    .json();
+    assert_eq!(names(&by_name), ["l5"]);
+    let by_ns = get(
+        &app,
+        &format!("{BASE}/llamas?fieldSelector=metadata.namespace%3Dranch"),
+    )
+    .await
+    .json();
+    assert_eq!(names(&by_ns), ["l5", "l6"]);
+
+    // Pages of 3 over 8 llamas (dolly + 7), consistent across a write in between.
+    let first = get(&app, &format!("{BASE}/llamas?limit=3")).await.json();
+    assert_eq!(names(&first), ["dolly", "l0", "l1"]);
+    assert_eq!(first["metadata"]["remainingItemCount"], 5);
+    let token = first["metadata"]["continue"].as_str().unwrap().to_owned();
+    let rv = first["metadata"]["resourceVersion"].clone();
+    create(&app, "default", &llama("aaa-late", 1.0, 1.0)).await;
+    let second = get(&app, &format!("{BASE}/llamas?limit=3&continue={token}"))
+        .await
+        .json();
+    assert_eq!(names(&second), ["l2", "l3", "l4"]);
+    assert_eq!(second["metadata"]["resourceVersion"], rv, "same snapshot");
+    assert_eq!(second["metadata"]["remainingItemCount"], 2);
+    let token = second["metadata"]["continue"].as_str().unwrap().to_owned();
+    let last = get(&app, &format!("{BASE}/llamas?limit=3&continue={token}"))
+        .await
+        .json();
+    assert_eq!(names(&last), ["l5", "l6"]);
+    assert!(last["metadata"].get("continue").is_none());
+    assert!(last["metadata"].get("remainingItemCount").is_none());
+}
+
+#[tokio::test]
+async fn unsupported_methods_are_405_status() {
+    let app = app();
+    let reply = call(&app, "PUT", &format!("{BASE}/llamas"), &[], "").await;
+    let message = reply.status(405, "MethodNotAllowed");
+    assert!(message.contains("llamas.farm.example.com"), "{message}");
+    call(
+        &app,
+        "POST",
+        &format!("{BASE}/namespaces/default/llamas/dolly"),
+        &[],
+        "",
+    )
+    .await
+    .status(405, "MethodNotAllowed");
+}
+
+#[tokio::test]
+async fn deletecollection_honours_selectors() {
+    let app = app();
+    create(&app, "default", &json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "a", "labels": {"gone": "yes"}}, "spec": {"weight": 1, "height": 1}}).to_string()).await;
+    create(&app, "default", &json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "b", "labels": {"gone": "yes"}}, "spec": {"weight": 1, "height": 1}}).to_string()).await;
+    let reply = call(
+        &app,
+        "DELETE",
+        &format!("{BASE}/namespaces/default/llamas?labelSelector=gone%3Dyes"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["items"].as_array().unwrap().len(), 2);
+    let left = get(&app, &format!("{BASE}/namespaces/default/llamas"))
+        .await
+        .json();
+    assert_eq!(left["items"].as_array().unwrap().len(), 1, "dolly stays");
+}
+
+#[tokio::test]
+async fn health_endpoints() {
+    let (state, shutdown) = AppState::new(StateOptions::default());
+    let app = server::router(state);
+    let ok = get(&app, "/readyz").await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert_eq!(ok.body, b"ok");
+    let verbose = String::from_utf8(get(&app, "/readyz?verbose").await.body).unwrap();
+    assert!(
+        verbose.contains("[+]ping ok") && verbose.contains("[+]shutdown ok"),
+        "{verbose}"
+    );
+    assert_eq!(get(&app, "/livez").await.status, StatusCode::OK);
+    assert_eq!(get(&app, "/healthz/ping").await.status, StatusCode::OK);
+    shutdown.begin();
+    let failing = get(&app, "/readyz").await;
+    assert_eq!(failing.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(String::from_utf8_lossy(&failing.body).contains("[-]shutdown failed"));
+    assert_eq!(
+        get(&app, "/livez").await.status,
+        StatusCode::OK,
+        "alive while draining"
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_objects() {
+    let app = app();
+    get(&app, &format!("{BASE}/namespaces/default/llamas/dolly")).await;
+    get(&app, &format!("{BASE}/namespaces/default/llamas/nope")).await;
+    let text = String::from_utf8(get(&app, "/metrics").await.body).unwrap();
+    assert!(
+        text.contains(r#"apiserver_request_total{verb="get",resource="llamas",code="200"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"apiserver_request_total{verb="get",resource="llamas",code="404"} 1"#));
+    assert!(text.contains(r#"apiserver_storage_objects{resource="llamas.farm.example.com"} 1"#));
+    assert!(text.contains("apiserver_request_duration_seconds_bucket"));
+    assert!(text.contains("apiserver_longrunning_requests"));
+}
