@@ -115,16 +115,19 @@ impl Args {
                     .with_context(|| format!("reading {}", path.display()))?,
             );
         }
+        let listener = std::net::TcpListener::bind(self.bind)
+            .with_context(|| format!("binding {}", self.bind))?;
+        let addr = listener.local_addr()?;
         let files = match (&self.tls_cert_file, &self.tls_private_key_file) {
             (Some(cert), Some(key)) => ServingFiles {
                 cert: cert.clone(),
                 key: key.clone(),
             },
             _ => {
-                let ca = tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(self.bind))
+                let ca = tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(addr))
                     .with_context(|| {
-                    format!("preparing dev certificates in {}", self.cert_dir.display())
-                })?;
+                        format!("preparing dev certificates in {}", self.cert_dir.display())
+                    })?;
                 // Our own dev CA signs the kubeconfig's client certificate.
                 client_cas.pem.push(ca);
                 tracing::info!(
@@ -153,7 +156,7 @@ impl Args {
             app,
             tls_config,
             ServeOptions {
-                bind: self.bind,
+                listener,
                 shutdown_delay: Duration::from_secs(self.shutdown_delay),
                 shutdown_grace: Duration::from_secs(self.shutdown_grace),
             },

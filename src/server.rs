@@ -211,9 +211,10 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Listener settings.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct ServeOptions {
-    pub bind: SocketAddr,
+    /// Bound before the certificates are made, so the kubeconfig names the real port.
+    pub listener: std::net::TcpListener,
     pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
 }
@@ -248,7 +249,8 @@ pub async fn serve(
             );
         }
     });
-    axum_server::bind(options.bind)
+    options.listener.set_nonblocking(true)?;
+    axum_server::from_tcp(options.listener)?
         .acceptor(crate::tls::Acceptor::new(tls))
         .handle(handle)
         .serve(app.into_make_service())

@@ -1,0 +1,187 @@
+//! The shipped binary as a newcomer runs it: dev certificates and kubeconfig on first start,
+//! reuse on the next, and a graceful SIGTERM (readiness fails first, watches end cleanly, exit 0).
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use common::{Alpn, RawClient, kubectl, run};
+use serde_json::Value;
+
+struct Running {
+    child: Child,
+    addr: SocketAddr,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(cert_dir: &Path, extra: &[&str]) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_farm-apiserver"))
+        .args([
+            "--bind",
+            "127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--cert-dir",
+        ])
+        .arg(cert_dir)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start farm-apiserver");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let addr = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server logs that it serves");
+        let Ok(log) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if log["message"] == "serving farm.example.com/v1alpha" {
+            break log["addr"]
+                .as_str()
+                .expect("addr")
+                .parse()
+                .expect("socket addr");
+        }
+    };
+    Running { child, addr, lines }
+}
+
+fn ca_pem(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("ca.crt")).expect("ca.crt")
+}
+
+#[cfg(unix)]
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+#[tokio::test]
+async fn first_start_makes_certs_and_a_working_kubeconfig_second_start_reuses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let server = start(&certs, &[]);
+    for file in ["ca.crt", "ca.key", "tls.crt", "tls.key", "kubeconfig"] {
+        assert!(certs.join(file).exists(), "{file}");
+    }
+    #[cfg(unix)]
+    for key in ["ca.key", "tls.key", "kubeconfig"] {
+        assert_eq!(mode(&certs.join(key)), 0o600, "{key}");
+    }
+    let kubeconfig = std::fs::read_to_string(certs.join("kubeconfig")).unwrap();
+    assert!(kubeconfig.contains(&format!("server: https://127.0.0.1:{}", server.addr.port())));
+    assert!(!kubeconfig.contains("insecure-skip-tls-verify"));
+
+    let cache = tempfile::tempdir().unwrap();
+    if let Some(mut cmd) = kubectl(&certs.join("kubeconfig"), cache.path()) {
+        cmd.args(["get", "llamas", "--no-headers"]);
+        let (ok, out, err) = run(cmd, None).await;
+        assert!(ok, "{err}");
+        assert!(out.starts_with("dolly"), "{out}");
+    }
+    let first_ca = ca_pem(&certs);
+    let first_cert = std::fs::read_to_string(certs.join("tls.crt")).unwrap();
+    drop(server);
+
+    let server = start(&certs, &["--no-sample-data"]);
+    assert_eq!(ca_pem(&certs), first_ca, "the dev CA is reused");
+    assert_eq!(
+        std::fs::read_to_string(certs.join("tls.crt")).unwrap(),
+        first_cert
+    );
+    let raw = RawClient::new(server.addr, &first_ca, None, Alpn::Http2);
+    let list = raw
+        .get("/apis/farm.example.com/v1alpha/llamas", &[])
+        .await
+        .json();
+    assert_eq!(
+        list["items"].as_array().unwrap().len(),
+        0,
+        "--no-sample-data"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sigterm_fails_readiness_first_then_ends_watches_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path(), &["--shutdown-delay", "2"]);
+    let raw = RawClient::new(server.addr, &ca_pem(dir.path()), None, Alpn::Http1);
+    assert_eq!(raw.get("/readyz", &[]).await.status, 200);
+
+    // An open watch, collected until the server ends it.
+    let watcher = raw.clone();
+    let watch = tokio::spawn(async move {
+        watcher
+            .get("/apis/farm.example.com/v1alpha/llamas?watch=true", &[])
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let pid = server.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let draining = raw.get("/readyz", &[]).await;
+    assert_eq!(
+        draining.status, 500,
+        "readiness fails during the shutdown delay"
+    );
+    assert!(String::from_utf8_lossy(&draining.body).contains("[-]shutdown failed"));
+    assert_eq!(raw.get("/livez", &[]).await.status, 200);
+
+    let reply = tokio::time::timeout(Duration::from_secs(10), watch)
+        .await
+        .expect("watch ended")
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    let first: Value =
+        serde_json::from_slice(reply.body.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(first["type"], "ADDED");
+
+    let status = tokio::task::spawn_blocking(move || {
+        let status = server.child.wait().unwrap();
+        let logs: Vec<String> = server.lines.try_iter().collect();
+        (status, logs)
+    })
+    .await
+    .unwrap();
+    assert!(status.0.success(), "exit status {:?}", status.0);
+    assert!(
+        status.1.iter().any(|l| l.contains("stopped")),
+        "{:?}",
+        status.1
+    );
+}
