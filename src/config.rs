@@ -9,6 +9,7 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 use crate::{
     rest::RestSettings,
     server::{self, AppState, ServeOptions, StateOptions},
+    store::PodCache,
     tls::{self, ClientCas, ServingFiles},
 };
 
@@ -51,6 +52,23 @@ pub struct Args {
     /// How often to check the serving certificate files for changes, in seconds.
     #[arg(long, env = "FARM_CERT_RELOAD_INTERVAL", default_value_t = 10)]
     pub cert_reload_interval: u64,
+
+    /// kubeconfig of the cluster whose Pods FarmPods show. Without it: KUBECONFIG, then the
+    /// in-cluster service account; with neither, FarmPods answer 503 and Llamas still work.
+    #[arg(long, env = "FARM_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Run without any cluster, even when KUBECONFIG or in-cluster config is present.
+    #[arg(long, env = "FARM_STANDALONE", conflicts_with = "kubeconfig")]
+    pub standalone: bool,
+
+    /// Watch Pods only in these namespaces (comma-separated); default: all namespaces.
+    #[arg(long, env = "FARM_FARMPOD_NAMESPACES", value_delimiter = ',')]
+    pub farmpod_namespaces: Vec<String>,
+
+    /// Serve this many synthetic FarmPods instead of a cluster's (benchmarks, demos).
+    #[arg(long, env = "FARM_SYNTHETIC_PODS", conflicts_with = "kubeconfig")]
+    pub synthetic_pods: Option<usize>,
 
     /// Start with an empty Llama store instead of the sample `default/dolly`.
     #[arg(long, env = "FARM_NO_SAMPLE_DATA")]
@@ -105,6 +123,30 @@ impl Args {
         }
     }
 
+    /// The cluster FarmPods come from: --kubeconfig, KUBECONFIG, or in-cluster config.
+    async fn cluster_client(&self) -> anyhow::Result<Option<kube::Client>> {
+        if self.standalone || self.synthetic_pods.is_some() {
+            return Ok(None);
+        }
+        let path = self
+            .kubeconfig
+            .clone()
+            .or_else(|| std::env::var_os("KUBECONFIG").map(PathBuf::from));
+        let config = if let Some(path) = path {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+        } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+            kube::Config::incluster().context("loading the in-cluster configuration")?
+        } else {
+            return Ok(None);
+        };
+        tracing::info!(cluster = %config.cluster_url, "FarmPods come from this cluster");
+        Ok(Some(kube::Client::try_from(config)?))
+    }
+
     pub async fn run(self) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         self.init_logging()?;
@@ -147,10 +189,21 @@ impl Args {
             client_cas,
             Duration::from_secs(self.cert_reload_interval.max(1)),
         ));
-        let (state, shutdown) = AppState::new(StateOptions {
-            sample_data: !self.no_sample_data,
-            rest: self.rest_settings(),
-        });
+        let farmpods = match (self.synthetic_pods, self.cluster_client().await?) {
+            (Some(count), _) => PodCache::synthetic(count),
+            (None, Some(client)) => PodCache::start(client, self.farmpod_namespaces.clone()),
+            (None, None) => {
+                tracing::info!("no cluster configured: FarmPods answer 503, Llamas are served");
+                PodCache::without_cluster()
+            }
+        };
+        let (state, shutdown) = AppState::with_farmpods(
+            farmpods,
+            StateOptions {
+                sample_data: !self.no_sample_data,
+                rest: self.rest_settings(),
+            },
+        );
         let app = server::router(state);
         server::serve(
             app,

@@ -23,6 +23,8 @@ type CheckFn = dyn Fn() -> Result<(), String> + Send + Sync;
 pub struct Check {
     pub name: &'static str,
     run: Arc<CheckFn>,
+    /// Reported (and failing on its own path) without failing the whole endpoint.
+    informational: bool,
 }
 
 impl Check {
@@ -33,8 +35,27 @@ impl Check {
         Self {
             name,
             run: Arc::new(run),
+            informational: false,
         }
     }
+
+    /// A check shown by `?verbose` and answerable at `/readyz/<name>`, that does not make the
+    /// server unready: a degraded FarmPod watch must not take Llamas (and the APIService) down.
+    pub fn informational(
+        name: &'static str,
+        run: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            informational: true,
+            ..Self::new(name, run)
+        }
+    }
+}
+
+struct Outcome {
+    name: &'static str,
+    result: Result<(), String>,
+    informational: bool,
 }
 
 #[derive(Default)]
@@ -63,10 +84,15 @@ impl Health {
         }
     }
 
-    fn checks(&self, endpoint: Endpoint) -> Vec<(&'static str, Result<(), String>)> {
-        let mut out = vec![("ping", Ok(()))];
+    fn checks(&self, endpoint: Endpoint) -> Vec<Outcome> {
+        let outcome = |name, result| Outcome {
+            name,
+            result,
+            informational: false,
+        };
+        let mut out = vec![outcome("ping", Ok(()))];
         if endpoint == Endpoint::Readyz {
-            out.push((
+            out.push(outcome(
                 "shutdown",
                 if self.is_shutting_down() {
                     Err("process is shutting down".into())
@@ -75,7 +101,11 @@ impl Health {
                 },
             ));
             if let Ok(checks) = self.readiness.read() {
-                out.extend(checks.iter().map(|c| (c.name, (c.run)())));
+                out.extend(checks.iter().map(|c| Outcome {
+                    name: c.name,
+                    result: (c.run)(),
+                    informational: c.informational,
+                }));
             }
         }
         out
@@ -115,16 +145,28 @@ fn text(code: StatusCode, body: String) -> Response {
 fn report(health: &Health, endpoint: Endpoint, only: Option<&str>, verbose: bool) -> Response {
     let mut checks = health.checks(endpoint);
     if let Some(name) = only {
-        checks.retain(|(n, _)| *n == name);
+        checks.retain(|c| c.name == name);
         if checks.is_empty() {
             return Error::NoRoute.into_response();
         }
+        // Asked by name, a check counts.
+        for check in &mut checks {
+            check.informational = false;
+        }
     }
-    let failed = checks.iter().any(|(_, r)| r.is_err());
+    let failed = checks.iter().any(|c| c.result.is_err() && !c.informational);
     let mut lines = String::new();
-    for (name, result) in &checks {
+    for Outcome {
+        name,
+        result,
+        informational,
+    } in &checks
+    {
         match result {
             Ok(()) => lines.push_str(&format!("[+]{name} ok\n")),
+            Err(reason) if *informational => {
+                lines.push_str(&format!("[!]{name} degraded: {reason}\n"));
+            }
             // Like k8s.io/apiserver: details only in the server's log.
             Err(reason) => {
                 tracing::warn!(check = name, %reason, "{} check failed", endpoint.name());

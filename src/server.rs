@@ -25,9 +25,9 @@ use crate::{
     openapi::{self, OpenApiDocuments},
     request_info::RequestInfo,
     resource::{ResourceInfo, ServedResource},
-    resources::{Llama, llama},
+    resources::{FarmPod, Llama, llama},
     rest::{self, RestContext, RestSettings},
-    store::{MemoryStore, Store},
+    store::{MemoryStore, PodCache, Store},
 };
 
 /// Ends watches and tells the health checks the server is going away.
@@ -53,6 +53,7 @@ impl Shutdown {
 #[derive(Clone)]
 pub struct AppState {
     pub llamas: Arc<dyn Store<Llama>>,
+    pub farmpods: Arc<dyn Store<FarmPod>>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub discovery: Arc<DiscoveryDocuments>,
@@ -62,7 +63,7 @@ pub struct AppState {
 
 /// The kinds this server serves, in discovery order.
 pub fn resources() -> Vec<ResourceInfo> {
-    vec![ResourceInfo::of::<Llama>()]
+    vec![ResourceInfo::of::<Llama>(), ResourceInfo::of::<FarmPod>()]
 }
 
 #[derive(Debug, Clone)]
@@ -82,23 +83,37 @@ impl Default for StateOptions {
 }
 
 impl AppState {
-    /// The embedded default: Llamas in memory.
+    /// The embedded default: Llamas in memory, no cluster (FarmPods answer 503).
     pub fn new(options: StateOptions) -> (Self, Shutdown) {
+        Self::with_farmpods(PodCache::without_cluster(), options)
+    }
+
+    /// In-memory Llamas and the given FarmPod cache.
+    pub fn with_farmpods(farmpods: Arc<PodCache>, options: StateOptions) -> (Self, Shutdown) {
         let llamas = MemoryStore::<Llama>::default();
         if options.sample_data {
             // A fresh store cannot refuse its first object.
             let _ = futures::executor::block_on(llamas.create(llama::sample(), false));
         }
-        Self::with_llamas(Arc::new(llamas), options)
+        let (state, shutdown) = Self::from_stores(Arc::new(llamas), farmpods.clone(), options);
+        for check in farmpods.readiness_checks() {
+            state.health.add_readiness_check(check);
+        }
+        (state, shutdown)
     }
 
-    pub fn with_llamas(llamas: Arc<dyn Store<Llama>>, options: StateOptions) -> (Self, Shutdown) {
+    pub fn from_stores(
+        llamas: Arc<dyn Store<Llama>>,
+        farmpods: Arc<dyn Store<FarmPod>>,
+        options: StateOptions,
+    ) -> (Self, Shutdown) {
         let (tx, rx) = signal::channel(false);
         let health = Health::new();
         let metrics = Metrics::new();
         let resources = resources();
         let state = Self {
             llamas,
+            farmpods,
             metrics: metrics.clone(),
             health: health.clone(),
             discovery: Arc::new(DiscoveryDocuments::new(&resources)),
@@ -143,6 +158,7 @@ fn store_metric<K: ServedResource>(metrics: &Metrics, store: &dyn Store<K>) {
 
 async fn metrics_handler(State(state): State<AppState>) -> Response {
     store_metric(&state.metrics, state.llamas.as_ref());
+    store_metric(&state.metrics, state.farmpods.as_ref());
     let mut response = (StatusCode::OK, state.metrics.render()).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -197,6 +213,10 @@ pub fn router(state: AppState) -> Router {
         .merge(openapi::router(state.openapi.clone()))
         .merge(rest::router::<Llama>(
             state.llamas.clone(),
+            state.rest.clone(),
+        ))
+        .merge(rest::router::<FarmPod>(
+            state.farmpods.clone(),
             state.rest.clone(),
         ))
         .route("/version", get(version))

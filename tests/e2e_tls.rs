@@ -186,8 +186,9 @@ async fn too_old_resource_version_is_410_error_event() {
         event_window: 2,
         ..Default::default()
     });
-    let (state, _shutdown) = farm_apiserver::server::AppState::with_llamas(
+    let (state, _shutdown) = farm_apiserver::server::AppState::from_stores(
         std::sync::Arc::new(store.clone()),
+        farm_apiserver::store::PodCache::without_cluster(),
         Default::default(),
     );
     let app = farm_apiserver::server::router(state.clone());

@@ -182,7 +182,7 @@ impl<K: ServedResource> MemoryStore<K> {
 
     /// Upserts an object at an externally given resourceVersion (a watch cache of another
     /// server's objects). Older or equal versions than the current state are ignored.
-    pub fn apply_external(&self, object: K) -> Result<()> {
+    pub fn apply_external(&self, mut object: K) -> Result<()> {
         let rv = object
             .meta()
             .resource_version
@@ -191,6 +191,8 @@ impl<K: ServedResource> MemoryStore<K> {
             .unwrap_or(0);
         let mut state = self.write()?;
         let rv = rv.max(state.current.resource_version + 1);
+        // The object carries the version its event has, so clients resume from it exactly.
+        set_resource_version(&mut object, rv);
         let key = ObjectKey::of(object.meta());
         let type_ = if state.current.objects.contains_key(&key) {
             EventType::Modified
@@ -226,8 +228,9 @@ impl<K: ServedResource> MemoryStore<K> {
         Ok(())
     }
 
-    /// Replaces the whole content (a relist), emitting the differences as events.
-    pub fn replace_external(&self, objects: Vec<K>) -> Result<()> {
+    /// Replaces the content within `namespace` (all when None) after a relist, emitting the
+    /// differences as events.
+    pub fn replace_external_in(&self, namespace: Option<&str>, objects: Vec<K>) -> Result<()> {
         let incoming: BTreeMap<ObjectKey, K> = objects
             .into_iter()
             .map(|o| (ObjectKey::of(o.meta()), o))
@@ -238,7 +241,7 @@ impl<K: ServedResource> MemoryStore<K> {
                 .current
                 .objects
                 .iter()
-                .filter(|(k, _)| !incoming.contains_key(k))
+                .filter(|(k, _)| scope_matches(namespace, k) && !incoming.contains_key(k))
                 .map(|(_, v)| v.clone())
                 .collect()
         };

@@ -3,6 +3,7 @@
 //! store can implement the trait with the same resourceVersion, list and watch semantics.
 
 pub mod memory;
+pub mod pod_cache;
 
 use std::sync::{Arc, OnceLock};
 
@@ -18,6 +19,7 @@ use crate::{
 };
 
 pub use memory::MemoryStore;
+pub use pod_cache::PodCache;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod fake_kube;
+
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -16,6 +18,7 @@ use bytes::Bytes;
 use farm_apiserver::{
     rest::RestSettings,
     server::{self, AppState, Shutdown, StateOptions},
+    store::PodCache,
     tls::{self, ClientCas, DevCa, ServingFiles},
 };
 use http_body_util::{BodyExt, Full};
@@ -47,6 +50,8 @@ impl Drop for TestServer {
 pub struct Options {
     pub sample_data: bool,
     pub bookmark_interval: Duration,
+    /// The FarmPod cache; default: no cluster.
+    pub farmpods: Option<Arc<PodCache>>,
 }
 
 impl Default for Options {
@@ -54,6 +59,7 @@ impl Default for Options {
         Self {
             sample_data: true,
             bookmark_interval: Duration::from_millis(300),
+            farmpods: None,
         }
     }
 }
@@ -75,13 +81,16 @@ impl TestServer {
         };
         let client_cas = ClientCas { pem: vec![ca] };
         let config = tls::load(&files, &client_cas).expect("tls config");
-        let (state, shutdown) = AppState::new(StateOptions {
-            sample_data: options.sample_data,
-            rest: RestSettings {
-                min_request_timeout: Duration::from_secs(1800),
-                bookmark_interval: options.bookmark_interval,
+        let (state, shutdown) = AppState::with_farmpods(
+            options.farmpods.unwrap_or_else(PodCache::without_cluster),
+            StateOptions {
+                sample_data: options.sample_data,
+                rest: RestSettings {
+                    min_request_timeout: Duration::from_secs(1800),
+                    bookmark_interval: options.bookmark_interval,
+                },
             },
-        });
+        );
         let app = server::router(state.clone());
         let handle = axum_server::Handle::<SocketAddr>::new();
         listener.set_nonblocking(true).expect("nonblocking");

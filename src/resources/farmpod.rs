@@ -1,0 +1,287 @@
+//! FarmPod: a read-only view of one Pod of the cluster, named `farm-<pod>`. Only the projection is
+//! kept (not the Pod), so memory follows what FarmPods show.
+
+use k8s_openapi::{
+    api::core::v1::{ContainerStatus, Pod},
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+};
+use kube::CustomResource;
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{
+    resource::ServedResource,
+    table::{AGE_COLUMN, ColumnDefinition, age},
+};
+
+/// Name prefix of every FarmPod.
+pub const PREFIX: &str = "farm-";
+
+/// FarmPodSpec is what a FarmPod shows of its Pod's spec.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "farm.example.com",
+    version = "v1alpha",
+    kind = "FarmPod",
+    plural = "farmpods",
+    namespaced,
+    category = "farm",
+    status = "FarmPodStatus"
+)]
+pub struct FarmPodSpec {
+    /// Number of containers in the Pod (init containers not counted).
+    pub containers: u32,
+}
+
+/// FarmPodStatus is what `kubectl get pods` would show of the Pod.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FarmPodStatus {
+    /// The Pod's phase: Pending, Running, Succeeded, Failed or Unknown.
+    #[serde(default)]
+    pub phase: String,
+    /// What kubectl prints as STATUS: the phase, or the reason a container is waiting or ended
+    /// (CrashLoopBackOff, ContainerCreating, Completed, ...), or Terminating.
+    #[serde(default)]
+    pub reason: String,
+    /// Containers whose readiness probe passes.
+    #[serde(default)]
+    pub ready_containers: u32,
+    /// Restarts of all containers together.
+    #[serde(default)]
+    pub restarts: u32,
+    /// The node the Pod runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// The Pod's IP address.
+    #[serde(default, rename = "podIP", skip_serializing_if = "Option::is_none")]
+    pub pod_ip: Option<String>,
+}
+
+/// A stable uid per Pod uid, so a FarmPod keeps its uid as long as its Pod does.
+const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6661_726d_2d61_7069_7365_7276_6572_0001);
+
+/// kubectl's STATUS column (`printPod`), for regular containers.
+fn display_reason(pod: &Pod, statuses: &[ContainerStatus]) -> String {
+    let status = pod.status.as_ref();
+    let mut reason = status
+        .and_then(|s| s.reason.clone())
+        .or_else(|| status.and_then(|s| s.phase.clone()))
+        .unwrap_or_else(|| "Unknown".into());
+    let mut has_running = false;
+    for container in statuses.iter().rev() {
+        let state = container.state.as_ref();
+        if let Some(waiting) = state.and_then(|s| s.waiting.as_ref())
+            && let Some(r) = waiting.reason.as_ref().filter(|r| !r.is_empty())
+        {
+            reason = r.clone();
+        } else if let Some(terminated) = state.and_then(|s| s.terminated.as_ref()) {
+            reason = match (&terminated.reason, terminated.signal) {
+                (Some(r), _) if !r.is_empty() => r.clone(),
+                (_, Some(signal)) if signal != 0 => format!("Signal:{signal}"),
+                _ => format!("ExitCode:{}", terminated.exit_code),
+            };
+        } else if container.ready && state.is_some_and(|s| s.running.is_some()) {
+            has_running = true;
+        }
+    }
+    if reason == "Completed" && has_running {
+        reason = "Running".into();
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        reason = if status.and_then(|s| s.reason.as_deref()) == Some("NodeLost") {
+            "Unknown".into()
+        } else {
+            "Terminating".into()
+        };
+    }
+    reason
+}
+
+impl FarmPod {
+    /// The FarmPod of `pod`.
+    pub fn from_pod(pod: &Pod) -> Self {
+        let meta = &pod.metadata;
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.clone())
+            .unwrap_or_default();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let status = pod.status.as_ref();
+        FarmPod {
+            metadata: ObjectMeta {
+                name: Some(format!("{PREFIX}{}", meta.name.as_deref().unwrap_or(""))),
+                namespace: meta.namespace.clone(),
+                labels: meta.labels.clone(),
+                creation_timestamp: meta.creation_timestamp.clone(),
+                deletion_timestamp: meta.deletion_timestamp.clone(),
+                resource_version: meta.resource_version.clone(),
+                uid: meta
+                    .uid
+                    .as_ref()
+                    .map(|uid| uuid::Uuid::new_v5(&UID_NAMESPACE, uid.as_bytes()).to_string()),
+                generation: Some(1),
+                ..Default::default()
+            },
+            spec: FarmPodSpec {
+                containers: count(pod.spec.as_ref().map_or(0, |s| s.containers.len())),
+            },
+            status: Some(FarmPodStatus {
+                phase: status.and_then(|s| s.phase.clone()).unwrap_or_default(),
+                reason: display_reason(pod, &statuses),
+                ready_containers: count(statuses.iter().filter(|c| c.ready).count()),
+                restarts: statuses
+                    .iter()
+                    .map(|c| u32::try_from(c.restart_count).unwrap_or(0))
+                    .sum(),
+                node_name: pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+                pod_ip: status.and_then(|s| s.pod_ip.clone()),
+            }),
+        }
+    }
+
+    /// A synthetic FarmPod for benchmarks and tests: `farm-pod-<i>` in `bench-<i % 10>`.
+    pub fn synthetic(i: usize, resource_version: u64) -> Self {
+        let now = jiff::Timestamp::now();
+        FarmPod {
+            metadata: ObjectMeta {
+                name: Some(format!("{PREFIX}pod-{i}")),
+                namespace: Some(format!("bench-{}", i % 10)),
+                labels: Some(
+                    [
+                        ("app".to_owned(), format!("app-{}", i % 100)),
+                        (
+                            "tier".to_owned(),
+                            if i.is_multiple_of(2) { "web" } else { "db" }.to_owned(),
+                        ),
+                    ]
+                    .into(),
+                ),
+                creation_timestamp: Some(Time(
+                    jiff::Timestamp::from_second(now.as_second()).unwrap_or(now),
+                )),
+                resource_version: Some(resource_version.to_string()),
+                uid: Some(uuid::Uuid::new_v5(&UID_NAMESPACE, i.to_string().as_bytes()).to_string()),
+                generation: Some(1),
+                ..Default::default()
+            },
+            spec: FarmPodSpec {
+                containers: 1 + (i % 3) as u32,
+            },
+            status: Some(FarmPodStatus {
+                phase: "Running".into(),
+                reason: "Running".into(),
+                ready_containers: 1 + (i % 3) as u32,
+                restarts: (i % 5) as u32,
+                node_name: Some(format!("node-{}", i % 7)),
+                pod_ip: Some(format!(
+                    "10.{}.{}.{}",
+                    (i >> 16) & 255,
+                    (i >> 8) & 255,
+                    i & 255
+                )),
+            }),
+        }
+    }
+}
+
+impl ServedResource for FarmPod {
+    type Spec = FarmPodSpec;
+
+    const SINGULAR: &'static str = "farmpod";
+    const SHORT_NAMES: &'static [&'static str] = &["fp"];
+    const CATEGORIES: &'static [&'static str] = &["farm"];
+    const READ_ONLY: bool = true;
+    const DESCRIPTION: &'static str =
+        "FarmPod is a read-only view of a Pod of the cluster, named farm-<pod name>.";
+
+    fn columns() -> Vec<ColumnDefinition> {
+        vec![
+            ColumnDefinition::new("Containers", "integer", "Number of containers in the Pod."),
+            ColumnDefinition::new("Ready", "string", "Ready containers out of all containers."),
+            ColumnDefinition::new(
+                "Status",
+                "string",
+                "What kubectl shows as the Pod's status.",
+            ),
+            ColumnDefinition::new("Restarts", "integer", "Restarts of all containers."),
+            AGE_COLUMN,
+            ColumnDefinition::new("Node", "string", "The node the Pod runs on.").wide(),
+            ColumnDefinition::new("IP", "string", "The Pod's IP address.").wide(),
+        ]
+    }
+
+    fn cells(&self, now: jiff::Timestamp) -> Vec<Value> {
+        let status = self.status.clone().unwrap_or_default();
+        let or_none = |v: Option<String>| Value::String(v.unwrap_or_else(|| "<none>".into()));
+        vec![
+            Value::from(self.spec.containers),
+            Value::String(format!(
+                "{}/{}",
+                status.ready_containers, self.spec.containers
+            )),
+            Value::String(status.reason),
+            Value::from(status.restarts),
+            age(&self.metadata, now),
+            or_none(status.node_name),
+            or_none(status.pod_ip),
+        ]
+    }
+
+    fn status_schema(generator: &mut SchemaGenerator) -> Option<Schema> {
+        Some(generator.subschema_for::<FarmPodStatus>())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "u-1", "resourceVersion": "42",
+                "labels": {"app": "web"}, "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "a"}, {"name": "b"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.7", "containerStatuses": [
+                {"name": "a", "ready": true, "restartCount": 2, "image": "x", "imageID": "",
+                 "state": {"running": {}}},
+                {"name": "b", "ready": false, "restartCount": 1, "image": "x", "imageID": "",
+                 "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+            ]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn projects_a_pod() {
+        let fp = FarmPod::from_pod(&pod());
+        assert_eq!(fp.metadata.name.as_deref(), Some("farm-web-1"));
+        assert_eq!(fp.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(fp.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(fp.metadata.labels.as_ref().unwrap()["app"], "web");
+        assert_eq!(fp.spec.containers, 2);
+        let status = fp.status.clone().unwrap();
+        assert_eq!(status.reason, "CrashLoopBackOff");
+        assert_eq!(status.ready_containers, 1);
+        assert_eq!(status.restarts, 3);
+        // The uid is stable per Pod uid and differs from it.
+        assert_eq!(fp.metadata.uid, FarmPod::from_pod(&pod()).metadata.uid);
+        assert_ne!(fp.metadata.uid.as_deref(), Some("u-1"));
+        let cells = fp.cells(jiff::Timestamp::now());
+        assert_eq!(cells[0], 2);
+        assert_eq!(cells[1], "1/2");
+        assert_eq!(cells[2], "CrashLoopBackOff");
+        assert_eq!(cells[3], 3);
+        assert_eq!(cells[5], "node-a");
+        assert_eq!(cells[6], "10.0.0.7");
+    }
+
+    #[test]
+    fn terminating_wins() {
+        let mut p = pod();
+        p.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::now()));
+        assert_eq!(FarmPod::from_pod(&p).status.unwrap().reason, "Terminating");
+    }
+}
