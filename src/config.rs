@@ -7,10 +7,11 @@ use clap::{Parser, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::{
+    auth::source::{self, StaticSources},
     rest::RestSettings,
-    server::{self, AppState, ServeOptions, StateOptions},
+    server::{self, AppState, AuthOptions, ServeOptions, StateOptions},
     store::PodCache,
-    tls::{self, ClientCas, ServingFiles},
+    tls::{self, ServingFiles, ServingTls},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -45,9 +46,32 @@ pub struct Args {
     #[arg(long, env = "FARM_TLS_PRIVATE_KEY_FILE", requires = "tls_cert_file")]
     pub tls_private_key_file: Option<PathBuf>,
 
-    /// CA bundle (PEM) whose client certificates are verified at the TLS handshake.
+    /// CA bundle (PEM): its client certificates authenticate as user = CN, groups = O. Adds to
+    /// `client-ca-file` of the extension-apiserver-authentication ConfigMap.
     #[arg(long, env = "FARM_CLIENT_CA_FILE")]
     pub client_ca_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) of the front proxy (kube-apiserver's aggregator): its client
+    /// certificates may name the user in X-Remote-* headers. Overrides the ConfigMap's.
+    #[arg(long, env = "FARM_REQUESTHEADER_CLIENT_CA_FILE")]
+    pub requestheader_client_ca_file: Option<PathBuf>,
+
+    /// Front-proxy certificate CNs allowed (comma-separated); empty = any the CA signed.
+    /// Overrides the ConfigMap's.
+    #[arg(long, env = "FARM_REQUESTHEADER_ALLOWED_NAMES", value_delimiter = ',')]
+    pub requestheader_allowed_names: Option<Vec<String>>,
+
+    /// Seconds an allowing SubjectAccessReview answer is cached.
+    #[arg(long, env = "FARM_AUTHORIZATION_CACHE_TTL", default_value_t = 10)]
+    pub authorization_cache_ttl: u64,
+
+    /// Seconds a denying SubjectAccessReview answer is cached.
+    #[arg(long, env = "FARM_AUTHORIZATION_DENY_CACHE_TTL", default_value_t = 10)]
+    pub authorization_deny_cache_ttl: u64,
+
+    /// Seconds a TokenReview answer is cached.
+    #[arg(long, env = "FARM_AUTHENTICATION_CACHE_TTL", default_value_t = 10)]
+    pub authentication_cache_ttl: u64,
 
     /// How often to check the serving certificate files for changes, in seconds.
     #[arg(long, env = "FARM_CERT_RELOAD_INTERVAL", default_value_t = 10)]
@@ -143,20 +167,25 @@ impl Args {
         } else {
             return Ok(None);
         };
-        tracing::info!(cluster = %config.cluster_url, "FarmPods come from this cluster");
+        tracing::info!(cluster = %config.cluster_url, "using this cluster for FarmPods and authorization");
         Ok(Some(kube::Client::try_from(config)?))
+    }
+
+    fn read(path: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
+        path.as_ref()
+            .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+            .transpose()
     }
 
     pub async fn run(self) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         self.init_logging()?;
-        let mut client_cas = ClientCas::default();
-        if let Some(path) = &self.client_ca_file {
-            client_cas.pem.push(
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?,
-            );
-        }
+        let mut sources = StaticSources {
+            requestheader_ca: Self::read(&self.requestheader_client_ca_file)?,
+            requestheader_allowed_names: self.requestheader_allowed_names.clone(),
+            client_ca: Self::read(&self.client_ca_file)?,
+            dev_ca: None,
+        };
         let listener = std::net::TcpListener::bind(self.bind)
             .with_context(|| format!("binding {}", self.bind))?;
         let addr = listener.local_addr()?;
@@ -170,8 +199,9 @@ impl Args {
                     .with_context(|| {
                         format!("preparing dev certificates in {}", self.cert_dir.display())
                     })?;
-                // Our own dev CA signs the kubeconfig's client certificate.
-                client_cas.pem.push(ca);
+                // Our own dev CA signs the kubeconfig's client certificate. A server given a
+                // certificate never trusts a dev CA.
+                sources.dev_ca = Some(ca);
                 tracing::info!(
                     kubeconfig = %self.cert_dir.join(tls::KUBECONFIG).display(),
                     "development certificates ready"
@@ -182,32 +212,54 @@ impl Args {
                 }
             }
         };
-        let tls_config = tls::load(&files, &client_cas)?;
-        tokio::spawn(tls::reload_loop(
-            tls_config.clone(),
-            files,
-            client_cas,
-            Duration::from_secs(self.cert_reload_interval.max(1)),
-        ));
-        let farmpods = match (self.synthetic_pods, self.cluster_client().await?) {
+        let authn_config = source::build(&sources, None);
+        let serving = ServingTls::load(files, authn_config.handshake_cas())?;
+        tokio::spawn(
+            serving
+                .clone()
+                .reload_loop(Duration::from_secs(self.cert_reload_interval.max(1))),
+        );
+        let cluster = self.cluster_client().await?;
+        let farmpods = match (self.synthetic_pods, &cluster) {
             (Some(count), _) => PodCache::synthetic(count),
-            (None, Some(client)) => PodCache::start(client, self.farmpod_namespaces.clone()),
+            (None, Some(client)) => {
+                PodCache::start(client.clone(), self.farmpod_namespaces.clone())
+            }
             (None, None) => {
-                tracing::info!("no cluster configured: FarmPods answer 503, Llamas are served");
+                tracing::info!(
+                    "no cluster configured: FarmPods answer 503, Llamas are served, only the dev identity is authorized"
+                );
                 PodCache::without_cluster()
             }
         };
+        let auth = AuthOptions {
+            config: authn_config,
+            cluster: cluster.clone(),
+            allow_ttl: Duration::from_secs(self.authorization_cache_ttl),
+            deny_ttl: Duration::from_secs(self.authorization_deny_cache_ttl),
+            token_ttl: Duration::from_secs(self.authentication_cache_ttl),
+        }
+        .build();
+        if let Some(client) = cluster {
+            tokio::spawn(source::follow_configmap(
+                client,
+                sources,
+                auth.clone(),
+                serving.clone(),
+            ));
+        }
         let (state, shutdown) = AppState::with_farmpods(
             farmpods,
             StateOptions {
                 sample_data: !self.no_sample_data,
                 rest: self.rest_settings(),
+                auth,
             },
         );
         let app = server::router(state);
         server::serve(
             app,
-            tls_config,
+            serving.config.clone(),
             ServeOptions {
                 listener,
                 shutdown_delay: Duration::from_secs(self.shutdown_delay),

@@ -1,10 +1,12 @@
 //! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com/v1alpha`.
 //!
-//! A request goes: [`tls`] (handshake, client certificate) → [`server::router`] →
+//! A request goes: [`tls`] (handshake, client certificate) → [`server::router`] → [`auth`]
+//! (authentication, SubjectAccessReview) →
 //! [`discovery`], [`openapi`], [`health`] or [`rest`] (the verbs of one kind, written once) →
 //! [`store`] (in memory by default). [`table`], [`watch`] and [`negotiate`] shape responses;
 //! [`error`] turns every failure into a `meta/v1 Status`.
 
+pub mod auth;
 pub mod config;
 pub mod discovery;
 pub mod error;

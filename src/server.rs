@@ -18,6 +18,7 @@ use axum::{
 use tokio::sync::watch as signal;
 
 use crate::{
+    auth::{self, Auth, AuthenticatedUser, Authenticator, AuthnConfig, Authorizer},
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
     health::{self, Health},
@@ -54,6 +55,7 @@ impl Shutdown {
 pub struct AppState {
     pub llamas: Arc<dyn Store<Llama>>,
     pub farmpods: Arc<dyn Store<FarmPod>>,
+    pub auth: Arc<Auth>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub discovery: Arc<DiscoveryDocuments>,
@@ -66,18 +68,57 @@ pub fn resources() -> Vec<ResourceInfo> {
     vec![ResourceInfo::of::<Llama>(), ResourceInfo::of::<FarmPod>()]
 }
 
-#[derive(Debug, Clone)]
+/// Who is trusted, and the cluster that reviews tokens and access.
+#[derive(Clone)]
+pub struct AuthOptions {
+    pub config: AuthnConfig,
+    /// TokenReview and SubjectAccessReview go here; None = standalone.
+    pub cluster: Option<kube::Client>,
+    pub allow_ttl: Duration,
+    pub deny_ttl: Duration,
+    pub token_ttl: Duration,
+}
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        Self {
+            config: AuthnConfig::default(),
+            cluster: None,
+            allow_ttl: Duration::from_secs(10),
+            deny_ttl: Duration::from_secs(10),
+            token_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+impl AuthOptions {
+    pub fn build(self) -> Arc<Auth> {
+        let tokens = self
+            .cluster
+            .clone()
+            .map(|c| auth::authn::TokenReviewer::new(c, self.token_ttl));
+        Arc::new(Auth {
+            authn: Authenticator::new(self.config, tokens),
+            authz: Authorizer::new(self.cluster, self.allow_ttl, self.deny_ttl),
+        })
+    }
+}
+
+#[derive(Clone)]
 pub struct StateOptions {
     /// Start with the sample Llama `default/dolly`.
     pub sample_data: bool,
     pub rest: RestSettings,
+    pub auth: Arc<Auth>,
 }
 
 impl Default for StateOptions {
+    /// Nobody can authenticate: tests and callers set `auth`.
     fn default() -> Self {
         Self {
             sample_data: true,
             rest: RestSettings::default(),
+            auth: AuthOptions::default().build(),
         }
     }
 }
@@ -114,6 +155,7 @@ impl AppState {
         let state = Self {
             llamas,
             farmpods,
+            auth: options.auth,
             metrics: metrics.clone(),
             health: health.clone(),
             discovery: Arc::new(DiscoveryDocuments::new(&resources)),
@@ -188,7 +230,12 @@ async fn observe(State(metrics): State<Arc<Metrics>>, request: Request, next: Ne
         .extensions()
         .get::<ErrorReason>()
         .map_or("", |r| r.0);
+    let user = response
+        .extensions()
+        .get::<AuthenticatedUser>()
+        .map_or("", |u| u.0.name.as_str());
     tracing::info!(
+        user,
         verb = %info.verb,
         resource,
         namespace = %info.namespace,
@@ -222,6 +269,10 @@ pub fn router(state: AppState) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics_handler).with_state(state.clone()))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.auth.clone(),
+            auth::middleware,
+        ))
         .layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             observe,

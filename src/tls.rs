@@ -55,9 +55,27 @@ pub struct ServingFiles {
     pub key: PathBuf,
 }
 
-/// Verified client certificate chain of a connection (leaf first), empty when none was sent.
+/// Verified client certificate chain of a connection (leaf first, empty when none was sent),
+/// with what authentication decided about it, so that is worked out once per connection.
 #[derive(Debug, Clone, Default)]
-pub struct PeerCertificates(pub Arc<Vec<CertificateDer<'static>>>);
+pub struct PeerCertificates {
+    pub chain: Arc<Vec<CertificateDer<'static>>>,
+    pub verdict: Arc<std::sync::Mutex<Option<(u64, crate::auth::authn::CertIdentity)>>>,
+}
+
+impl PeerCertificates {
+    pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
+        Self {
+            chain: Arc::new(chain),
+            verdict: Arc::default(),
+        }
+    }
+}
+
+/// Installs ring as the process's rustls provider; a second call is harmless.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
 
 #[cfg(unix)]
 fn write_private(path: &Path, contents: &str) -> Result<()> {
@@ -240,34 +258,26 @@ pub fn load_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
     Ok(certs)
 }
 
-/// Client CAs: certificates of the issuers whose client certificates we verify.
-#[derive(Debug, Clone, Default)]
-pub struct ClientCas {
-    pub pem: Vec<String>,
-}
-
-impl ClientCas {
-    fn root_store(&self) -> Result<Option<Arc<RootCertStore>>> {
-        let mut roots = RootCertStore::empty();
-        for pem in &self.pem {
-            for cert in load_certs(pem.as_bytes())? {
-                roots.add(cert).context("adding a client CA")?;
-            }
+fn root_store(client_cas: &[String]) -> Result<Option<Arc<RootCertStore>>> {
+    let mut roots = RootCertStore::empty();
+    for pem in client_cas {
+        for cert in load_certs(pem.as_bytes())? {
+            roots.add(cert).context("adding a client CA")?;
         }
-        Ok((!roots.is_empty()).then(|| Arc::new(roots)))
     }
+    Ok((!roots.is_empty()).then(|| Arc::new(roots)))
 }
 
 /// A rustls server config for the serving cert and key PEM and the client CAs.
 pub fn server_config(
     cert_pem: &[u8],
     key_pem: &[u8],
-    client_cas: &ClientCas,
+    client_cas: &[String],
 ) -> Result<ServerConfig> {
     let certs = load_certs(cert_pem)?;
     let key = PrivateKeyDer::from_pem_slice(key_pem).context("parsing the private key")?;
     let builder = ServerConfig::builder();
-    let builder = match client_cas.root_store()? {
+    let builder = match root_store(client_cas)? {
         // Optional: health probes and token clients have no certificate.
         Some(roots) => builder.with_client_cert_verifier(
             WebPkiClientVerifier::builder(roots)
@@ -299,44 +309,66 @@ fn fingerprint(cert: &[u8], key: &[u8]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
-/// Loads the serving files into a reloadable config.
-pub fn load(files: &ServingFiles, client_cas: &ClientCas) -> Result<RustlsConfig> {
-    let (cert, key) = read_files(files)?;
-    let config = server_config(&cert, &key, client_cas)?;
-    Ok(RustlsConfig::from_config(Arc::new(config)))
+/// The serving TLS config: the certificate files and the client CAs the handshake accepts.
+/// Either can change while the server runs; new handshakes get the new config, open connections
+/// keep theirs.
+pub struct ServingTls {
+    pub config: RustlsConfig,
+    files: ServingFiles,
+    state: std::sync::Mutex<(Vec<String>, [u8; 32])>,
 }
 
-/// Re-reads the serving files every `interval` and swaps the config when their content changed.
-/// Reading content (not mtimes) follows a Secret volume's `..data` symlink swap. New handshakes
-/// get the new certificate; open connections keep theirs.
-pub async fn reload_loop(
-    config: RustlsConfig,
-    files: ServingFiles,
-    client_cas: ClientCas,
-    interval: Duration,
-) {
-    let mut last = read_files(&files)
-        .map(|(c, k)| fingerprint(&c, &k))
-        .unwrap_or_default();
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let Ok((cert, key)) = read_files(&files) else {
-            continue;
-        };
+impl ServingTls {
+    pub fn load(files: ServingFiles, client_cas: Vec<String>) -> Result<Arc<Self>> {
+        let (cert, key) = read_files(&files)?;
+        let config = server_config(&cert, &key, &client_cas)?;
+        Ok(Arc::new(Self {
+            config: RustlsConfig::from_config(Arc::new(config)),
+            files,
+            state: std::sync::Mutex::new((client_cas, fingerprint(&cert, &key))),
+        }))
+    }
+
+    fn rebuild(&self, client_cas: Option<Vec<String>>) -> Result<bool> {
+        let (cert, key) = read_files(&self.files)?;
         let current = fingerprint(&cert, &key);
-        if current == last {
-            continue;
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| anyhow::anyhow!("TLS state lock poisoned"))?;
+        let cas_changed = client_cas.as_ref().is_some_and(|c| *c != state.0);
+        if current == state.1 && !cas_changed {
+            return Ok(false);
         }
-        match server_config(&cert, &key, &client_cas) {
-            Ok(new) => {
-                config.reload_from_config(Arc::new(new));
-                last = current;
-                tracing::info!(cert = %files.cert.display(), "reloaded the serving certificate");
+        let cas = client_cas.unwrap_or_else(|| state.0.clone());
+        let config = server_config(&cert, &key, &cas)?;
+        self.config.reload_from_config(Arc::new(config));
+        *state = (cas, current);
+        Ok(true)
+    }
+
+    /// Accept client certificates from these CAs from the next handshake on.
+    pub fn set_client_cas(&self, client_cas: Vec<String>) {
+        if let Err(error) = self.rebuild(Some(client_cas)) {
+            tracing::error!(%error, "could not apply the new client CAs");
+        }
+    }
+
+    /// Re-reads the serving files every `interval` and swaps the config when their content
+    /// changed. Reading content (not mtimes) follows a Secret volume's `..data` symlink swap.
+    pub async fn reload_loop(self: Arc<Self>, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match self.rebuild(None) {
+                Ok(true) => {
+                    tracing::info!(cert = %self.files.cert.display(), "reloaded the serving certificate");
+                }
+                Ok(false) => {}
+                // A half-written pair (cert updated, key not yet) is retried on the next tick.
+                Err(error) => tracing::warn!(%error, "not reloading the serving certificate yet"),
             }
-            // A half-written pair (cert updated, key not yet) is retried on the next tick.
-            Err(error) => tracing::warn!(%error, "not reloading the serving certificate yet"),
         }
     }
 }
@@ -373,7 +405,7 @@ impl<S: Send + 'static> Accept<TcpStream, S> for Acceptor {
                 .peer_certificates()
                 .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
                 .unwrap_or_default();
-            let service = Extension(PeerCertificates(Arc::new(chain))).layer(service);
+            let service = Extension(PeerCertificates::new(chain)).layer(service);
             Ok((stream, service))
         })
     }

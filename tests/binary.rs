@@ -73,6 +73,16 @@ fn ca_pem(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("ca.crt")).expect("ca.crt")
 }
 
+/// The dev kubeconfig's identity, issued again from the server's dev CA.
+fn admin(dir: &Path) -> Option<(String, String)> {
+    Some(
+        farm_apiserver::tls::DevCa::load_or_create(dir)
+            .expect("dev ca")
+            .issue_client("farm-dev-admin", &["system:masters"])
+            .expect("client cert"),
+    )
+}
+
 #[cfg(unix)]
 fn mode(path: &Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
@@ -116,7 +126,13 @@ async fn first_start_makes_certs_and_a_working_kubeconfig_second_start_reuses_th
         std::fs::read_to_string(certs.join("tls.crt")).unwrap(),
         first_cert
     );
-    let raw = RawClient::new(server.addr, &first_ca, None, Alpn::Http2);
+    let anonymous = RawClient::new(server.addr, &first_ca, None, Alpn::Http2);
+    let denied = anonymous
+        .get("/apis/farm.example.com/v1alpha/llamas", &[])
+        .await;
+    assert_eq!(denied.status, 401, "no certificate, no access");
+    assert_eq!(denied.json()["reason"], "Unauthorized");
+    let raw = RawClient::new(server.addr, &first_ca, admin(&certs), Alpn::Http2);
     let list = raw
         .get("/apis/farm.example.com/v1alpha/llamas", &[])
         .await
@@ -133,7 +149,12 @@ async fn first_start_makes_certs_and_a_working_kubeconfig_second_start_reuses_th
 async fn sigterm_fails_readiness_first_then_ends_watches_and_exits_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = start(dir.path(), &["--shutdown-delay", "2"]);
-    let raw = RawClient::new(server.addr, &ca_pem(dir.path()), None, Alpn::Http1);
+    let raw = RawClient::new(
+        server.addr,
+        &ca_pem(dir.path()),
+        admin(dir.path()),
+        Alpn::Http1,
+    );
     assert_eq!(raw.get("/readyz", &[]).await.status, 200);
 
     // An open watch, collected until the server ends it.

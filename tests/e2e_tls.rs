@@ -186,16 +186,18 @@ async fn too_old_resource_version_is_410_error_event() {
         event_window: 2,
         ..Default::default()
     });
+    let (options, peer) = common::oneshot_identity();
     let (state, _shutdown) = farm_apiserver::server::AppState::from_stores(
         std::sync::Arc::new(store.clone()),
         farm_apiserver::store::PodCache::without_cluster(),
-        Default::default(),
+        options,
     );
     let app = farm_apiserver::server::router(state.clone());
     for i in 0..5 {
         let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": format!("o{i}")}, "spec": {"weight": 1, "height": 1}});
         let request =
             axum::http::Request::post("/apis/farm.example.com/v1alpha/namespaces/default/llamas")
+                .extension(peer.clone())
                 .header("content-type", "application/json")
                 .body(axum::body::Body::from(body.to_string()))
                 .unwrap();
@@ -206,6 +208,7 @@ async fn too_old_resource_version_is_410_error_event() {
     let request = axum::http::Request::get(
         "/apis/farm.example.com/v1alpha/llamas?watch=true&resourceVersion=1&timeoutSeconds=1",
     )
+    .extension(peer)
     .body(axum::body::Body::empty())
     .unwrap();
     let response = tower::ServiceExt::oneshot(app, request).await.unwrap();
@@ -254,6 +257,27 @@ async fn watch_list_sends_initial_events_end_bookmark() {
     assert_eq!(events[1]["object"]["kind"], "Llama");
 }
 
+/// A server behind a front proxy as kube-apiserver runs it: a front-proxy CA with allowed name
+/// `front-proxy-client`, and a (fake) cluster answering SubjectAccessReviews. Returns the proxy's
+/// client identity.
+async fn behind_the_aggregator() -> (
+    TestServer,
+    std::sync::Arc<common::fake_kube::FakeKube>,
+    (String, String),
+) {
+    let fake = common::fake_kube::FakeKube::start().await;
+    let proxy_dir = tempfile::tempdir().unwrap();
+    let proxy_ca = farm_apiserver::tls::DevCa::load_or_create(proxy_dir.path()).unwrap();
+    let server = TestServer::start_with(common::Options {
+        requestheader: Some((proxy_ca.cert_pem.clone(), vec!["front-proxy-client".into()])),
+        cluster: Some(fake.client().await),
+        ..Default::default()
+    })
+    .await;
+    let identity = proxy_ca.issue_client("front-proxy-client", &[]).unwrap();
+    (server, fake, identity)
+}
+
 fn fixtures() -> Vec<Value> {
     include_str!("fixtures/aggregator-requests.jsonl")
         .lines()
@@ -280,12 +304,8 @@ fn recorded_headers(entry: &Value, alpn: Alpn) -> Vec<(String, String)> {
 
 #[tokio::test]
 async fn replays_the_aggregators_requests_over_h1_and_h2() {
-    let server = TestServer::start().await;
     // The aggregator's proxy client certificate (kubeadm names it front-proxy-client).
-    let proxy_identity = server
-        .dev_ca()
-        .issue_client("front-proxy-client", &[])
-        .unwrap();
+    let (server, fake, proxy_identity) = behind_the_aggregator().await;
     for alpn in [Alpn::Http1, Alpn::Http2] {
         let raw = server.raw(Some(proxy_identity.clone()), alpn);
         for entry in fixtures() {
@@ -345,15 +365,45 @@ async fn replays_the_aggregators_requests_over_h1_and_h2() {
             }
         }
     }
+    // Requests of users outside system:masters were reviewed with the headers' identity;
+    // system:masters (the availability probe, lab-admin) needed no review.
+    let reviews = fake.reviews.lock().unwrap().clone();
+    assert!(!reviews.is_empty());
+    assert!(
+        reviews.iter().all(|r| !r["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g == "system:masters")),
+        "system:masters needs no review: {reviews:?}"
+    );
+    let bob = reviews
+        .iter()
+        .find(|r| r["user"] == "bob")
+        .expect("bob's list was reviewed");
+    assert_eq!(bob["resourceAttributes"]["verb"], "list");
+    assert_eq!(bob["resourceAttributes"]["resource"], "llamas");
+    assert_eq!(bob["resourceAttributes"]["namespace"], "default");
+    assert!(
+        bob["extra"]["authentication.kubernetes.io/credential-id"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("X509SHA256=")
+    );
+    let openapi = reviews
+        .iter()
+        .find(|r| r["nonResourceAttributes"]["path"] == "/openapi/v2")
+        .expect("the aggregator's OpenAPI download was authorized");
+    assert_eq!(openapi["nonResourceAttributes"]["verb"], "get");
 }
+
+const AGGREGATOR: (&str, &str) = ("X-Remote-User", "system:kube-aggregator");
+const MASTERS: (&str, &str) = ("X-Remote-Group", "system:masters");
+const OPENAPI_USER: (&str, &str) = ("X-Remote-User", "system:aggregator");
 
 #[tokio::test]
 async fn availability_probe_discovery_etag_and_openapi() {
-    let server = TestServer::start().await;
-    let proxy_identity = server
-        .dev_ca()
-        .issue_client("front-proxy-client", &[])
-        .unwrap();
+    let (server, _fake, proxy_identity) = behind_the_aggregator().await;
     let raw = server.raw(Some(proxy_identity), Alpn::Http2);
     let probe_headers = [
         ("User-Agent", "Go-http-client/1.1"),
@@ -384,7 +434,15 @@ async fn availability_probe_discovery_etag_and_openapi() {
     assert_eq!(first.status, 200);
     let etag = first.header("etag").unwrap().to_owned();
     let second = raw
-        .get("/apis", &[("Accept", accept), ("If-None-Match", &etag)])
+        .get(
+            "/apis",
+            &[
+                ("Accept", accept),
+                ("If-None-Match", &etag),
+                AGGREGATOR,
+                MASTERS,
+            ],
+        )
         .await;
     assert_eq!(second.status, 304);
     assert_eq!(second.header("etag"), Some(etag.as_str()));
@@ -401,18 +459,18 @@ async fn availability_probe_discovery_etag_and_openapi() {
     assert_eq!(v2.status, 200);
     let v2_etag = v2.header("etag").unwrap().to_owned();
     assert_eq!(
-        raw.get("/openapi/v2", &[("If-None-Match", &v2_etag)])
+        raw.get("/openapi/v2", &[("If-None-Match", &v2_etag), OPENAPI_USER])
             .await
             .status,
         304
     );
 
-    let root = raw.get("/openapi/v3", &[]).await.json();
+    let root = raw.get("/openapi/v3", &[OPENAPI_USER]).await.json();
     let url = root["paths"]["apis/farm.example.com/v1alpha"]["serverRelativeURL"]
         .as_str()
         .unwrap()
         .to_owned();
-    let doc = raw.get(&url, &[]).await;
+    let doc = raw.get(&url, &[OPENAPI_USER]).await;
     assert_eq!(doc.status, 200);
     assert_eq!(doc.header("cache-control"), Some("public, immutable"));
     assert!(doc.header("expires").is_some());
@@ -425,7 +483,7 @@ async fn availability_probe_discovery_etag_and_openapi() {
     let stale = raw
         .get(
             "/openapi/v3/apis/farm.example.com/v1alpha?hash=DEADBEEF",
-            &[],
+            &[OPENAPI_USER],
         )
         .await;
     assert_eq!(stale.status, 301);

@@ -6,7 +6,13 @@ use axum::{
     body::Body,
     http::{Request, StatusCode},
 };
-use farm_apiserver::server::{self, AppState, StateOptions};
+mod common;
+
+use common::oneshot_identity as identity;
+use farm_apiserver::{
+    server::{self, AppState},
+    tls::PeerCertificates,
+};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -14,14 +20,27 @@ use tower::ServiceExt;
 const BASE: &str = "/apis/farm.example.com/v1alpha";
 const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
 
-fn app() -> Router {
-    let (state, _shutdown) = AppState::new(StateOptions::default());
-    server::router(state)
+#[derive(Clone)]
+struct App {
+    router: Router,
+    peer: PeerCertificates,
 }
 
-fn app_with_state() -> (Router, AppState) {
-    let (state, _shutdown) = AppState::new(StateOptions::default());
-    (server::router(state.clone()), state)
+fn app() -> App {
+    app_with_state().0
+}
+
+fn app_with_state() -> (App, AppState) {
+    let (options, peer) = identity();
+    let (state, shutdown) = AppState::new(options);
+    std::mem::forget(shutdown); // watches stay open for the test's life
+    (
+        App {
+            router: server::router(state.clone()),
+            peer,
+        },
+        state,
+    )
 }
 
 struct Reply {
@@ -49,18 +68,16 @@ impl Reply {
     }
 }
 
-async fn call(
-    app: &Router,
-    method: &str,
-    uri: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Reply {
-    let mut request = Request::builder().method(method).uri(uri);
+async fn call(app: &App, method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .extension(app.peer.clone());
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
     let response = app
+        .router
         .clone()
         .oneshot(request.body(Body::from(body.to_owned())).unwrap())
         .await
@@ -81,7 +98,7 @@ async fn call(
     }
 }
 
-async fn get(app: &Router, uri: &str) -> Reply {
+async fn get(app: &App, uri: &str) -> Reply {
     call(app, "GET", uri, &[], "").await
 }
 
@@ -95,7 +112,7 @@ fn llama(name: &str, weight: f64, height: f64) -> String {
     .to_string()
 }
 
-async fn create(app: &Router, ns: &str, body: &str) -> Reply {
+async fn create(app: &App, ns: &str, body: &str) -> Reply {
     call(
         app,
         "POST",
@@ -741,8 +758,12 @@ async fn deletecollection_honours_selectors() {
 
 #[tokio::test]
 async fn health_endpoints() {
-    let (state, shutdown) = AppState::new(StateOptions::default());
-    let app = server::router(state);
+    let (options, peer) = identity();
+    let (state, shutdown) = AppState::new(options);
+    let app = App {
+        router: server::router(state),
+        peer,
+    };
     let ok = get(&app, "/readyz").await;
     assert_eq!(ok.status, StatusCode::OK);
     assert_eq!(ok.body, b"ok");

@@ -25,9 +25,13 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+/// (allowed, reason) for a SubjectAccessReview spec.
+type Policy = dyn Fn(&Value) -> (bool, String) + Send + Sync;
+
 #[derive(Default)]
 struct Pods {
-    items: BTreeMap<(String, String), Value>,
+    /// (resource, namespace, name) → object.
+    items: BTreeMap<(String, String, String), Value>,
     rv: u64,
     /// Every event, so a watch from an older resourceVersion replays what it missed.
     history: Vec<(String, Value)>,
@@ -37,6 +41,13 @@ pub struct FakeKube {
     pub addr: SocketAddr,
     pods: Mutex<Pods>,
     events: broadcast::Sender<Option<(String, Value)>>,
+    /// Decides SubjectAccessReviews: (allowed, reason) for a review's spec.
+    policy: Mutex<Box<Policy>>,
+    /// Every SubjectAccessReview spec received.
+    pub reviews: Mutex<Vec<Value>>,
+    /// Bearer tokens TokenReview accepts, with their user.
+    pub tokens: Mutex<BTreeMap<String, (String, Vec<String>)>>,
+    pub token_reviews: AtomicUsize,
     requests: AtomicUsize,
     /// The next this-many Pod requests answer 500.
     failures: AtomicUsize,
@@ -70,8 +81,26 @@ pub fn pod(namespace: &str, name: &str, labels: &[(&str, &str)], containers: usi
     })
 }
 
-fn scope_matches(ns: Option<&str>, key: &(String, String)) -> bool {
-    ns.is_none_or(|ns| ns == key.0)
+fn resource_of(object: &Value) -> String {
+    match object["kind"].as_str() {
+        Some("ConfigMap") => "configmaps".into(),
+        _ => "pods".into(),
+    }
+}
+
+fn key_of(object: &Value) -> (String, String, String) {
+    (
+        resource_of(object),
+        object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned(),
+        object["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+fn in_scope(resource: &str, ns: Option<&str>, object: &Value) -> bool {
+    resource_of(object) == resource && ns.is_none_or(|ns| object["metadata"]["namespace"] == ns)
 }
 
 impl FakeKube {
@@ -85,10 +114,22 @@ impl FakeKube {
             requests: AtomicUsize::new(0),
             failures: AtomicUsize::new(0),
             log: Mutex::default(),
+            policy: Mutex::new(Box::new(|_| (true, String::new()))),
+            reviews: Mutex::default(),
+            tokens: Mutex::default(),
+            token_reviews: AtomicUsize::new(0),
         });
         let app = Router::new()
             .route("/api/v1/pods", get(all_pods))
-            .route("/api/v1/namespaces/{ns}/pods", get(namespaced_pods))
+            .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced))
+            .route(
+                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                axum::routing::post(subject_access_review),
+            )
+            .route(
+                "/apis/authentication.k8s.io/v1/tokenreviews",
+                axum::routing::post(token_review),
+            )
             .with_state(fake.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -114,14 +155,20 @@ impl FakeKube {
         let _ = self.events.send(None);
     }
 
+    /// Who may do what: called with each SubjectAccessReview's spec.
+    pub fn set_policy(&self, policy: impl Fn(&Value) -> (bool, String) + Send + Sync + 'static) {
+        *self.policy.lock().unwrap() = Box::new(policy);
+    }
+
+    pub fn sar_count(&self) -> usize {
+        self.reviews.lock().unwrap().len()
+    }
+
     fn upsert(&self, mut pod: Value, type_: &str) {
         let mut pods = self.pods.lock().unwrap();
         pods.rv += 1;
         pod["metadata"]["resourceVersion"] = json!(pods.rv.to_string());
-        let key = (
-            pod["metadata"]["namespace"].as_str().unwrap().to_owned(),
-            pod["metadata"]["name"].as_str().unwrap().to_owned(),
-        );
+        let key = key_of(&pod);
         if type_ == "DELETED" {
             pods.items.remove(&key);
         } else {
@@ -134,10 +181,7 @@ impl FakeKube {
     pub fn add(&self, pod: Value) {
         let exists = {
             let pods = self.pods.lock().unwrap();
-            pods.items.contains_key(&(
-                pod["metadata"]["namespace"].as_str().unwrap().to_owned(),
-                pod["metadata"]["name"].as_str().unwrap().to_owned(),
-            ))
+            pods.items.contains_key(&key_of(&pod))
         };
         self.upsert(pod, if exists { "MODIFIED" } else { "ADDED" });
     }
@@ -148,14 +192,19 @@ impl FakeKube {
             .lock()
             .unwrap()
             .items
-            .get(&(namespace.to_owned(), name.to_owned()))
+            .get(&("pods".to_owned(), namespace.to_owned(), name.to_owned()))
             .cloned();
         if let Some(pod) = pod {
             self.upsert(pod, "DELETED");
         }
     }
 
-    fn serve(self: Arc<Self>, ns: Option<String>, query: Option<String>) -> Response {
+    fn serve(
+        self: Arc<Self>,
+        resource: String,
+        ns: Option<String>,
+        query: Option<String>,
+    ) -> Response {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let query = query.unwrap_or_default();
         self.log.lock().unwrap().push(query.clone());
@@ -173,11 +222,16 @@ impl FakeKube {
         if !watch {
             let items: Vec<Value> = pods
                 .items
-                .iter()
-                .filter(|(k, _)| scope_matches(ns.as_deref(), k))
-                .map(|(_, v)| v.clone())
+                .values()
+                .filter(|v| in_scope(&resource, ns.as_deref(), v))
+                .cloned()
                 .collect();
-            let body = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": pods.rv.to_string()}, "items": items});
+            let kind = if resource == "configmaps" {
+                "ConfigMapList"
+            } else {
+                "PodList"
+            };
+            let body = json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": pods.rv.to_string()}, "items": items});
             return ([("content-type", "application/json")], body.to_string()).into_response();
         }
         let since: u64 = query
@@ -213,11 +267,7 @@ impl FakeKube {
                             .unwrap()
                             .parse()
                             .unwrap();
-                        let key = (
-                            pod["metadata"]["namespace"].as_str().unwrap().to_owned(),
-                            String::new(),
-                        );
-                        if rv <= since || !scope_matches(ns.as_deref(), &key) {
+                        if rv <= since || !in_scope(&resource, ns.as_deref(), &pod) {
                             continue;
                         }
                         let line = format!("{}\n", json!({"type": type_, "object": pod}));
@@ -254,13 +304,65 @@ where
 }
 
 async fn all_pods(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
-    fake.serve(None, q)
+    fake.serve("pods".into(), None, q)
 }
 
-async fn namespaced_pods(
+async fn namespaced(
     State(fake): State<Arc<FakeKube>>,
-    Path(ns): Path<String>,
+    Path((ns, resource)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Response {
-    fake.serve(Some(ns), q)
+    fake.serve(resource, Some(ns), q)
+}
+
+async fn subject_access_review(
+    State(fake): State<Arc<FakeKube>>,
+    axum::Json(review): axum::Json<Value>,
+) -> Response {
+    let spec = review["spec"].clone();
+    let (allowed, reason) = (fake.policy.lock().unwrap())(&spec);
+    fake.reviews.lock().unwrap().push(spec);
+    let mut out = review;
+    out["status"] = json!({"allowed": allowed, "reason": reason});
+    axum::Json(out).into_response()
+}
+
+async fn token_review(
+    State(fake): State<Arc<FakeKube>>,
+    axum::Json(review): axum::Json<Value>,
+) -> Response {
+    fake.token_reviews.fetch_add(1, Ordering::SeqCst);
+    let token = review["spec"]["token"].as_str().unwrap_or("").to_owned();
+    let known = fake.tokens.lock().unwrap().get(&token).cloned();
+    let mut out = review;
+    out["status"] = match known {
+        Some((user, groups)) => {
+            json!({"authenticated": true, "user": {"username": user, "groups": groups}})
+        }
+        None => json!({"authenticated": false}),
+    };
+    axum::Json(out).into_response()
+}
+
+/// The ConfigMap kube-apiserver publishes for extension API servers.
+pub fn auth_configmap(
+    requestheader_ca: &str,
+    allowed_names: &[&str],
+    client_ca: Option<&str>,
+) -> Value {
+    let mut data = json!({
+        "requestheader-client-ca-file": requestheader_ca,
+        "requestheader-allowed-names": serde_json::to_string(allowed_names).unwrap(),
+        "requestheader-username-headers": "[\"X-Remote-User\"]",
+        "requestheader-group-headers": "[\"X-Remote-Group\"]",
+        "requestheader-extra-headers-prefix": "[\"X-Remote-Extra-\"]",
+    });
+    if let Some(ca) = client_ca {
+        data["client-ca-file"] = json!(ca);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"},
+        "data": data
+    })
 }

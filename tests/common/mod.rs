@@ -16,10 +16,11 @@ use std::{
 
 use bytes::Bytes;
 use farm_apiserver::{
+    auth::source::{self, StaticSources},
     rest::RestSettings,
-    server::{self, AppState, Shutdown, StateOptions},
+    server::{self, AppState, AuthOptions, Shutdown, StateOptions},
     store::PodCache,
-    tls::{self, ClientCas, DevCa, ServingFiles},
+    tls::{self, DevCa, PeerCertificates, ServingFiles, ServingTls, load_certs},
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
@@ -27,6 +28,36 @@ use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+
+/// For `oneshot` tests: state trusting a fresh dev CA, and the admin's certificate chain from
+/// it, which requests carry as if they came through the TLS listener.
+pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
+    farm_apiserver::tls::install_default_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = DevCa::load_or_create(dir.path()).unwrap();
+    let (cert, _key) = ca
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .unwrap();
+    let config = source::build(
+        &StaticSources {
+            dev_ca: Some(ca.cert_pem.clone()),
+            ..Default::default()
+        },
+        None,
+    );
+    let options = StateOptions {
+        auth: AuthOptions {
+            config,
+            ..Default::default()
+        }
+        .build(),
+        ..StateOptions::default()
+    };
+    (
+        options,
+        PeerCertificates::new(load_certs(cert.as_bytes()).unwrap()),
+    )
+}
 
 pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -36,6 +67,7 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub state: AppState,
+    pub serving: Arc<ServingTls>,
     pub shutdown: Shutdown,
     handle: axum_server::Handle<SocketAddr>,
 }
@@ -52,6 +84,14 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// The FarmPod cache; default: no cluster.
     pub farmpods: Option<Arc<PodCache>>,
+    /// Front-proxy CA PEM and allowed CNs (`--requestheader-*` flags).
+    pub requestheader: Option<(String, Vec<String>)>,
+    /// The cluster for SubjectAccessReview / TokenReview / the auth ConfigMap.
+    pub cluster: Option<kube::Client>,
+    /// Follow kube-system/extension-apiserver-authentication in `cluster`.
+    pub follow_configmap: bool,
+    /// Trust the dev CA as a client CA (as the server does when it made its own certs).
+    pub trust_dev_ca: bool,
 }
 
 impl Default for Options {
@@ -60,6 +100,10 @@ impl Default for Options {
             sample_data: true,
             bookmark_interval: Duration::from_millis(300),
             farmpods: None,
+            requestheader: None,
+            cluster: None,
+            follow_configmap: false,
+            trust_dev_ca: true,
         }
     }
 }
@@ -79,8 +123,28 @@ impl TestServer {
             cert: dir.path().join(tls::TLS_CERT),
             key: dir.path().join(tls::TLS_KEY),
         };
-        let client_cas = ClientCas { pem: vec![ca] };
-        let config = tls::load(&files, &client_cas).expect("tls config");
+        let sources = StaticSources {
+            requestheader_ca: options.requestheader.as_ref().map(|r| r.0.clone()),
+            requestheader_allowed_names: options.requestheader.as_ref().map(|r| r.1.clone()),
+            client_ca: None,
+            dev_ca: options.trust_dev_ca.then_some(ca),
+        };
+        let authn = source::build(&sources, None);
+        let serving = ServingTls::load(files, authn.handshake_cas()).expect("tls config");
+        let auth = AuthOptions {
+            config: authn,
+            cluster: options.cluster.clone(),
+            ..Default::default()
+        }
+        .build();
+        if let (true, Some(client)) = (options.follow_configmap, options.cluster.clone()) {
+            tokio::spawn(source::follow_configmap(
+                client,
+                sources,
+                auth.clone(),
+                serving.clone(),
+            ));
+        }
         let (state, shutdown) = AppState::with_farmpods(
             options.farmpods.unwrap_or_else(PodCache::without_cluster),
             StateOptions {
@@ -89,6 +153,7 @@ impl TestServer {
                     min_request_timeout: Duration::from_secs(1800),
                     bookmark_interval: options.bookmark_interval,
                 },
+                auth,
             },
         );
         let app = server::router(state.clone());
@@ -96,7 +161,7 @@ impl TestServer {
         listener.set_nonblocking(true).expect("nonblocking");
         let server = axum_server::from_tcp(listener)
             .expect("from_tcp")
-            .acceptor(tls::Acceptor::new(config))
+            .acceptor(tls::Acceptor::new(serving.config.clone()))
             .handle(handle.clone());
         tokio::spawn(async move {
             let _ = server.serve(app.into_make_service()).await;
@@ -106,6 +171,7 @@ impl TestServer {
             addr,
             dir,
             state,
+            serving,
             shutdown,
             handle,
         }
@@ -333,4 +399,76 @@ pub async fn run(mut cmd: Command, stdin: Option<&str>) -> (bool, String, String
     })
     .await
     .expect("join")
+}
+
+/// One kept-alive HTTP/1.1 connection, for tests that care which connection a request uses.
+pub struct RawConnection {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    /// The serving certificate this connection's handshake got (DER).
+    pub server_cert: Vec<u8>,
+    port: u16,
+}
+
+impl RawClient {
+    /// Handshakes; the error is what a rejected client certificate looks like to a client.
+    pub async fn connect(&self) -> std::io::Result<RawConnection> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        let tls = self
+            .connector
+            .connect(ServerName::try_from("localhost").expect("name"), tcp)
+            .await?;
+        let server_cert = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .map(|c| c.to_vec())
+            .unwrap_or_default();
+        let io = hyper_util::rt::TokioIo::new(tls);
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(std::io::Error::other)?;
+        tokio::spawn(conn);
+        Ok(RawConnection {
+            sender,
+            server_cert,
+            port: self.addr.port(),
+        })
+    }
+}
+
+impl RawConnection {
+    /// A GET on this connection; Err when the server closed it (e.g. a rejected certificate).
+    pub async fn get(
+        &mut self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<RawResponse, String> {
+        let mut builder = Request::builder()
+            .method("GET")
+            .uri(path)
+            .header("Host", format!("localhost:{}", self.port));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let request = builder.body(Full::new(Bytes::new())).expect("request");
+        let response = self
+            .sender
+            .send_request(request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(RawResponse {
+            status,
+            headers,
+            body,
+        })
+    }
 }

@@ -1,0 +1,485 @@
+//! Authentication, in k8s.io/apiserver's order: the front proxy's client certificate (then the
+//! user is in `X-Remote-*` headers), a client certificate from the client CA (CN = user,
+//! O = groups), a bearer token (TokenReview, cached), else anonymous.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use arc_swap::ArcSwap;
+use axum::http::HeaderMap;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::{Api, api::PostParams};
+use rustls::{
+    RootCertStore,
+    server::{WebPkiClientVerifier, danger::ClientCertVerifier},
+};
+use rustls_pki_types::{CertificateDer, UnixTime};
+use sha2::{Digest, Sha256};
+
+use crate::{error::Error, tls::PeerCertificates};
+
+/// Who made a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl UserInfo {
+    pub fn is_system_masters(&self) -> bool {
+        self.groups.iter().any(|g| g == "system:masters")
+    }
+}
+
+/// How the front proxy (kube-apiserver's aggregator) is recognised, and where it puts the user.
+#[derive(Clone)]
+pub struct RequestHeaderConfig {
+    pub ca_pem: String,
+    verifier: Arc<dyn ClientCertVerifier>,
+    /// Allowed client certificate CNs; empty = any CN the CA signed.
+    pub allowed_names: Vec<String>,
+    pub username_headers: Vec<String>,
+    pub uid_headers: Vec<String>,
+    pub group_headers: Vec<String>,
+    pub extra_headers_prefixes: Vec<String>,
+}
+
+impl std::fmt::Debug for RequestHeaderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHeaderConfig")
+            .field("allowed_names", &self.allowed_names)
+            .field("username_headers", &self.username_headers)
+            .field("group_headers", &self.group_headers)
+            .field("extra_headers_prefixes", &self.extra_headers_prefixes)
+            .finish_non_exhaustive()
+    }
+}
+
+fn verifier(ca_pem: &str) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
+    let mut roots = RootCertStore::empty();
+    for cert in crate::tls::load_certs(ca_pem.as_bytes())? {
+        roots.add(cert)?;
+    }
+    Ok(WebPkiClientVerifier::builder(Arc::new(roots)).build()?)
+}
+
+impl RequestHeaderConfig {
+    /// kube-apiserver's defaults for the header names.
+    pub fn new(ca_pem: &str, allowed_names: Vec<String>) -> anyhow::Result<Self> {
+        Ok(Self {
+            ca_pem: ca_pem.to_owned(),
+            verifier: verifier(ca_pem)?,
+            allowed_names,
+            username_headers: vec!["X-Remote-User".into()],
+            uid_headers: vec!["X-Remote-Uid".into()],
+            group_headers: vec!["X-Remote-Group".into()],
+            extra_headers_prefixes: vec!["X-Remote-Extra-".into()],
+        })
+    }
+}
+
+/// A client CA: certificates it signed authenticate as CN / O.
+#[derive(Clone)]
+pub struct ClientCa {
+    pub ca_pem: String,
+    verifier: Arc<dyn ClientCertVerifier>,
+}
+
+impl ClientCa {
+    pub fn new(ca_pem: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            ca_pem: ca_pem.to_owned(),
+            verifier: verifier(ca_pem)?,
+        })
+    }
+}
+
+impl std::fmt::Debug for ClientCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCa").finish_non_exhaustive()
+    }
+}
+
+/// Everything authentication trusts; replaced whole when its sources change.
+#[derive(Debug, Clone, Default)]
+pub struct AuthnConfig {
+    pub request_header: Option<RequestHeaderConfig>,
+    pub client_cas: Vec<ClientCa>,
+}
+
+impl AuthnConfig {
+    /// PEM of every CA whose client certificates the TLS handshake accepts.
+    pub fn handshake_cas(&self) -> Vec<String> {
+        self.request_header
+            .iter()
+            .map(|r| r.ca_pem.clone())
+            .chain(self.client_cas.iter().map(|c| c.ca_pem.clone()))
+            .collect()
+    }
+}
+
+/// What a connection's certificate is, decided once per connection and config generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertIdentity {
+    None,
+    /// Signed by the request-header CA with an allowed CN: trust `X-Remote-*`.
+    FrontProxy,
+    User(UserInfo),
+}
+
+fn subject_names(cert: &CertificateDer<'_>) -> Option<(String, Vec<String>)> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let subject = parsed.subject();
+    let cn = subject
+        .iter_common_name()
+        .next()
+        .and_then(|a| a.as_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let orgs = subject
+        .iter_organization()
+        .filter_map(|a| a.as_str().ok().map(str::to_owned))
+        .collect();
+    Some((cn, orgs))
+}
+
+fn verifies(verifier: &dyn ClientCertVerifier, chain: &[CertificateDer<'static>]) -> bool {
+    match chain.split_first() {
+        Some((leaf, intermediates)) => verifier
+            .verify_client_cert(leaf, intermediates, UnixTime::now())
+            .is_ok(),
+        None => false,
+    }
+}
+
+pub fn classify(config: &AuthnConfig, chain: &[CertificateDer<'static>]) -> CertIdentity {
+    let Some(leaf) = chain.first() else {
+        return CertIdentity::None;
+    };
+    let Some((cn, orgs)) = subject_names(leaf) else {
+        return CertIdentity::None;
+    };
+    if let Some(rh) = &config.request_header
+        && verifies(rh.verifier.as_ref(), chain)
+        && (rh.allowed_names.is_empty() || rh.allowed_names.contains(&cn))
+    {
+        return CertIdentity::FrontProxy;
+    }
+    if !cn.is_empty()
+        && config
+            .client_cas
+            .iter()
+            .any(|ca| verifies(ca.verifier.as_ref(), chain))
+    {
+        let mut groups = orgs;
+        groups.push("system:authenticated".into());
+        return CertIdentity::User(UserInfo {
+            name: cn,
+            groups,
+            ..Default::default()
+        });
+    }
+    CertIdentity::None
+}
+
+/// `X-Remote-Extra-` keys: lower-cased, then percent-decoded (as the aggregator escapes them).
+fn extra_key(raw: &str) -> String {
+    percent_encoding::percent_decode_str(&raw.to_ascii_lowercase())
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+fn header_values<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {
+    headers.get_all(name).iter().filter_map(|v| v.to_str().ok())
+}
+
+/// The user a trusted front proxy names in the request headers.
+pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> Option<UserInfo> {
+    let first = |names: &[String]| {
+        names
+            .iter()
+            .flat_map(|n| header_values(headers, n))
+            .find(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    let name = first(&config.username_headers)?;
+    let groups = config
+        .group_headers
+        .iter()
+        .flat_map(|n| header_values(headers, n))
+        .map(str::to_owned)
+        .collect();
+    let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (header, value) in headers {
+        let lower = header.as_str();
+        for prefix in &config.extra_headers_prefixes {
+            let prefix = prefix.to_ascii_lowercase();
+            if let Some(rest) = lower.strip_prefix(&prefix)
+                && !rest.is_empty()
+                && let Ok(value) = value.to_str()
+            {
+                extra
+                    .entry(extra_key(rest))
+                    .or_default()
+                    .push(value.to_owned());
+            }
+        }
+    }
+    Some(UserInfo {
+        name,
+        uid: first(&config.uid_headers).unwrap_or_default(),
+        groups,
+        extra,
+    })
+}
+
+/// Headers only a verified front proxy may set; removed from every other request.
+pub fn strip_identity_headers(config: Option<&RequestHeaderConfig>, headers: &mut HeaderMap) {
+    let defaults = RequestHeaderConfig {
+        ca_pem: String::new(),
+        verifier: Arc::new(NoVerifier),
+        allowed_names: Vec::new(),
+        username_headers: vec!["X-Remote-User".into()],
+        uid_headers: vec!["X-Remote-Uid".into()],
+        group_headers: vec!["X-Remote-Group".into()],
+        extra_headers_prefixes: vec!["X-Remote-Extra-".into()],
+    };
+    for config in [Some(&defaults), config].into_iter().flatten() {
+        for name in config
+            .username_headers
+            .iter()
+            .chain(&config.uid_headers)
+            .chain(&config.group_headers)
+        {
+            headers.remove(name.as_str());
+        }
+        let prefixes: Vec<String> = config
+            .extra_headers_prefixes
+            .iter()
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        let extra: Vec<_> = headers
+            .keys()
+            .filter(|k| prefixes.iter().any(|p| k.as_str().starts_with(p.as_str())))
+            .cloned()
+            .collect();
+        for name in extra {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Stands in where a config exists only for its header names.
+#[derive(Debug)]
+struct NoVerifier;
+
+impl ClientCertVerifier for NoVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        Err(rustls::Error::General("not a verifier".into()))
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("not a verifier".into()))
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("not a verifier".into()))
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        Vec::new()
+    }
+}
+
+/// SHA-256 of a bearer token: the cache never holds tokens themselves.
+type TokenHash = [u8; 32];
+
+/// TokenReview with a small cache, as `--authentication-token-webhook-cache-ttl` (10 s).
+pub struct TokenReviewer {
+    client: kube::Client,
+    ttl: Duration,
+    cache: Mutex<HashMap<TokenHash, (Option<UserInfo>, Instant)>>,
+}
+
+const CACHE_LIMIT: usize = 10_000;
+
+impl TokenReviewer {
+    pub fn new(client: kube::Client, ttl: Duration) -> Self {
+        Self {
+            client,
+            ttl,
+            cache: Mutex::default(),
+        }
+    }
+
+    pub async fn review(&self, token: &str) -> Result<Option<UserInfo>, Error> {
+        let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        if let Ok(cache) = self.cache.lock()
+            && let Some((user, at)) = cache.get(&key)
+            && at.elapsed() < self.ttl
+        {
+            return Ok(user.clone());
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: token.to_owned(),
+                audiences: None,
+            },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "TokenReview failed");
+                Error::Unauthorized("Unauthorized".into())
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        let user = if status.authenticated == Some(true) {
+            status.user.map(|u| UserInfo {
+                name: u.username.unwrap_or_default(),
+                uid: u.uid.unwrap_or_default(),
+                groups: u.groups.unwrap_or_default(),
+                extra: u.extra.unwrap_or_default().into_iter().collect(),
+            })
+        } else {
+            None
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= CACHE_LIMIT {
+                cache.clear();
+            }
+            cache.insert(key, (user.clone(), Instant::now()));
+        }
+        Ok(user)
+    }
+}
+
+pub struct Authenticator {
+    pub config: ArcSwap<AuthnConfig>,
+    /// Bumped on every config change, so per-connection verdicts are recomputed.
+    generation: std::sync::atomic::AtomicU64,
+    pub tokens: Option<TokenReviewer>,
+}
+
+impl Authenticator {
+    pub fn new(config: AuthnConfig, tokens: Option<TokenReviewer>) -> Self {
+        Self {
+            config: ArcSwap::from_pointee(config),
+            generation: std::sync::atomic::AtomicU64::new(1),
+            tokens,
+        }
+    }
+
+    pub fn set_config(&self, config: AuthnConfig) {
+        self.config.store(Arc::new(config));
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn cert_identity(&self, peer: &PeerCertificates, config: &AuthnConfig) -> CertIdentity {
+        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
+        if let Ok(cached) = peer.verdict.lock()
+            && let Some((g, identity)) = cached.as_ref()
+            && *g == generation
+        {
+            return identity.clone();
+        }
+        let identity = classify(config, &peer.chain);
+        if let Ok(mut cached) = peer.verdict.lock() {
+            *cached = Some((generation, identity.clone()));
+        }
+        identity
+    }
+
+    /// The user, or None for anonymous. Identity headers are stripped unless a verified front
+    /// proxy sent them.
+    pub async fn authenticate(
+        &self,
+        peer: Option<&PeerCertificates>,
+        headers: &mut HeaderMap,
+    ) -> Result<Option<UserInfo>, Error> {
+        let config = self.config.load_full();
+        let identity = peer.map_or(CertIdentity::None, |p| self.cert_identity(p, &config));
+        if identity == CertIdentity::FrontProxy
+            && let Some(rh) = &config.request_header
+        {
+            let user = user_from_headers(rh, headers);
+            strip_identity_headers(Some(rh), headers);
+            if user.is_some() {
+                return Ok(user);
+            }
+        } else {
+            strip_identity_headers(config.request_header.as_ref(), headers);
+        }
+        if let CertIdentity::User(user) = identity {
+            return Ok(Some(user));
+        }
+        let bearer = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        if let (Some(token), Some(reviewer)) = (bearer, &self.tokens) {
+            return reviewer.review(token).await;
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn headers_become_a_user() {
+        crate::tls::install_default_provider();
+        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
+        let config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.append("x-remote-user", HeaderValue::from_static("alice"));
+        headers.append("x-remote-group", HeaderValue::from_static("dev"));
+        headers.append(
+            "x-remote-group",
+            HeaderValue::from_static("system:authenticated"),
+        );
+        headers.append(
+            "X-Remote-Extra-Authentication.kubernetes.io%2fcredential-Id",
+            HeaderValue::from_static("X509SHA256=abc"),
+        );
+        headers.append("x-remote-uid", HeaderValue::from_static("u-1"));
+        let user = user_from_headers(&config, &headers).unwrap();
+        assert_eq!(user.name, "alice");
+        assert_eq!(user.uid, "u-1");
+        assert_eq!(user.groups, ["dev", "system:authenticated"]);
+        assert_eq!(
+            user.extra["authentication.kubernetes.io/credential-id"],
+            ["X509SHA256=abc"]
+        );
+        strip_identity_headers(Some(&config), &mut headers);
+        assert!(headers.is_empty(), "{headers:?}");
+    }
+}

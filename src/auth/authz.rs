@@ -1,0 +1,244 @@
+//! Authorization by SubjectAccessReview, as k8s.io/apiserver's delegated authorizer: allow and
+//! deny answers are cached (10 s each by default), `system:masters` is always allowed, health
+//! paths are always allowed. Without a cluster only `system:masters` (the dev identity) is allowed.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::{Api, api::PostParams};
+
+use super::authn::UserInfo;
+use crate::{error::Error, request_info::RequestInfo};
+
+/// Paths anyone may call (`--authorization-always-allow-paths`).
+pub const ALWAYS_ALLOW_PATHS: &[&str] = &["/healthz", "/livez", "/readyz"];
+
+pub fn always_allowed(path: &str) -> bool {
+    ALWAYS_ALLOW_PATHS.iter().any(|p| {
+        path == *p
+            || path
+                .strip_prefix(p)
+                .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
+#[derive(Debug, Clone)]
+struct Decision {
+    allowed: bool,
+    reason: String,
+    at: Instant,
+}
+
+pub struct Authorizer {
+    client: Option<kube::Client>,
+    allow_ttl: Duration,
+    deny_ttl: Duration,
+    cache: Mutex<HashMap<String, Decision>>,
+    /// SubjectAccessReviews sent (for metrics and tests).
+    pub reviews: AtomicU64,
+}
+
+const CACHE_LIMIT: usize = 10_000;
+
+/// kube-apiserver's Forbidden message for a request.
+pub fn forbidden_message(user: &UserInfo, info: &RequestInfo, reason: &str) -> String {
+    let mut message = if info.is_resource_request {
+        let resource = if info.api_group.is_empty() {
+            info.resource.clone()
+        } else {
+            format!("{}.{}", info.resource, info.api_group)
+        };
+        let object = if info.name.is_empty() {
+            resource
+        } else {
+            format!("{resource} {:?}", info.name)
+        };
+        let scope = if info.namespace.is_empty() {
+            "at the cluster scope".to_owned()
+        } else {
+            format!("in the namespace {:?}", info.namespace)
+        };
+        let subresource = if info.subresource.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", info.subresource)
+        };
+        format!(
+            "{object} is forbidden: User {:?} cannot {} resource \"{}{subresource}\" in API group {:?} {scope}",
+            user.name, info.verb, info.resource, info.api_group
+        )
+    } else {
+        format!(
+            "forbidden: User {:?} cannot {} path {:?}",
+            user.name, info.verb, info.path
+        )
+    };
+    if !reason.is_empty() {
+        message.push_str(": ");
+        message.push_str(reason);
+    }
+    message
+}
+
+impl Authorizer {
+    pub fn new(client: Option<kube::Client>, allow_ttl: Duration, deny_ttl: Duration) -> Self {
+        Self {
+            client,
+            allow_ttl,
+            deny_ttl,
+            cache: Mutex::default(),
+            reviews: AtomicU64::new(0),
+        }
+    }
+
+    fn spec(user: &UserInfo, info: &RequestInfo) -> SubjectAccessReviewSpec {
+        SubjectAccessReviewSpec {
+            user: Some(user.name.clone()),
+            uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
+            groups: Some(user.groups.clone()),
+            extra: (!user.extra.is_empty()).then(|| user.extra.clone().into_iter().collect()),
+            resource_attributes: info.is_resource_request.then(|| ResourceAttributes {
+                namespace: Some(info.namespace.clone()),
+                verb: Some(info.verb.clone()),
+                group: Some(info.api_group.clone()),
+                version: Some(info.api_version.clone()),
+                resource: Some(info.resource.clone()),
+                subresource: Some(info.subresource.clone()),
+                name: Some(info.name.clone()),
+                ..Default::default()
+            }),
+            non_resource_attributes: (!info.is_resource_request).then(|| NonResourceAttributes {
+                path: Some(info.path.clone()),
+                verb: Some(info.verb.clone()),
+            }),
+        }
+    }
+
+    fn cache_key(spec: &SubjectAccessReviewSpec) -> String {
+        serde_json::to_string(spec).unwrap_or_default()
+    }
+
+    pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo) -> Result<(), Error> {
+        if always_allowed(&info.path) || user.is_system_masters() {
+            return Ok(());
+        }
+        let Some(client) = &self.client else {
+            return Err(Error::Forbidden(forbidden_message(
+                user,
+                info,
+                "this server runs without a cluster: only the development identity is allowed",
+            )));
+        };
+        let spec = Self::spec(user, info);
+        let key = Self::cache_key(&spec);
+        if let Ok(cache) = self.cache.lock()
+            && let Some(decision) = cache.get(&key)
+        {
+            let ttl = if decision.allowed {
+                self.allow_ttl
+            } else {
+                self.deny_ttl
+            };
+            if decision.at.elapsed() < ttl {
+                return self.verdict(decision, user, info);
+            }
+        }
+        self.reviews.fetch_add(1, Ordering::Relaxed);
+        let review = SubjectAccessReview {
+            spec,
+            ..Default::default()
+        };
+        let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "SubjectAccessReview failed");
+                Error::Internal(format!("authorization could not be checked: {e}"))
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        let decision = Decision {
+            allowed: status.allowed && status.denied != Some(true),
+            reason: status.reason.unwrap_or_default(),
+            at: Instant::now(),
+        };
+        if let Ok(mut cache) = self.cache.lock() {
+            if cache.len() >= CACHE_LIMIT {
+                cache.clear();
+            }
+            cache.insert(key, decision.clone());
+        }
+        self.verdict(&decision, user, info)
+    }
+
+    fn verdict(
+        &self,
+        decision: &Decision,
+        user: &UserInfo,
+        info: &RequestInfo,
+    ) -> Result<(), Error> {
+        if decision.allowed {
+            Ok(())
+        } else {
+            Err(Error::Forbidden(forbidden_message(
+                user,
+                info,
+                &decision.reason,
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Method;
+
+    use super::*;
+
+    #[test]
+    fn messages_read_like_kube_apiserver() {
+        let alice = UserInfo {
+            name: "alice".into(),
+            ..Default::default()
+        };
+        let list = RequestInfo::parse(
+            &Method::GET,
+            "/apis/farm.example.com/v1alpha/namespaces/default/llamas",
+            None,
+        );
+        assert_eq!(
+            forbidden_message(&alice, &list, ""),
+            "llamas.farm.example.com is forbidden: User \"alice\" cannot list resource \"llamas\" in API group \"farm.example.com\" in the namespace \"default\""
+        );
+        let get = RequestInfo::parse(
+            &Method::GET,
+            "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
+            None,
+        );
+        assert_eq!(
+            forbidden_message(&alice, &get, ""),
+            "llamas.farm.example.com \"dolly\" is forbidden: User \"alice\" cannot get resource \"llamas\" in API group \"farm.example.com\" in the namespace \"default\""
+        );
+        let all = RequestInfo::parse(
+            &Method::GET,
+            "/apis/farm.example.com/v1alpha/llamas",
+            Some("watch=true"),
+        );
+        assert!(forbidden_message(&alice, &all, "").ends_with("cannot watch resource \"llamas\" in API group \"farm.example.com\" at the cluster scope"));
+        let path = RequestInfo::parse(&Method::GET, "/metrics", None);
+        assert_eq!(
+            forbidden_message(&alice, &path, ""),
+            "forbidden: User \"alice\" cannot get path \"/metrics\""
+        );
+        assert!(always_allowed("/readyz") && always_allowed("/readyz/ping"));
+        assert!(!always_allowed("/readyzz") && !always_allowed("/metrics"));
+    }
+}
