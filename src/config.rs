@@ -94,6 +94,11 @@ pub struct Args {
     #[arg(long, env = "FARM_SYNTHETIC_PODS", conflicts_with = "kubeconfig")]
     pub synthetic_pods: Option<usize>,
 
+    /// Also start with this many generated Llamas `llama-<i>` in namespaces `bench-0..9`
+    /// (benchmarks).
+    #[arg(long, env = "FARM_SYNTHETIC_LLAMAS", default_value_t = 0)]
+    pub synthetic_llamas: usize,
+
     /// Start with an empty Llama store instead of the sample `default/dolly`.
     #[arg(long, env = "FARM_NO_SAMPLE_DATA")]
     pub no_sample_data: bool,
@@ -252,6 +257,7 @@ impl Args {
             farmpods,
             StateOptions {
                 sample_data: !self.no_sample_data,
+                synthetic_llamas: self.synthetic_llamas,
                 rest: self.rest_settings(),
                 auth,
             },

@@ -108,6 +108,8 @@ impl AuthOptions {
 pub struct StateOptions {
     /// Start with the sample Llama `default/dolly`.
     pub sample_data: bool,
+    /// Also start with this many generated Llamas (benchmarks).
+    pub synthetic_llamas: usize,
     pub rest: RestSettings,
     pub auth: Arc<Auth>,
 }
@@ -117,6 +119,7 @@ impl Default for StateOptions {
     fn default() -> Self {
         Self {
             sample_data: true,
+            synthetic_llamas: 0,
             rest: RestSettings::default(),
             auth: AuthOptions::default().build(),
         }
@@ -132,9 +135,13 @@ impl AppState {
     /// In-memory Llamas and the given FarmPod cache.
     pub fn with_farmpods(farmpods: Arc<PodCache>, options: StateOptions) -> (Self, Shutdown) {
         let llamas = MemoryStore::<Llama>::default();
+        // A fresh store cannot refuse these: the names are distinct. (The memory store's
+        // futures complete without waiting.)
         if options.sample_data {
-            // A fresh store cannot refuse its first object.
             let _ = futures::executor::block_on(llamas.create(llama::sample(), false));
+        }
+        for i in 0..options.synthetic_llamas {
+            let _ = futures::executor::block_on(llamas.create(llama::synthetic(i), false));
         }
         let (state, shutdown) = Self::from_stores(Arc::new(llamas), farmpods.clone(), options);
         for check in farmpods.readiness_checks() {

@@ -1,7 +1,6 @@
 //! The shipped manifests, rendered by the kustomize built into kubectl (offline), hold what an
 //! aggregated API server needs, in the right namespaces, and trust nothing insecurely.
 
-
 use std::process::Command;
 
 use serde_json::Value;

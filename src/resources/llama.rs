@@ -111,6 +111,15 @@ pub fn sample() -> Llama {
     }
 }
 
+/// Generated Llama `llama-<i>` in namespace `bench-<i % 10>`, for benchmarks.
+pub fn synthetic(i: usize) -> Llama {
+    let mut llama = sample();
+    llama.metadata.name = Some(format!("llama-{i}"));
+    llama.metadata.namespace = Some(format!("bench-{}", i % 10));
+    llama.spec.weight = 20.0 + (i % 100) as f32;
+    llama
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -149,6 +149,7 @@ impl TestServer {
             options.farmpods.unwrap_or_else(PodCache::without_cluster),
             StateOptions {
                 sample_data: options.sample_data,
+                synthetic_llamas: 0,
                 rest: RestSettings {
                     min_request_timeout: Duration::from_secs(1800),
                     bookmark_interval: options.bookmark_interval,
