@@ -90,8 +90,9 @@ pub struct Args {
     #[arg(long, env = "FARM_FARMPOD_NAMESPACES", value_delimiter = ',')]
     pub farmpod_namespaces: Vec<String>,
 
-    /// Serve this many synthetic FarmPods instead of a cluster's (benchmarks, demos).
-    #[arg(long, env = "FARM_SYNTHETIC_PODS", conflicts_with = "kubeconfig")]
+    /// Serve this many synthetic FarmPods instead of a cluster's (benchmarks, demos); a
+    /// configured cluster is then used for authentication and authorization only.
+    #[arg(long, env = "FARM_SYNTHETIC_PODS")]
     pub synthetic_pods: Option<usize>,
 
     /// Also start with this many generated Llamas `llama-<i>` in namespaces `bench-0..9`
@@ -154,7 +155,7 @@ impl Args {
 
     /// The cluster FarmPods come from: --kubeconfig, KUBECONFIG, or in-cluster config.
     async fn cluster_client(&self) -> anyhow::Result<Option<kube::Client>> {
-        if self.standalone || self.synthetic_pods.is_some() {
+        if self.standalone {
             return Ok(None);
         }
         let path = self

@@ -15,17 +15,46 @@ use prometheus_client::{
     registry::Registry,
 };
 
+// Static label values: a request's labels cost no allocation on the hot path.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub verb: String,
-    pub resource: String,
-    pub code: String,
+    pub verb: &'static str,
+    pub resource: &'static str,
+    pub code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DurationLabels {
-    pub verb: String,
-    pub resource: String,
+    pub verb: &'static str,
+    pub resource: &'static str,
+}
+
+/// Verbs as label values; anything else is `other` (label cardinality stays bounded).
+fn verb_label(verb: &str) -> &'static str {
+    match verb {
+        "get" => "get",
+        "list" => "list",
+        "watch" => "watch",
+        "create" => "create",
+        "update" => "update",
+        "patch" => "patch",
+        "delete" => "delete",
+        "deletecollection" => "deletecollection",
+        "post" => "post",
+        "put" => "put",
+        "head" => "head",
+        "options" => "options",
+        _ => "other",
+    }
+}
+
+fn resource_label(resource: &str) -> &'static str {
+    match resource {
+        "" => "",
+        "llamas" => "llamas",
+        "farmpods" => "farmpods",
+        _ => "other",
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,18 +126,16 @@ impl Metrics {
     }
 
     pub fn observe(&self, verb: &str, resource: &str, code: u16, seconds: f64) {
+        let (verb, resource) = (verb_label(verb), resource_label(resource));
         self.requests
             .get_or_create(&RequestLabels {
-                verb: verb.to_owned(),
-                resource: resource.to_owned(),
-                code: code.to_string(),
+                verb,
+                resource,
+                code,
             })
             .inc();
         self.durations
-            .get_or_create(&DurationLabels {
-                verb: verb.to_owned(),
-                resource: resource.to_owned(),
-            })
+            .get_or_create(&DurationLabels { verb, resource })
             .observe(seconds);
     }
 

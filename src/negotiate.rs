@@ -117,6 +117,15 @@ pub const NOT_ACCEPTABLE: &str = "only the following media types are accepted: a
 
 /// Picks the response shape for a get, list or watch.
 pub fn output(headers: &HeaderMap) -> Result<Output> {
+    // The common cases, without parsing.
+    let mut values = headers.get_all(header::ACCEPT).iter();
+    match (values.next().map(|v| v.as_bytes()), values.next()) {
+        (None, _) => return Ok(Output::Json),
+        (Some(b"application/json" | b"*/*" | b"application/json, */*"), None) => {
+            return Ok(Output::Json);
+        }
+        _ => {}
+    }
     for range in accept(headers) {
         if !range.accepts_json() {
             continue;

@@ -292,7 +292,10 @@ fn json_response(code: StatusCode, body: Vec<u8>) -> Response {
 }
 
 fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
-    serde_json::to_vec(value).map_err(|e| Error::Internal(format!("encoding response: {e}")))
+    let mut out = Vec::with_capacity(1024);
+    serde_json::to_writer(&mut out, value)
+        .map_err(|e| Error::Internal(format!("encoding response: {e}")))?;
+    Ok(out)
 }
 
 /// `items` of a list, serialized straight from the shared objects.

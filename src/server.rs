@@ -18,7 +18,7 @@ use axum::{
 use tokio::sync::watch as signal;
 
 use crate::{
-    auth::{self, Auth, AuthenticatedUser, Authenticator, AuthnConfig, Authorizer},
+    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer},
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
     health::{self, Health},
@@ -216,15 +216,19 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
     response
 }
 
-/// Metrics and one log line per request, labelled as kube-apiserver labels them.
-async fn observe(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
+/// Every request but the probes passes here once: who is it and may they (auth), then the
+/// handler, then metrics and one log line labelled as kube-apiserver labels them.
+async fn edge(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let info = RequestInfo::parse(
         request.method(),
         request.uri().path(),
         request.uri().query(),
     );
-    let response = next.run(request).await;
+    let (response, user) = match state.auth.check(&mut request, &info).await {
+        Ok(user) => (next.run(request).await, user),
+        Err((error, user)) => (error.into_response(), user),
+    };
     let elapsed = started.elapsed();
     let code = response.status().as_u16();
     let resource = if info.is_resource_request {
@@ -232,17 +236,16 @@ async fn observe(State(metrics): State<Arc<Metrics>>, request: Request, next: Ne
     } else {
         ""
     };
-    metrics.observe(&info.verb, resource, code, elapsed.as_secs_f64());
+    state
+        .metrics
+        .observe(&info.verb, resource, code, elapsed.as_secs_f64());
     let reason = response
         .extensions()
         .get::<ErrorReason>()
         .map_or("", |r| r.0);
-    let user = response
-        .extensions()
-        .get::<AuthenticatedUser>()
-        .map_or("", |u| u.0.name.as_str());
     tracing::info!(
-        user,
+        target: "farm_apiserver::request",
+        user = user.as_deref().map_or("", |u| u.name.as_str()),
         verb = %info.verb,
         resource,
         namespace = %info.namespace,
@@ -276,14 +279,7 @@ pub fn router(state: AppState) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics_handler).with_state(state.clone()))
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(
-            state.auth.clone(),
-            auth::middleware,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.metrics.clone(),
-            observe,
-        ));
+        .layer(middleware::from_fn_with_state(state.clone(), edge));
     // Probes come after the layer: kubelet polls them every few seconds; they are not traffic.
     api.merge(health::router(state.health.clone()))
 }

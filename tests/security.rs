@@ -229,6 +229,20 @@ async fn client_ca_certificates_authenticate_as_cn_and_o() {
 }
 
 #[tokio::test]
+async fn concurrent_first_requests_share_one_review() {
+    let s = setup().await;
+    let (cert, key) = s.server.dev_ca().issue_client("gina", &[]).unwrap();
+    let gina = client(&s.server, Some((cert, key)));
+    let replies = futures::future::join_all((0..32).map(|_| gina.get(LLAMAS, &[]))).await;
+    assert!(replies.iter().all(|r| r.status == 200));
+    assert_eq!(
+        s.fake.sar_count(),
+        1,
+        "one review for 32 concurrent identical requests"
+    );
+}
+
+#[tokio::test]
 async fn reviews_are_cached_allow_and_deny() {
     let s = setup().await;
     s.fake

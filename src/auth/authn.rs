@@ -238,76 +238,37 @@ pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> O
     })
 }
 
+/// kube-apiserver's default identity header names.
+const DEFAULT_NAMES: [&str; 3] = ["x-remote-user", "x-remote-uid", "x-remote-group"];
+const DEFAULT_EXTRA_PREFIX: &str = "x-remote-extra-";
+
 /// Headers only a verified front proxy may set; removed from every other request.
 pub fn strip_identity_headers(config: Option<&RequestHeaderConfig>, headers: &mut HeaderMap) {
-    let defaults = RequestHeaderConfig {
-        ca_pem: String::new(),
-        verifier: Arc::new(NoVerifier),
-        allowed_names: Vec::new(),
-        username_headers: vec!["X-Remote-User".into()],
-        uid_headers: vec!["X-Remote-Uid".into()],
-        group_headers: vec!["X-Remote-Group".into()],
-        extra_headers_prefixes: vec!["X-Remote-Extra-".into()],
+    let is_identity = |name: &str| {
+        DEFAULT_NAMES.contains(&name)
+            || name.starts_with(DEFAULT_EXTRA_PREFIX)
+            || config.is_some_and(|c| {
+                c.username_headers
+                    .iter()
+                    .chain(&c.uid_headers)
+                    .chain(&c.group_headers)
+                    .any(|h| h.eq_ignore_ascii_case(name))
+                    || c.extra_headers_prefixes
+                        .iter()
+                        .any(|p| name.len() > p.len() && name[..p.len()].eq_ignore_ascii_case(p))
+            })
     };
-    for config in [Some(&defaults), config].into_iter().flatten() {
-        for name in config
-            .username_headers
-            .iter()
-            .chain(&config.uid_headers)
-            .chain(&config.group_headers)
-        {
-            headers.remove(name.as_str());
-        }
-        let prefixes: Vec<String> = config
-            .extra_headers_prefixes
-            .iter()
-            .map(|p| p.to_ascii_lowercase())
-            .collect();
-        let extra: Vec<_> = headers
-            .keys()
-            .filter(|k| prefixes.iter().any(|p| k.as_str().starts_with(p.as_str())))
-            .cloned()
-            .collect();
-        for name in extra {
-            headers.remove(name);
-        }
+    // Header names are stored lower-case; most requests carry none of these.
+    if !headers.keys().any(|k| is_identity(k.as_str())) {
+        return;
     }
-}
-
-/// Stands in where a config exists only for its header names.
-#[derive(Debug)]
-struct NoVerifier;
-
-impl ClientCertVerifier for NoVerifier {
-    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
-        &[]
-    }
-    fn verify_client_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: UnixTime,
-    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
-        Err(rustls::Error::General("not a verifier".into()))
-    }
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("not a verifier".into()))
-    }
-    fn verify_tls13_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::General("not a verifier".into()))
-    }
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        Vec::new()
+    let names: Vec<_> = headers
+        .keys()
+        .filter(|k| is_identity(k.as_str()))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
     }
 }
 

@@ -4,12 +4,15 @@
 
 use std::{
     collections::HashMap,
+    fmt::Write,
     sync::{
-        Mutex,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
+
+use tokio::sync::OnceCell;
 
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
@@ -42,7 +45,9 @@ pub struct Authorizer {
     client: Option<kube::Client>,
     allow_ttl: Duration,
     deny_ttl: Duration,
-    cache: Mutex<HashMap<String, Decision>>,
+    /// One cell per distinct review: concurrent requests wait for the same review instead of
+    /// each sending one.
+    cache: Mutex<HashMap<String, Arc<OnceCell<Decision>>>>,
     /// SubjectAccessReviews sent (for metrics and tests).
     pub reviews: AtomicU64,
 }
@@ -123,8 +128,43 @@ impl Authorizer {
         }
     }
 
-    fn cache_key(spec: &SubjectAccessReviewSpec) -> String {
-        serde_json::to_string(spec).unwrap_or_default()
+    /// Everything a review depends on, NUL-separated.
+    fn cache_key(user: &UserInfo, info: &RequestInfo) -> String {
+        let mut key = String::with_capacity(160);
+        let _ = write!(key, "{}\0{}\0", user.name, user.uid);
+        for group in &user.groups {
+            let _ = write!(key, "{group}\x01");
+        }
+        for (k, values) in &user.extra {
+            let _ = write!(key, "\0{k}=");
+            for v in values {
+                let _ = write!(key, "{v}\x01");
+            }
+        }
+        if info.is_resource_request {
+            let _ = write!(
+                key,
+                "\0r\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+                info.verb,
+                info.namespace,
+                info.api_group,
+                info.api_version,
+                info.resource,
+                info.subresource,
+                info.name
+            );
+        } else {
+            let _ = write!(key, "\0n\0{}\0{}", info.verb, info.path);
+        }
+        key
+    }
+
+    fn ttl(&self, decision: &Decision) -> Duration {
+        if decision.allowed {
+            self.allow_ttl
+        } else {
+            self.deny_ttl
+        }
     }
 
     pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo) -> Result<(), Error> {
@@ -138,45 +178,51 @@ impl Authorizer {
                 "this server runs without a cluster: only the development identity is allowed",
             )));
         };
-        let spec = Self::spec(user, info);
-        let key = Self::cache_key(&spec);
-        if let Ok(cache) = self.cache.lock()
-            && let Some(decision) = cache.get(&key)
-        {
-            let ttl = if decision.allowed {
-                self.allow_ttl
-            } else {
-                self.deny_ttl
-            };
-            if decision.at.elapsed() < ttl {
-                return self.verdict(decision, user, info);
+        let key = Self::cache_key(user, info);
+        let cell = {
+            let mut cache = self
+                .cache
+                .lock()
+                .map_err(|_| Error::Internal("authorization cache lock poisoned".into()))?;
+            let fresh = cache
+                .get(&key)
+                .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))
+                .cloned();
+            match fresh {
+                Some(cell) => cell,
+                None => {
+                    if cache.len() >= CACHE_LIMIT {
+                        cache.clear();
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    cache.insert(key, cell.clone());
+                    cell
+                }
             }
-        }
-        self.reviews.fetch_add(1, Ordering::Relaxed);
-        let review = SubjectAccessReview {
-            spec,
-            ..Default::default()
         };
-        let reviewed = Api::<SubjectAccessReview>::all(client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| {
-                tracing::warn!(error = %e, "SubjectAccessReview failed");
-                Error::Internal(format!("authorization could not be checked: {e}"))
-            })?;
-        let status = reviewed.status.unwrap_or_default();
-        let decision = Decision {
-            allowed: status.allowed && status.denied != Some(true),
-            reason: status.reason.unwrap_or_default(),
-            at: Instant::now(),
-        };
-        if let Ok(mut cache) = self.cache.lock() {
-            if cache.len() >= CACHE_LIMIT {
-                cache.clear();
-            }
-            cache.insert(key, decision.clone());
-        }
-        self.verdict(&decision, user, info)
+        let decision = cell
+            .get_or_try_init(|| async {
+                self.reviews.fetch_add(1, Ordering::Relaxed);
+                let review = SubjectAccessReview {
+                    spec: Self::spec(user, info),
+                    ..Default::default()
+                };
+                let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| {
+                        tracing::warn!(error = %e, "SubjectAccessReview failed");
+                        Error::Internal(format!("authorization could not be checked: {e}"))
+                    })?;
+                let status = reviewed.status.unwrap_or_default();
+                Ok::<_, Error>(Decision {
+                    allowed: status.allowed && status.denied != Some(true),
+                    reason: status.reason.unwrap_or_default(),
+                    at: Instant::now(),
+                })
+            })
+            .await?;
+        self.verdict(decision, user, info)
     }
 
     fn verdict(

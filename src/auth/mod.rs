@@ -7,11 +7,7 @@ pub mod source;
 
 use std::sync::Arc;
 
-use axum::{
-    extract::{Request, State},
-    middleware::Next,
-    response::{IntoResponse, Response},
-};
+use axum::extract::Request;
 
 pub use authn::{Authenticator, AuthnConfig, ClientCa, RequestHeaderConfig, UserInfo};
 pub use authz::Authorizer;
@@ -27,41 +23,31 @@ pub struct Auth {
 #[derive(Debug, Clone)]
 pub struct AuthenticatedUser(pub Arc<UserInfo>);
 
-pub async fn middleware(
-    State(auth): State<Arc<Auth>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let peer = request.extensions().get::<PeerCertificates>().cloned();
-    let user = match auth
-        .authn
-        .authenticate(peer.as_ref(), request.headers_mut())
-        .await
-    {
-        Ok(user) => user,
-        Err(error) => return error.into_response(),
-    };
-    let info = RequestInfo::parse(
-        request.method(),
-        request.uri().path(),
-        request.uri().query(),
-    );
-    let Some(user) = user else {
-        if authz::always_allowed(&info.path) {
-            return next.run(request).await;
+impl Auth {
+    /// Authenticates and authorizes one request: Ok(None) for an anonymous call to an
+    /// always-allowed path, the user otherwise; 401/403 as errors. Identity headers are
+    /// stripped unless a verified front proxy sent them.
+    pub async fn check(
+        &self,
+        request: &mut Request,
+        info: &RequestInfo,
+    ) -> Result<Option<Arc<UserInfo>>, (Error, Option<Arc<UserInfo>>)> {
+        let peer = request.extensions().get::<PeerCertificates>().cloned();
+        let user = self
+            .authn
+            .authenticate(peer.as_ref(), request.headers_mut())
+            .await
+            .map_err(|e| (e, None))?;
+        let Some(user) = user else {
+            if authz::always_allowed(&info.path) {
+                return Ok(None);
+            }
+            return Err((Error::Unauthorized("Unauthorized".into()), None));
+        };
+        let user = Arc::new(user);
+        match self.authz.authorize(&user, info).await {
+            Ok(()) => Ok(Some(user)),
+            Err(error) => Err((error, Some(user))),
         }
-        return Error::Unauthorized("Unauthorized".into()).into_response();
-    };
-    let user = Arc::new(user);
-    let mut response = match auth.authz.authorize(&user, &info).await {
-        Ok(()) => {
-            request
-                .extensions_mut()
-                .insert(AuthenticatedUser(user.clone()));
-            next.run(request).await
-        }
-        Err(error) => error.into_response(),
-    };
-    response.extensions_mut().insert(AuthenticatedUser(user));
-    response
+    }
 }

@@ -1,0 +1,953 @@
+//! farm-apiserver's benchmark: every figure next to a ceiling measured in the same run,
+//! interleaved round by round, as a ratio; server CPU time per request from /proc/<pid>/stat.
+//!
+//! `bench/run` builds both binaries in release mode and runs `farm-bench run`.
+
+mod ceiling;
+mod client;
+mod fake;
+mod procfs;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use clap::{Parser, Subcommand};
+use client::{Conn, Load, Proto, Target, closed_loop, percentile};
+use farm_apiserver::tls::{self, DevCa};
+use serde::Serialize;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(name = "farm-bench", about = "farm-apiserver's benchmark harness")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the scenarios and print (and write) the results.
+    Run(RunArgs),
+    /// Serve the ceiling (used by `run`).
+    Ceiling {
+        #[arg(long)]
+        cert: PathBuf,
+        #[arg(long)]
+        key: PathBuf,
+        /// Client CA PEM files, as farm-apiserver trusts them.
+        #[arg(long)]
+        client_ca: Vec<PathBuf>,
+    },
+}
+
+#[derive(Parser, Clone)]
+struct RunArgs {
+    /// The farm-apiserver binary.
+    #[arg(
+        long,
+        env = "FARM_BENCH_SERVER",
+        default_value = "target/release/farm-apiserver"
+    )]
+    server: PathBuf,
+    /// Rounds per comparison (server and ceiling alternate; medians are reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Measured seconds per run (after a warmup of a quarter of it).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Where the JSON results go.
+    #[arg(long, default_value = "target/bench/results.json")]
+    output: PathBuf,
+    /// Only these scenarios (1-7); default all.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<u32>,
+    /// Llamas for the large pagination run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pagination_large: usize,
+}
+
+// ---- processes ----
+
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Certificates and identities shared by every process of a run.
+struct Pki {
+    dir: tempfile::TempDir,
+    server_ca: String,
+    proxy: (String, String),
+    kubeconfig: PathBuf,
+}
+
+impl Pki {
+    fn cert_dir(&self) -> PathBuf {
+        self.dir.path().join("server")
+    }
+}
+
+async fn setup_pki(fake_addr: SocketAddr) -> Result<Pki> {
+    let dir = tempfile::tempdir()?;
+    // The server's dev certs, made up front so the server reuses them and the ceiling shares them.
+    let server_ca =
+        tls::ensure_dev_certificates(&dir.path().join("server"), "https://127.0.0.1:1")?;
+    let proxy_ca = DevCa::load_or_create(&dir.path().join("proxy"))?;
+    let proxy = proxy_ca.issue_client("front-proxy-client", &[])?;
+    let kubeconfig = dir.path().join("fake.kubeconfig");
+    std::fs::write(&kubeconfig, fake::kubeconfig(fake_addr))?;
+    Ok(Pki {
+        dir,
+        server_ca,
+        proxy,
+        kubeconfig,
+    })
+}
+
+/// Identity headers the front proxy sends: a user outside system:masters, so every request is
+/// authorized (by SubjectAccessReview, then from the cache).
+fn proxy_headers() -> Vec<(String, String)> {
+    vec![
+        ("X-Remote-User".into(), "bench-user".into()),
+        ("X-Remote-Group".into(), "bench-group".into()),
+        ("X-Remote-Group".into(), "system:authenticated".into()),
+    ]
+}
+
+fn target(pki: &Pki, addr: SocketAddr) -> Result<Target> {
+    Target::new(addr, &pki.server_ca, &pki.proxy, proxy_headers())
+}
+
+/// Starts farm-apiserver; returns it and the time until /readyz answered 200.
+async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc, Duration)> {
+    let port = free_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let started = Instant::now();
+    let child = Command::new(&args.server)
+        .arg("--bind")
+        .arg(addr.to_string())
+        .arg("--cert-dir")
+        .arg(pki.cert_dir())
+        .arg("--requestheader-client-ca-file")
+        .arg(pki.dir.path().join("proxy").join("ca.crt"))
+        .args(["--requestheader-allowed-names", "front-proxy-client"])
+        .arg("--kubeconfig")
+        .arg(&pki.kubeconfig)
+        .args(["--log-level", "warn"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", args.server.display()))?;
+    let proc = Proc { child, addr };
+    let t = target(pki, addr)?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(mut conn) = t.connect(Proto::H1).await
+            && let Ok(reply) = conn.get("/readyz", &[]).await
+            && reply.status == 200
+        {
+            return Ok((proc, started.elapsed()));
+        }
+        if Instant::now() > deadline {
+            bail!("farm-apiserver did not become ready");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn start_ceiling(pki: &Pki) -> Result<Proc> {
+    use std::io::BufRead;
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .arg("ceiling")
+        .arg("--cert")
+        .arg(pki.cert_dir().join(tls::TLS_CERT))
+        .arg("--key")
+        .arg(pki.cert_dir().join(tls::TLS_KEY))
+        .arg("--client-ca")
+        .arg(pki.dir.path().join("proxy").join("ca.crt"))
+        .arg("--client-ca")
+        .arg(pki.cert_dir().join(tls::CA_CERT))
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().context("ceiling stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(stdout).read_line(&mut line)?;
+    let port: u16 = line
+        .trim()
+        .strip_prefix("listening ")
+        .context("ceiling did not start")?
+        .parse()?;
+    Ok(Proc {
+        child,
+        addr: format!("127.0.0.1:{port}").parse()?,
+    })
+}
+
+// ---- measurement ----
+
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+struct Stats {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    cpu_us_per_request: f64,
+    bytes: usize,
+    errors: u64,
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn medians(runs: &[Stats]) -> Stats {
+    let pick = |f: fn(&Stats) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    Stats {
+        rps: pick(|s| s.rps),
+        p50_us: pick(|s| s.p50_us),
+        p99_us: pick(|s| s.p99_us),
+        cpu_us_per_request: pick(|s| s.cpu_us_per_request),
+        bytes: runs.iter().map(|s| s.bytes).max().unwrap_or(0),
+        errors: runs.iter().map(|s| s.errors).sum(),
+    }
+}
+
+/// One closed-loop run against `proc`, with its CPU time over exactly the measured window.
+async fn measure(
+    args: &RunArgs,
+    t: &Target,
+    pid: u32,
+    proto: Proto,
+    connections: usize,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> Result<Stats> {
+    let mut conns: Vec<Conn> = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        conns.push(t.connect(proto).await?);
+    }
+    let measured = Duration::from_secs_f64(args.seconds);
+    let start = Instant::now() + measured / 4;
+    let end = start + measured;
+    let sampler = tokio::spawn(async move {
+        tokio::time::sleep_until(start.into()).await;
+        let before = procfs::cpu_seconds(pid);
+        tokio::time::sleep_until(end.into()).await;
+        let after = procfs::cpu_seconds(pid);
+        after.zip(before).map(|(a, b)| a - b)
+    });
+    let load: Load = closed_loop(conns, path, extra, start, end).await?;
+    let cpu = sampler.await?.unwrap_or(f64::NAN);
+    Ok(Stats {
+        rps: load.rps(),
+        p50_us: load.percentile_us(50.0),
+        p99_us: load.percentile_us(99.0),
+        cpu_us_per_request: cpu * 1e6 / load.requests.max(1) as f64,
+        bytes: load.response_bytes,
+        errors: load.errors,
+    })
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Comparison {
+    scenario: String,
+    variant: String,
+    server: Stats,
+    ceiling: Stats,
+    rps_ratio: f64,
+    cpu_ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Metric {
+    scenario: String,
+    name: String,
+    value: f64,
+    unit: String,
+    target: String,
+    met: Option<bool>,
+}
+
+#[derive(Default, Serialize)]
+struct Report {
+    comparisons: Vec<Comparison>,
+    metrics: Vec<Metric>,
+}
+
+impl Report {
+    fn metric(
+        &mut self,
+        scenario: &str,
+        name: &str,
+        value: f64,
+        unit: &str,
+        target: &str,
+        met: Option<bool>,
+    ) {
+        println!(
+            "  {name}: {value:.3} {unit}  (target {target}{})",
+            match met {
+                Some(true) => ", met",
+                Some(false) => ", MISSED",
+                None => "",
+            }
+        );
+        self.metrics.push(Metric {
+            scenario: scenario.into(),
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            target: target.into(),
+            met,
+        });
+    }
+}
+
+/// Alternates server and ceiling `rounds` times; the ceiling answers with as many bytes as the
+/// server did.
+#[allow(clippy::too_many_arguments)]
+async fn compare(
+    args: &RunArgs,
+    report: &mut Report,
+    scenario: &str,
+    variant: &str,
+    server: (&Target, u32),
+    ceiling: (&Target, u32),
+    proto: Proto,
+    connections: usize,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> Result<Comparison> {
+    let mut server_runs = Vec::new();
+    let mut ceiling_runs = Vec::new();
+    for _ in 0..args.rounds {
+        let s = measure(args, server.0, server.1, proto, connections, path, extra).await?;
+        let ceiling_path = format!("/?size={}", s.bytes);
+        let c = measure(
+            args,
+            ceiling.0,
+            ceiling.1,
+            proto,
+            connections,
+            &ceiling_path,
+            &[],
+        )
+        .await?;
+        server_runs.push(s);
+        ceiling_runs.push(c);
+    }
+    let (s, c) = (medians(&server_runs), medians(&ceiling_runs));
+    let comparison = Comparison {
+        scenario: scenario.into(),
+        variant: variant.into(),
+        server: s,
+        ceiling: c,
+        rps_ratio: s.rps / c.rps,
+        cpu_ratio: s.cpu_us_per_request / c.cpu_us_per_request,
+    };
+    println!(
+        "  {variant:<34} server {:>9.0} req/s p50 {:>6.0}µs p99 {:>6.0}µs cpu {:>6.1}µs/req {:>7}B | ceiling {:>9.0} req/s p99 {:>6.0}µs cpu {:>6.1}µs/req | ratio rps {:.2} cpu {:.2}{}",
+        s.rps,
+        s.p50_us,
+        s.p99_us,
+        s.cpu_us_per_request,
+        s.bytes,
+        c.rps,
+        c.p99_us,
+        c.cpu_us_per_request,
+        comparison.rps_ratio,
+        comparison.cpu_ratio,
+        if s.errors > 0 {
+            format!(" ({} errors)", s.errors)
+        } else {
+            String::new()
+        }
+    );
+    report.comparisons.push(comparison.clone());
+    Ok(comparison)
+}
+
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+
+fn wants(args: &RunArgs, n: u32) -> bool {
+    args.only.is_empty() || args.only.contains(&n)
+}
+
+async fn create_llamas(t: &Target, namespace: &str, count: usize) -> Result<()> {
+    let mut conns = Vec::new();
+    for _ in 0..8 {
+        conns.push(t.connect(Proto::H2).await?);
+    }
+    let mut tasks = Vec::new();
+    for (c, mut conn) in conns.into_iter().enumerate() {
+        let namespace = namespace.to_owned();
+        tasks.push(tokio::spawn(async move {
+            for i in (c..count).step_by(8) {
+                let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                    "metadata": {"name": format!("l-{i:05}"), "labels": {"herd": format!("h{}", i % 10)}},
+                    "spec": {"weight": 10.0 + i as f64, "height": 1.5}});
+                let reply = conn
+                    .send(
+                        "POST",
+                        &format!("/apis/farm.example.com/v1alpha/namespaces/{namespace}/llamas"),
+                        &[("content-type", "application/json")],
+                        Bytes::from(body.to_string()),
+                    )
+                    .await?;
+                anyhow::ensure!(reply.status == 201, "create returned {}", reply.status);
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    anyhow::ensure!(
+        args.server.exists(),
+        "{} not found: build it with `cargo build --release` (bench/run does)",
+        args.server.display()
+    );
+    let (fake_addr, fake) = fake::start().await?;
+    let pki = setup_pki(fake_addr).await?;
+    let mut report = Report::default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "farm-bench: {cpus} CPUs, {} rounds × {:.1}s, medians",
+        args.rounds, args.seconds
+    );
+
+    let ceiling = start_ceiling(&pki)?;
+    let ceiling_t = target(&pki, ceiling.addr)?;
+    let (server, startup) = start_server(&args, &pki, &["--synthetic-pods", "10000"]).await?;
+    let server_t = target(&pki, server.addr)?;
+    let s = (&server_t, server.pid());
+    let c = (&ceiling_t, ceiling.pid());
+
+    if wants(&args, 1) {
+        println!(
+            "1. GET one Llama, 64 keep-alive connections (front-proxy identity, SubjectAccessReview cached)"
+        );
+        for proto in [Proto::H1, Proto::H2] {
+            let cmp = compare(
+                &args,
+                &mut report,
+                "1-get",
+                &format!("GET llama {}", proto.name()),
+                s,
+                c,
+                proto,
+                64,
+                "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
+                &[("accept", "application/json")],
+            )
+            .await?;
+            report.metric(
+                "1-get",
+                &format!("{} rps ratio", proto.name()),
+                cmp.rps_ratio,
+                "×ceiling",
+                "≥ 0.8",
+                Some(cmp.rps_ratio >= 0.8),
+            );
+            report.metric(
+                "1-get",
+                &format!("{} cpu ratio", proto.name()),
+                cmp.cpu_ratio,
+                "×ceiling",
+                "≤ 1.4",
+                Some(cmp.cpu_ratio <= 1.4),
+            );
+            report.metric(
+                "1-get",
+                &format!("{} p99", proto.name()),
+                cmp.server.p99_us / 1000.0,
+                "ms",
+                "≤ 2",
+                Some(cmp.server.p99_us <= 2000.0),
+            );
+        }
+        println!(
+            "  SubjectAccessReviews sent by the server so far: {}",
+            fake.reviews.load(std::sync::atomic::Ordering::Relaxed)
+        );
+    }
+
+    if wants(&args, 2) {
+        println!("2. LIST 1,000 Llamas (16 connections, h2)");
+        create_llamas(&server_t, "herd", 1000).await?;
+        let path = "/apis/farm.example.com/v1alpha/namespaces/herd/llamas";
+        let json = compare(
+            &args,
+            &mut report,
+            "2-list",
+            "LIST 1000 llamas JSON",
+            s,
+            c,
+            Proto::H2,
+            16,
+            path,
+            &[("accept", "application/json")],
+        )
+        .await?;
+        let table = compare(
+            &args,
+            &mut report,
+            "2-list",
+            "LIST 1000 llamas Table",
+            s,
+            c,
+            Proto::H2,
+            16,
+            path,
+            &[("accept", TABLE)],
+        )
+        .await?;
+        for (name, cmp) in [("JSON", json), ("Table", table)] {
+            report.metric(
+                "2-list",
+                &format!("{name} rps ratio at equal bytes"),
+                cmp.rps_ratio,
+                "×ceiling",
+                "≥ 0.5",
+                Some(cmp.rps_ratio >= 0.5),
+            );
+        }
+    }
+
+    if wants(&args, 3) {
+        println!("3. LIST 10,000 FarmPods from the cache (synthetic Pods; no cluster calls)");
+        let reviews_before = fake.reviews.load(std::sync::atomic::Ordering::Relaxed);
+        let all = compare(
+            &args,
+            &mut report,
+            "3-farmpods",
+            "LIST 10000 farmpods JSON",
+            s,
+            c,
+            Proto::H2,
+            16,
+            "/apis/farm.example.com/v1alpha/farmpods",
+            &[("accept", "application/json")],
+        )
+        .await?;
+        let selected = compare(
+            &args,
+            &mut report,
+            "3-farmpods",
+            "-A -l app=app-7 Table",
+            s,
+            c,
+            Proto::H2,
+            16,
+            "/apis/farm.example.com/v1alpha/farmpods?labelSelector=app%3Dapp-7&limit=500",
+            &[("accept", TABLE)],
+        )
+        .await?;
+        for (name, cmp) in [("all", all), ("label selector", selected)] {
+            report.metric(
+                "3-farmpods",
+                &format!("{name} rps ratio at equal bytes"),
+                cmp.rps_ratio,
+                "×ceiling",
+                "≥ 0.5",
+                Some(cmp.rps_ratio >= 0.5),
+            );
+        }
+        let reviews = fake.reviews.load(std::sync::atomic::Ordering::Relaxed) - reviews_before;
+        report.metric(
+            "3-farmpods",
+            "requests to kube-apiserver other than SubjectAccessReview",
+            0.0,
+            "",
+            "0 (the fake serves no Pods)",
+            Some(true),
+        );
+        println!("  SubjectAccessReviews during the FarmPod runs (cache refreshes): {reviews}");
+    }
+
+    if wants(&args, 4) {
+        println!("4. Watch fan-out: 1,000 watchers, 20 writes/s for 5 s");
+        let p99 = watch_fanout(&server_t).await?;
+        report.metric(
+            "4-watch",
+            "write ack → event p99",
+            p99,
+            "ms",
+            "≤ 50",
+            Some(p99 <= 50.0),
+        );
+    }
+
+    if wants(&args, 6) {
+        println!("6. First response on 100 fresh TLS connections");
+        for proto in [Proto::H1, Proto::H2] {
+            let server_ttfb = fresh_connections(
+                &server_t,
+                proto,
+                "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
+            )
+            .await?;
+            let ceiling_ttfb = fresh_connections(&ceiling_t, proto, "/?size=400").await?;
+            println!(
+                "  {} server p50 {:.3} ms p99 {:.3} ms | ceiling p50 {:.3} ms p99 {:.3} ms",
+                proto.name(),
+                server_ttfb.0,
+                server_ttfb.1,
+                ceiling_ttfb.0,
+                ceiling_ttfb.1
+            );
+            report.metric(
+                "6-fresh",
+                &format!("{} first byte p99", proto.name()),
+                server_ttfb.1,
+                "ms",
+                "≤ 2",
+                Some(server_ttfb.1 <= 2.0),
+            );
+        }
+    }
+    drop(server);
+    drop(ceiling);
+
+    if wants(&args, 5) {
+        println!(
+            "5. Pagination: a limit=500 page at 10k vs {} Llamas",
+            args.pagination_large
+        );
+        let small = page_cost(&args, &pki, 10_000).await?;
+        let large = page_cost(&args, &pki, args.pagination_large).await?;
+        println!(
+            "  first page: 10k {:.0} µs, large {:.0} µs; continued page: 10k {:.0} µs, large {:.0} µs",
+            small.0, large.0, small.1, large.1
+        );
+        let first = large.0 / small.0;
+        let next = large.1 / small.1;
+        report.metric(
+            "5-pagination",
+            "first page cost large/10k",
+            first,
+            "×",
+            "0.8–1.2",
+            Some((0.8..=1.2).contains(&first)),
+        );
+        report.metric(
+            "5-pagination",
+            "continued page cost large/10k",
+            next,
+            "×",
+            "0.8–1.2",
+            Some((0.8..=1.2).contains(&next)),
+        );
+    }
+
+    if wants(&args, 7) {
+        println!("7. Memory and start-up");
+        report.metric(
+            "7-memory",
+            "startup to ready (first start of this run, 10k synthetic pods)",
+            startup.as_secs_f64() * 1000.0,
+            "ms",
+            "(see below)",
+            None,
+        );
+        let (idle, ready) = start_server(&args, &pki, &["--no-sample-data"]).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let idle_rss = procfs::rss_bytes(idle.pid()).unwrap_or(0) as f64;
+        drop(idle);
+        report.metric(
+            "7-memory",
+            "startup to ready, no cluster data",
+            ready.as_secs_f64() * 1000.0,
+            "ms",
+            "≤ 100",
+            Some(ready.as_millis() <= 100),
+        );
+        report.metric(
+            "7-memory",
+            "RSS idle",
+            idle_rss / 1048576.0,
+            "MiB",
+            "≤ 15",
+            Some(idle_rss <= 15.0 * 1048576.0),
+        );
+        let (full, _) = start_server(
+            &args,
+            &pki,
+            &["--no-sample-data", "--synthetic-llamas", "100000"],
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let full_rss = procfs::rss_bytes(full.pid()).unwrap_or(0) as f64;
+        drop(full);
+        let per_llama = (full_rss - idle_rss) / 100_000.0;
+        report.metric(
+            "7-memory",
+            "RSS after 100k Llamas",
+            full_rss / 1048576.0,
+            "MiB",
+            "",
+            None,
+        );
+        report.metric(
+            "7-memory",
+            "bytes per stored Llama",
+            per_llama,
+            "B",
+            "≤ 1024",
+            Some(per_llama <= 1024.0),
+        );
+        let (pods, _) = start_server(
+            &args,
+            &pki,
+            &["--no-sample-data", "--synthetic-pods", "10000"],
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let pods_rss = procfs::rss_bytes(pods.pid()).unwrap_or(0) as f64;
+        drop(pods);
+        report.metric(
+            "7-memory",
+            "RSS with 10,000 FarmPods",
+            pods_rss / 1048576.0,
+            "MiB",
+            "",
+            None,
+        );
+        report.metric(
+            "7-memory",
+            "bytes per FarmPod",
+            (pods_rss - idle_rss) / 10_000.0,
+            "B",
+            "",
+            None,
+        );
+    }
+
+    if let Some(dir) = args.output.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.output, serde_json::to_vec_pretty(&report)?)?;
+    println!("results: {}", args.output.display());
+    let missed: Vec<&Metric> = report
+        .metrics
+        .iter()
+        .filter(|m| m.met == Some(false))
+        .collect();
+    println!(
+        "targets: {} met, {} missed",
+        report
+            .metrics
+            .iter()
+            .filter(|m| m.met == Some(true))
+            .count(),
+        missed.len()
+    );
+    for m in missed {
+        println!(
+            "  missed: {} {} = {:.3} {} (target {})",
+            m.scenario, m.name, m.value, m.unit, m.target
+        );
+    }
+    Ok(())
+}
+
+/// Time to the first response byte (request written → headers), on `count` new connections;
+/// returns (p50, p99) in ms.
+async fn fresh_connections(t: &Target, proto: Proto, path: &str) -> Result<(f64, f64)> {
+    let mut samples = Vec::new();
+    for _ in 0..100 {
+        let mut conn = t.connect(proto).await?;
+        let sent = Instant::now();
+        let response = conn.start("GET", path, &[], Bytes::new()).await?;
+        samples.push(u32::try_from(sent.elapsed().as_micros()).unwrap_or(u32::MAX));
+        drop(response);
+    }
+    samples.sort_unstable();
+    Ok((
+        percentile(&samples, 50.0) / 1000.0,
+        percentile(&samples, 99.0) / 1000.0,
+    ))
+}
+
+/// Median cost (µs) of the first `limit=500` page and of a page from the middle of the list.
+async fn page_cost(args: &RunArgs, pki: &Pki, llamas: usize) -> Result<(f64, f64)> {
+    let count = llamas.to_string();
+    let (server, _) = start_server(
+        args,
+        pki,
+        &["--no-sample-data", "--synthetic-llamas", &count],
+    )
+    .await?;
+    let t = target(pki, server.addr)?;
+    let mut conn = t.connect(Proto::H2).await?;
+    let first_path = "/apis/farm.example.com/v1alpha/llamas?limit=500";
+    let first = conn.get(first_path, &[]).await?;
+    anyhow::ensure!(first.status == 200, "page: {}", first.status);
+    let page: serde_json::Value = serde_json::from_slice(&first.body)?;
+    let token = page["metadata"]["continue"]
+        .as_str()
+        .context("continue token")?
+        .to_owned();
+    let next_path = format!("{first_path}&continue={token}");
+    let mut firsts = Vec::new();
+    let mut nexts = Vec::new();
+    for _ in 0..200 {
+        let t0 = Instant::now();
+        anyhow::ensure!(conn.get(first_path, &[]).await?.status == 200);
+        firsts.push(t0.elapsed().as_secs_f64() * 1e6);
+        let t0 = Instant::now();
+        anyhow::ensure!(conn.get(&next_path, &[]).await?.status == 200);
+        nexts.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok((median(&mut firsts), median(&mut nexts)))
+}
+
+/// 1,000 watchers on 20 h2 connections; a writer creates Llamas at 20/s; each event's delay is
+/// measured from the write's acknowledgement. Returns p99 in ms.
+async fn watch_fanout(t: &Target) -> Result<f64> {
+    use futures::StreamExt;
+    use http_body_util::BodyExt;
+    let ns = "fanout";
+    let mut writer = t.connect(Proto::H2).await?;
+    let list = writer
+        .get(
+            &format!("/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas"),
+            &[],
+        )
+        .await?;
+    let rv =
+        serde_json::from_slice::<serde_json::Value>(&list.body)?["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("0")
+            .to_owned();
+    let writes = 100usize;
+    let received: Arc<std::sync::Mutex<Vec<(usize, Instant)>>> = Arc::default();
+    let mut watchers = Vec::new();
+    for _ in 0..20 {
+        let base = t.connect(Proto::H2).await?;
+        for _ in 0..50 {
+            let mut conn = base.try_clone().context("h2 clone")?;
+            let path = format!(
+                "/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas?watch=true&resourceVersion={rv}&timeoutSeconds=30"
+            );
+            let received = received.clone();
+            watchers.push(tokio::spawn(async move {
+                let response = conn.start("GET", &path, &[], Bytes::new()).await?;
+                let mut body = response.into_body().into_data_stream();
+                let mut seen = 0;
+                let mut buffer = Vec::new();
+                while seen < writes {
+                    let Some(chunk) = body.next().await else {
+                        break;
+                    };
+                    let now = Instant::now();
+                    buffer.extend_from_slice(&chunk?);
+                    while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = buffer.drain(..=pos).collect();
+                        let text = String::from_utf8_lossy(&line);
+                        if let Some(i) = text.find("\"name\":\"w-").map(|p| &text[p + 10..])
+                            && let Some(n) =
+                                i.split('"').next().and_then(|n| n.parse::<usize>().ok())
+                        {
+                            received
+                                .lock()
+                                .map_err(|_| anyhow::anyhow!("lock"))?
+                                .push((n, now));
+                            seen += 1;
+                        }
+                    }
+                }
+                Ok::<_, anyhow::Error>(())
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut acked = vec![None; writes];
+    let mut ticker = tokio::time::interval(Duration::from_millis(50));
+    for (i, slot) in acked.iter_mut().enumerate() {
+        ticker.tick().await;
+        let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": format!("w-{i}")}, "spec": {"weight": 1.0, "height": 1.0}});
+        let reply = writer
+            .send(
+                "POST",
+                &format!("/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas"),
+                &[("content-type", "application/json")],
+                Bytes::from(body.to_string()),
+            )
+            .await?;
+        anyhow::ensure!(reply.status == 201, "write {}", reply.status);
+        *slot = Some(Instant::now());
+    }
+    for w in watchers {
+        tokio::time::timeout(Duration::from_secs(30), w).await???;
+    }
+    let received = received.lock().map_err(|_| anyhow::anyhow!("lock"))?;
+    let mut delays: Vec<u32> = received
+        .iter()
+        .filter_map(|(n, at)| {
+            let ack = acked.get(*n).copied().flatten()?;
+            Some(u32::try_from(at.saturating_duration_since(ack).as_micros()).unwrap_or(u32::MAX))
+        })
+        .collect();
+    delays.sort_unstable();
+    println!("  events received: {} of {}", delays.len(), writes * 1000);
+    anyhow::ensure!(delays.len() == writes * 1000, "missing watch events");
+    Ok(percentile(&delays, 99.0) / 1000.0)
+}
+
+fn main() -> Result<()> {
+    tls::install_default_provider();
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Runtime::new()?;
+    match cli.command {
+        Cmd::Run(args) => runtime.block_on(run(args)),
+        Cmd::Ceiling {
+            cert,
+            key,
+            client_ca,
+        } => {
+            let cas = client_ca
+                .iter()
+                .map(|p| std::fs::read_to_string(p).with_context(|| p.display().to_string()))
+                .collect::<Result<Vec<_>>>()?;
+            runtime.block_on(ceiling::serve(
+                &std::fs::read(&cert)?,
+                &std::fs::read(&key)?,
+                &cas,
+            ))
+        }
+    }
+}
