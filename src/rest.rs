@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use axum::{
     Router,
     body::{Body, Bytes},
-    extract::{Path, RawQuery, State},
+    extract::{Path, RawQuery, Request, State},
     http::{HeaderMap, HeaderValue, Method, StatusCode, header},
     response::{IntoResponse, Response},
     routing::{MethodRouter, get},
@@ -24,7 +24,7 @@ use crate::{
     negotiate::{self, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
-    store::{ListRequest, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
+    store::{ListRequest, Object, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
     table::{self, IncludeObject, PartialObjectMetadata, PartialObjectMetadataList},
     validation,
     watch::{self, WatchOptions},
@@ -59,17 +59,24 @@ pub struct RestContext {
     pub settings: Arc<RestSettings>,
 }
 
-struct Api<K> {
+struct ApiInner<K> {
     store: Arc<dyn Store<K>>,
     ctx: RestContext,
 }
 
+/// A kind's handler state: one `Arc`, so the per-request clone is one atomic increment.
+struct Api<K>(Arc<ApiInner<K>>);
+
 impl<K> Clone for Api<K> {
     fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-            ctx: self.ctx.clone(),
-        }
+        Self(self.0.clone())
+    }
+}
+
+impl<K> std::ops::Deref for Api<K> {
+    type Target = ApiInner<K>;
+    fn deref(&self) -> &ApiInner<K> {
+        &self.0
     }
 }
 
@@ -77,7 +84,7 @@ impl<K> Clone for Api<K> {
 pub fn router<K: ServedResource>(store: Arc<dyn Store<K>>, ctx: RestContext) -> Router {
     let plural = K::plural_name();
     let base = format!("/apis/{GROUP_VERSION}");
-    let api = Api::<K> { store, ctx };
+    let api = Api::<K>(Arc::new(ApiInner { store, ctx }));
 
     let cluster = get(list_all::<K>).fallback(method_not_allowed::<K>);
     let (collection, item): (MethodRouter<Api<K>>, MethodRouter<Api<K>>) = if K::READ_ONLY {
@@ -298,22 +305,26 @@ fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// `items` of a list, serialized straight from the shared objects.
-struct Items<'a, K>(&'a [Arc<K>]);
-
-impl<K: Serialize> Serialize for Items<'_, K> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|item| item.as_ref()))
+/// `{"apiVersion":…,"kind":"<Kind>List","metadata":…,"items":[…]}` from the items' cached JSON.
+fn list_json<K: ServedResource>(items: &[Object<K>], metadata: &ListMeta) -> Result<Vec<u8>> {
+    let metadata = to_json(metadata)?;
+    let size: usize = items.iter().map(|i| i.json().len() + 1).sum();
+    let mut out = Vec::with_capacity(size + metadata.len() + 96);
+    out.extend_from_slice(b"{\"apiVersion\":\"");
+    out.extend_from_slice(GROUP_VERSION.as_bytes());
+    out.extend_from_slice(b"\",\"kind\":\"");
+    out.extend_from_slice(list_kind::<K>().as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    out.extend_from_slice(&metadata);
+    out.extend_from_slice(b",\"items\":[");
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&item.json());
     }
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct List<'a, K: Serialize> {
-    api_version: &'static str,
-    kind: String,
-    metadata: ListMeta,
-    items: Items<'a, K>,
+    out.extend_from_slice(b"]}");
+    Ok(out)
 }
 
 fn list_kind<K: ServedResource>() -> String {
@@ -321,16 +332,23 @@ fn list_kind<K: ServedResource>() -> String {
 }
 
 fn object_response<K: ServedResource>(
-    object: &K,
+    object: &Object<K>,
     output: Output,
     include: IncludeObject,
     code: StatusCode,
 ) -> Result<Response> {
     let body = match output {
-        Output::Json => to_json(object)?,
+        Output::Json => {
+            let mut response = (code, object.json()).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return Ok(response);
+        }
         Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadata::new(object.meta(), v))?,
         Output::Table(v) => to_json(&table::table(
-            [object],
+            [object.get()],
             ListMeta {
                 resource_version: object.meta().resource_version.clone(),
                 ..Default::default()
@@ -344,18 +362,13 @@ fn object_response<K: ServedResource>(
 }
 
 fn list_response<K: ServedResource>(
-    items: &[Arc<K>],
+    items: &[Object<K>],
     metadata: ListMeta,
     output: Output,
     include: IncludeObject,
 ) -> Result<Response> {
     let body = match output {
-        Output::Json => to_json(&List {
-            api_version: GROUP_VERSION,
-            kind: list_kind::<K>(),
-            metadata,
-            items: Items(items),
-        })?,
+        Output::Json => list_json::<K>(items, &metadata)?,
         Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadataList {
             kind: "PartialObjectMetadataList",
             api_version: v.api_version(),
@@ -366,7 +379,7 @@ fn list_response<K: ServedResource>(
                 .collect(),
         })?,
         Output::Table(v) => to_json(&table::table(
-            items.iter().map(|i| i.as_ref()),
+            items.iter().map(|i| i.get()),
             metadata,
             include,
             v,
@@ -378,21 +391,27 @@ fn list_response<K: ServedResource>(
 
 // ---- get, list, watch ----
 
+// Reads take the whole request (not a `HeaderMap`, which axum would clone) and borrow headers.
+
 async fn list_all<K: ServedResource>(
     State(api): State<Api<K>>,
-    RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    request: Request,
 ) -> Result<Response> {
-    list_or_watch(api, None, raw.as_deref(), &headers).await
+    list_or_watch(api, None, request.uri().query(), request.headers()).await
 }
 
 async fn list_namespaced<K: ServedResource>(
     State(api): State<Api<K>>,
     Path(namespace): Path<String>,
-    RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    request: Request,
 ) -> Result<Response> {
-    list_or_watch(api, Some(namespace), raw.as_deref(), &headers).await
+    list_or_watch(
+        api,
+        Some(namespace),
+        request.uri().query(),
+        request.headers(),
+    )
+    .await
 }
 
 async fn list_or_watch<K: ServedResource>(
@@ -540,11 +559,10 @@ async fn start_watch<K: ServedResource>(
 async fn get_item<K: ServedResource>(
     State(api): State<Api<K>>,
     Path((namespace, name)): Path<(String, String)>,
-    RawQuery(raw): RawQuery,
-    headers: HeaderMap,
+    request: Request,
 ) -> Result<Response> {
-    let query = parse_query(raw.as_deref())?;
-    let output = negotiate::output(&headers)?;
+    let query = parse_query(request.uri().query())?;
+    let output = negotiate::output(request.headers())?;
     let include = query.include_object()?;
     api.store.check_ready()?;
     if parse_bool("watch", query.watch.as_deref())? {
@@ -554,7 +572,7 @@ async fn get_item<K: ServedResource>(
         return start_watch(api, Some(namespace), filter, &query, output, include).await;
     }
     let object = api.store.get(&ObjectKey::new(namespace, name)).await?;
-    object_response(object.as_ref(), output, include, StatusCode::OK)
+    object_response(&object, output, include, StatusCode::OK)
 }
 
 // ---- writes ----
@@ -771,7 +789,7 @@ async fn create<K: ServedResource>(
     validate(&object)?;
     let created = api.store.create(object, dry_run).await?;
     let response = object_response(
-        created.as_ref(),
+        &created,
         output,
         IncludeObject::Metadata,
         StatusCode::CREATED,
@@ -836,12 +854,7 @@ async fn update<K: ServedResource>(
     prepare_update(&mut object, current.as_ref());
     validate(&object)?;
     let updated = api.store.update(object, dry_run).await?;
-    let response = object_response(
-        updated.as_ref(),
-        output,
-        IncludeObject::Metadata,
-        StatusCode::OK,
-    )?;
+    let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
     Ok(with_warnings(response, &warnings))
 }
 
@@ -925,7 +938,7 @@ async fn patch<K: ServedResource>(
     loop {
         attempts += 1;
         let current = api.store.get(&key).await?;
-        let patched = apply_patch(current.as_ref(), patch_type, &body)?;
+        let patched = apply_patch(current.get(), patch_type, &body)?;
         let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
         check_name(&object, &name)?;
         check_namespace(&object, &namespace)?;
@@ -943,12 +956,8 @@ async fn patch<K: ServedResource>(
         validate(&object)?;
         match api.store.update(object, dry_run).await {
             Ok(updated) => {
-                let response = object_response(
-                    updated.as_ref(),
-                    output,
-                    IncludeObject::Metadata,
-                    StatusCode::OK,
-                )?;
+                let response =
+                    object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
                 return Ok(with_warnings(response, &warnings));
             }
             Err(Error::Conflict { .. }) if !pinned && attempts < 5 => continue,

@@ -218,7 +218,13 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
 
 /// Every request but the probes passes here once: who is it and may they (auth), then the
 /// handler, then metrics and one log line labelled as kube-apiserver labels them.
-async fn edge(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+/// What the edge middleware needs (cloned per request, so kept to one `Arc`).
+struct Edge {
+    auth: Arc<Auth>,
+    metrics: Arc<Metrics>,
+}
+
+async fn edge(State(state): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
     let info = RequestInfo::parse(
         request.method(),
@@ -279,7 +285,13 @@ pub fn router(state: AppState) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(metrics_handler).with_state(state.clone()))
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), edge));
+        .layer(middleware::from_fn_with_state(
+            Arc::new(Edge {
+                auth: state.auth.clone(),
+                metrics: state.metrics.clone(),
+            }),
+            edge,
+        ));
     // Probes come after the layer: kubelet polls them every few seconds; they are not traffic.
     api.merge(health::router(state.health.clone()))
 }

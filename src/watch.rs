@@ -131,7 +131,7 @@ impl<K: ServedResource> Watcher<K> {
             Output::Table(version) => {
                 let with_columns = std::mem::take(&mut self.first_table);
                 let table = table::table(
-                    [event.object.as_ref()],
+                    [event.object.get()],
                     ListMeta {
                         resource_version: Some(event.resource_version.to_string()),
                         ..Default::default()

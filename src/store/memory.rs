@@ -15,8 +15,9 @@ use imbl::{HashMap as PHashMap, OrdMap};
 use tokio::sync::broadcast;
 
 use super::{
-    ContinueToken, Event, EventType, ListPage, ListRequest, Preconditions, ReadAt, Store,
-    StoreStats, WatchItem, WatchRequest, WatchStart, WatchStream, expired_continue, too_old,
+    ContinueToken, Event, EventType, ListPage, ListRequest, Object, Preconditions, ReadAt, Store,
+    StoreStats, Stored, WatchItem, WatchRequest, WatchStart, WatchStream, expired_continue,
+    too_old,
 };
 use crate::{
     error::{Error, Result},
@@ -48,7 +49,7 @@ impl Default for MemoryStoreConfig {
 
 #[derive(Clone)]
 struct Snapshot<K> {
-    objects: OrdMap<ObjectKey, Arc<K>>,
+    objects: OrdMap<ObjectKey, Object<K>>,
     per_namespace: PHashMap<String, usize>,
     resource_version: u64,
 }
@@ -129,7 +130,13 @@ impl<K: ServedResource> MemoryStore<K> {
     }
 
     /// Applies one change at `rv` (which must exceed the current one) and tells the watchers.
-    fn commit(state: &mut State<K>, shared: &Shared<K>, rv: u64, type_: EventType, object: Arc<K>) {
+    fn commit(
+        state: &mut State<K>,
+        shared: &Shared<K>,
+        rv: u64,
+        type_: EventType,
+        object: Object<K>,
+    ) {
         let key = ObjectKey::of(object.meta());
         let existed = state.current.objects.contains_key(&key);
         match type_ {
@@ -199,7 +206,7 @@ impl<K: ServedResource> MemoryStore<K> {
         } else {
             EventType::Added
         };
-        Self::commit(&mut state, &self.shared, rv, type_, Arc::new(object));
+        Self::commit(&mut state, &self.shared, rv, type_, Stored::new(object));
         Ok(())
     }
 
@@ -223,7 +230,7 @@ impl<K: ServedResource> MemoryStore<K> {
             &self.shared,
             rv,
             EventType::Deleted,
-            Arc::new(object),
+            Stored::new(object),
         );
         Ok(())
     }
@@ -235,7 +242,7 @@ impl<K: ServedResource> MemoryStore<K> {
             .into_iter()
             .map(|o| (ObjectKey::of(o.meta()), o))
             .collect();
-        let gone: Vec<Arc<K>> = {
+        let gone: Vec<Object<K>> = {
             let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
             state
                 .current
@@ -326,7 +333,7 @@ fn wanted<K: ServedResource>(namespace: Option<&str>, filter: &Filter, object: &
 
 #[async_trait]
 impl<K: ServedResource> Store<K> for MemoryStore<K> {
-    async fn get(&self, key: &ObjectKey) -> Result<Arc<K>> {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
         let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
         state
             .current
@@ -349,7 +356,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
             let items = snapshot
                 .objects
                 .get(&key)
-                .filter(|o| wanted(namespace, filter, o.as_ref()))
+                .filter(|o| wanted(namespace, filter, o.get()))
                 .cloned()
                 .into_iter()
                 .collect();
@@ -413,18 +420,18 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         })
     }
 
-    async fn create(&self, mut object: K, dry_run: bool) -> Result<Arc<K>> {
+    async fn create(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
         let key = ObjectKey::of(object.meta());
         let mut state = self.write()?;
         if state.current.objects.contains_key(&key) {
             return Err(Error::AlreadyExists(K::subject(&key.name)));
         }
         if dry_run {
-            return Ok(Arc::new(object));
+            return Ok(Stored::new(object));
         }
         let rv = state.current.resource_version + 1;
         set_resource_version(&mut object, rv);
-        let object = Arc::new(object);
+        let object = Stored::new(object);
         Self::commit(
             &mut state,
             &self.shared,
@@ -435,7 +442,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         Ok(object)
     }
 
-    async fn update(&self, mut object: K, dry_run: bool) -> Result<Arc<K>> {
+    async fn update(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
         let key = ObjectKey::of(object.meta());
         let mut state = self.write()?;
         let current = state
@@ -450,11 +457,11 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
             });
         }
         if dry_run {
-            return Ok(Arc::new(object));
+            return Ok(Stored::new(object));
         }
         let rv = state.current.resource_version + 1;
         set_resource_version(&mut object, rv);
-        let object = Arc::new(object);
+        let object = Stored::new(object);
         Self::commit(
             &mut state,
             &self.shared,
@@ -470,7 +477,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         key: &ObjectKey,
         preconditions: &Preconditions,
         dry_run: bool,
-    ) -> Result<Arc<K>> {
+    ) -> Result<Object<K>> {
         let mut state = self.write()?;
         let current = state
             .current
@@ -507,7 +514,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         let rv = state.current.resource_version + 1;
         let mut deleted = (*current).clone();
         set_resource_version(&mut deleted, rv);
-        let deleted = Arc::new(deleted);
+        let deleted = Stored::new(deleted);
         Self::commit(
             &mut state,
             &self.shared,
@@ -530,7 +537,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         match start {
             WatchStart::InitialState => {
                 for object in state.current.objects.values() {
-                    if wanted(namespace.as_deref(), &filter, object.as_ref()) {
+                    if wanted(namespace.as_deref(), &filter, object.get()) {
                         let rv = object
                             .meta()
                             .resource_version
@@ -556,7 +563,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                     state
                         .events
                         .range(from..)
-                        .filter(|e| wanted(namespace.as_deref(), &filter, e.object.as_ref()))
+                        .filter(|e| wanted(namespace.as_deref(), &filter, e.object.get()))
                         .map(|e| WatchItem::Event(e.clone())),
                 );
             }
@@ -577,7 +584,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                 loop {
                     match rx.recv().await {
                         Ok(event) => {
-                            if wanted(namespace.as_deref(), &filter, event.object.as_ref()) {
+                            if wanted(namespace.as_deref(), &filter, event.object.get()) {
                                 return Some((WatchItem::Event(event), (rx, false)));
                             }
                             // Filtered out: progress is still progress (for bookmarks).

@@ -38,18 +38,74 @@ impl EventType {
     }
 }
 
+/// A stored object with its JSON encoding, made once however often the object is read (get,
+/// list, and every watcher of its event).
+pub struct Stored<K> {
+    object: K,
+    json: OnceLock<Bytes>,
+}
+
+/// How stores hand out objects: shared, immutable, JSON cached.
+pub type Object<K> = Arc<Stored<K>>;
+
+impl<K> Stored<K> {
+    pub fn new(object: K) -> Object<K> {
+        Arc::new(Self {
+            object,
+            json: OnceLock::new(),
+        })
+    }
+
+    pub fn get(&self) -> &K {
+        &self.object
+    }
+}
+
+impl<K: Serialize> Stored<K> {
+    /// The object's JSON (apiVersion and kind included).
+    pub fn json(&self) -> Bytes {
+        self.json
+            .get_or_init(|| {
+                let mut out = Vec::with_capacity(512);
+                // Serializing our own types into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut out, &self.object);
+                Bytes::from(out)
+            })
+            .clone()
+    }
+}
+
+impl<K> std::ops::Deref for Stored<K> {
+    type Target = K;
+    fn deref(&self) -> &K {
+        &self.object
+    }
+}
+
+impl<K: Serialize> Serialize for Stored<K> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        self.object.serialize(s)
+    }
+}
+
+impl<K: std::fmt::Debug> std::fmt::Debug for Stored<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.object.fmt(f)
+    }
+}
+
 /// One change, at the resourceVersion it produced.
 #[derive(Debug)]
 pub struct Event<K> {
     pub resource_version: u64,
     pub type_: EventType,
-    pub object: Arc<K>,
+    pub object: Object<K>,
     /// The plain JSON watch line, encoded once however many watchers send it.
     json_line: OnceLock<Bytes>,
 }
 
 impl<K: ServedResource> Event<K> {
-    pub fn new(resource_version: u64, type_: EventType, object: Arc<K>) -> Self {
+    pub fn new(resource_version: u64, type_: EventType, object: Object<K>) -> Self {
         Self {
             resource_version,
             type_,
@@ -89,7 +145,7 @@ pub struct ListRequest {
 
 #[derive(Debug)]
 pub struct ListPage<K> {
-    pub items: Vec<Arc<K>>,
+    pub items: Vec<Object<K>>,
     pub resource_version: u64,
     pub continue_token: Option<String>,
     pub remaining_item_count: Option<i64>,
@@ -139,18 +195,18 @@ pub struct StoreStats {
 
 #[async_trait]
 pub trait Store<K: ServedResource>: Send + Sync + 'static {
-    async fn get(&self, key: &ObjectKey) -> Result<Arc<K>>;
+    async fn get(&self, key: &ObjectKey) -> Result<Object<K>>;
     async fn list(&self, request: &ListRequest) -> Result<ListPage<K>>;
     /// Stores a new object; the store sets `metadata.resourceVersion`.
-    async fn create(&self, object: K, dry_run: bool) -> Result<Arc<K>>;
+    async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     /// Replaces an object whose `metadata.resourceVersion` must still be current.
-    async fn update(&self, object: K, dry_run: bool) -> Result<Arc<K>>;
+    async fn update(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     async fn delete(
         &self,
         key: &ObjectKey,
         preconditions: &Preconditions,
         dry_run: bool,
-    ) -> Result<Arc<K>>;
+    ) -> Result<Object<K>>;
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>>;
     fn stats(&self) -> StoreStats;
     /// Not ready (a cache still syncing) answers 503.

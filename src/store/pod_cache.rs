@@ -13,7 +13,8 @@ use kube::{
 };
 
 use super::{
-    ListPage, ListRequest, MemoryStore, Preconditions, Store, StoreStats, WatchRequest, WatchStream,
+    ListPage, ListRequest, MemoryStore, Object, Preconditions, Store, StoreStats, WatchRequest,
+    WatchStream,
 };
 use crate::{
     error::{Error, Result},
@@ -199,7 +200,7 @@ fn read_only() -> Error {
 
 #[async_trait]
 impl Store<FarmPod> for PodCache {
-    async fn get(&self, key: &ObjectKey) -> Result<Arc<FarmPod>> {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<FarmPod>> {
         self.store.get(key).await
     }
 
@@ -207,15 +208,15 @@ impl Store<FarmPod> for PodCache {
         self.store.list(request).await
     }
 
-    async fn create(&self, _: FarmPod, _: bool) -> Result<Arc<FarmPod>> {
+    async fn create(&self, _: FarmPod, _: bool) -> Result<Object<FarmPod>> {
         Err(read_only())
     }
 
-    async fn update(&self, _: FarmPod, _: bool) -> Result<Arc<FarmPod>> {
+    async fn update(&self, _: FarmPod, _: bool) -> Result<Object<FarmPod>> {
         Err(read_only())
     }
 
-    async fn delete(&self, _: &ObjectKey, _: &Preconditions, _: bool) -> Result<Arc<FarmPod>> {
+    async fn delete(&self, _: &ObjectKey, _: &Preconditions, _: bool) -> Result<Object<FarmPod>> {
         Err(read_only())
     }
 
@@ -361,7 +362,7 @@ mod tests {
         assert_eq!(web.items.len(), 2);
 
         let rows = table::table(
-            page.items.iter().map(|p| p.as_ref()),
+            page.items.iter().map(|p| p.get()),
             Default::default(),
             IncludeObject::None,
             MetaVersion::V1,
