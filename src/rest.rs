@@ -21,7 +21,7 @@ use tokio::sync::watch as signal;
 use crate::{
     error::{Error, FieldError, Result, Subject},
     metrics::Metrics,
-    negotiate::{self, Output},
+    negotiate::{self, MetaVersion, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
     store::{ListRequest, Object, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
@@ -347,16 +347,15 @@ fn object_response<K: ServedResource>(
             return Ok(response);
         }
         Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadata::new(object.meta(), v))?,
-        Output::Table(v) => to_json(&table::table(
-            [object.get()],
-            ListMeta {
+        Output::Table(v) => table_json(
+            std::slice::from_ref(object),
+            &ListMeta {
                 resource_version: object.meta().resource_version.clone(),
                 ..Default::default()
             },
             include,
             v,
-            true,
-        ))?,
+        )?,
     };
     Ok(json_response(code, body))
 }
@@ -378,15 +377,19 @@ fn list_response<K: ServedResource>(
                 .map(|i| PartialObjectMetadata::new(i.meta(), v))
                 .collect(),
         })?,
-        Output::Table(v) => to_json(&table::table(
-            items.iter().map(|i| i.get()),
-            metadata,
-            include,
-            v,
-            true,
-        ))?,
+        Output::Table(v) => table_json(items, &metadata, include, v)?,
     };
     Ok(json_response(StatusCode::OK, body))
+}
+
+fn table_json<K: ServedResource>(
+    items: &[Object<K>],
+    metadata: &ListMeta,
+    include: IncludeObject,
+    version: MetaVersion,
+) -> Result<Vec<u8>> {
+    table::write(items, metadata, include, version, true)
+        .map_err(|e| Error::Internal(format!("encoding a table: {e}")))
 }
 
 // ---- get, list, watch ----

@@ -65,21 +65,30 @@ pub enum IncludeObject {
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Table {
+pub struct Table<'a> {
     pub kind: &'static str,
     pub api_version: &'static str,
     pub metadata: ListMeta,
     /// Left out on watch events after the first, as kube-apiserver does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub column_definitions: Option<Vec<ColumnDefinition>>,
-    pub rows: Vec<TableRow>,
+    pub rows: Vec<TableRow<'a>>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct TableRow {
+pub struct TableRow<'a> {
     pub cells: Vec<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub object: Option<Value>,
+    pub object: Option<RowObject<'a>>,
+}
+
+/// A row's object: metadata borrowed from the stored object (written straight to the output,
+/// no intermediate `Value`), or the whole object for `includeObject=Object`.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum RowObject<'a> {
+    Metadata(PartialObjectMetadata<'a>),
+    Full(Value),
 }
 
 /// `PartialObjectMetadata`, the row object kubectl reads NAMESPACE and labels from.
@@ -121,16 +130,16 @@ pub fn row<K: ServedResource>(
     include: IncludeObject,
     version: MetaVersion,
     now: jiff::Timestamp,
-) -> TableRow {
+) -> TableRow<'_> {
     let meta = object.meta();
     let mut cells = vec![Value::String(meta.name.clone().unwrap_or_default())];
     cells.extend(object.cells(now));
     let object = match include {
         IncludeObject::None => None,
-        IncludeObject::Metadata => {
-            serde_json::to_value(PartialObjectMetadata::new(meta, version)).ok()
-        }
-        IncludeObject::Object => serde_json::to_value(object).ok(),
+        IncludeObject::Metadata => Some(RowObject::Metadata(PartialObjectMetadata::new(
+            meta, version,
+        ))),
+        IncludeObject::Object => serde_json::to_value(object).ok().map(RowObject::Full),
     };
     TableRow { cells, object }
 }
@@ -141,7 +150,7 @@ pub fn table<'a, K: ServedResource>(
     include: IncludeObject,
     version: MetaVersion,
     with_columns: bool,
-) -> Table {
+) -> Table<'a> {
     let now = jiff::Timestamp::now();
     Table {
         kind: "Table",
@@ -153,6 +162,66 @@ pub fn table<'a, K: ServedResource>(
             .map(|o| row(o, include, version, now))
             .collect(),
     }
+}
+
+/// Writes a Table of stored objects straight to JSON bytes: row objects come from each object's
+/// cached PartialObjectMetadata, so a row costs its cells (Age changes by the second).
+pub fn write<K: ServedResource>(
+    objects: &[crate::store::Object<K>],
+    metadata: &ListMeta,
+    include: IncludeObject,
+    version: MetaVersion,
+    with_columns: bool,
+) -> serde_json::Result<Vec<u8>> {
+    let now = jiff::Timestamp::now();
+    let mut out = Vec::with_capacity(256 + objects.len() * 320);
+    out.extend_from_slice(b"{\"kind\":\"Table\",\"apiVersion\":\"");
+    out.extend_from_slice(version.api_version().as_bytes());
+    out.extend_from_slice(b"\",\"metadata\":");
+    serde_json::to_writer(&mut out, metadata)?;
+    if with_columns {
+        out.extend_from_slice(b",\"columnDefinitions\":");
+        serde_json::to_writer(&mut out, &columns::<K>())?;
+    }
+    out.extend_from_slice(b",\"rows\":[");
+    for (i, object) in objects.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        if (include, version) == (IncludeObject::Metadata, MetaVersion::V1) {
+            // What kubectl asks for: the cached row.
+            out.extend_from_slice(&object.table_row_v1(now));
+            continue;
+        }
+        out.extend_from_slice(b"{\"cells\":[");
+        serde_json::to_writer(&mut out, object.meta().name.as_deref().unwrap_or(""))?;
+        for cell in object.cells(now) {
+            out.push(b',');
+            serde_json::to_writer(&mut out, &cell)?;
+        }
+        out.push(b']');
+        match (include, version) {
+            (IncludeObject::None, _) => {}
+            (IncludeObject::Metadata, MetaVersion::V1) => {
+                out.extend_from_slice(b",\"object\":");
+                out.extend_from_slice(&object.row_object_v1());
+            }
+            (IncludeObject::Metadata, _) => {
+                out.extend_from_slice(b",\"object\":");
+                serde_json::to_writer(
+                    &mut out,
+                    &PartialObjectMetadata::new(object.meta(), version),
+                )?;
+            }
+            (IncludeObject::Object, _) => {
+                out.extend_from_slice(b",\"object\":");
+                out.extend_from_slice(&object.json());
+            }
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
 }
 
 /// The Age cell: apimachinery's `duration.HumanDuration` of the time since creation.
@@ -225,7 +294,45 @@ pub fn human_duration(seconds: i64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::human_duration;
+    use super::*;
+    use crate::{resources::llama, store::Stored};
+
+    #[test]
+    fn written_tables_equal_the_typed_ones() {
+        let objects: Vec<_> = (0..3).map(|i| Stored::new(llama::synthetic(i))).collect();
+        let metadata = ListMeta {
+            resource_version: Some("7".into()),
+            ..Default::default()
+        };
+        for include in [
+            IncludeObject::Metadata,
+            IncludeObject::None,
+            IncludeObject::Object,
+        ] {
+            for version in [MetaVersion::V1, MetaVersion::V1beta1] {
+                let typed = table(
+                    objects.iter().map(|o| o.get()),
+                    metadata.clone(),
+                    include,
+                    version,
+                    true,
+                );
+                let written = write(&objects, &metadata, include, version, true).unwrap();
+                let written: Value = serde_json::from_slice(&written).unwrap();
+                assert_eq!(
+                    written,
+                    serde_json::to_value(&typed).unwrap(),
+                    "{include:?} {version:?}"
+                );
+                // Twice: the second time rows come from the cache.
+                let again: Value = serde_json::from_slice(
+                    &write(&objects, &metadata, include, version, true).unwrap(),
+                )
+                .unwrap();
+                assert_eq!(again, written);
+            }
+        }
+    }
 
     #[test]
     fn ages_read_like_kubectl() {

@@ -130,17 +130,25 @@ impl<K: ServedResource> Watcher<K> {
             ),
             Output::Table(version) => {
                 let with_columns = std::mem::take(&mut self.first_table);
-                let table = table::table(
-                    [event.object.get()],
-                    ListMeta {
-                        resource_version: Some(event.resource_version.to_string()),
-                        ..Default::default()
-                    },
+                let metadata = ListMeta {
+                    resource_version: Some(event.resource_version.to_string()),
+                    ..Default::default()
+                };
+                let table = table::write(
+                    std::slice::from_ref(&event.object),
+                    &metadata,
                     self.options.include,
                     version,
                     with_columns,
-                );
-                event_line(type_, &table)
+                )
+                .unwrap_or_default();
+                let mut line = Vec::with_capacity(table.len() + 32);
+                line.extend_from_slice(b"{\"type\":\"");
+                line.extend_from_slice(type_.as_bytes());
+                line.extend_from_slice(b"\",\"object\":");
+                line.extend_from_slice(&table);
+                line.extend_from_slice(b"}\n");
+                Bytes::from(line)
             }
         }
     }

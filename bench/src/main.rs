@@ -161,6 +161,12 @@ async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc
         .arg(&pki.kubeconfig)
         .args(["--log-level", "warn"])
         .args(extra)
+        // The fake cluster serves no Pods: FarmPods are synthetic (none unless asked for).
+        .args(if extra.contains(&"--synthetic-pods") {
+            &[][..]
+        } else {
+            &["--synthetic-pods", "0"][..]
+        })
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -43,6 +43,11 @@ impl EventType {
 pub struct Stored<K> {
     object: K,
     json: OnceLock<Bytes>,
+    /// Its `meta.k8s.io/v1` PartialObjectMetadata, the object of every Table row.
+    row_object: OnceLock<Bytes>,
+    /// Its whole Table row (v1, metadata object) and the second it was rendered at: the Age
+    /// cell changes at most once a second, so busy lists reuse rows.
+    row: std::sync::Mutex<Option<(i64, Bytes)>>,
 }
 
 /// How stores hand out objects: shared, immutable, JSON cached.
@@ -53,6 +58,8 @@ impl<K> Stored<K> {
         Arc::new(Self {
             object,
             json: OnceLock::new(),
+            row_object: OnceLock::new(),
+            row: std::sync::Mutex::new(None),
         })
     }
 
@@ -72,6 +79,52 @@ impl<K: Serialize> Stored<K> {
                 Bytes::from(out)
             })
             .clone()
+    }
+}
+
+impl<K: crate::resource::ServedResource> Stored<K> {
+    /// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{…}}`.
+    pub fn row_object_v1(&self) -> Bytes {
+        self.row_object
+            .get_or_init(|| {
+                let pom = crate::table::PartialObjectMetadata::new(
+                    self.object.meta(),
+                    crate::negotiate::MetaVersion::V1,
+                );
+                let mut out = Vec::with_capacity(256);
+                // Serializing our own types into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut out, &pom);
+                Bytes::from(out)
+            })
+            .clone()
+    }
+}
+
+impl<K: crate::resource::ServedResource> Stored<K> {
+    /// `{"cells":[…],"object":{PartialObjectMetadata}}` as of `now` (to the second).
+    pub fn table_row_v1(&self, now: jiff::Timestamp) -> Bytes {
+        let second = now.as_second();
+        if let Ok(row) = self.row.lock()
+            && let Some((at, bytes)) = row.as_ref()
+            && *at == second
+        {
+            return bytes.clone();
+        }
+        let mut out = Vec::with_capacity(384);
+        out.extend_from_slice(b"{\"cells\":[");
+        let _ = serde_json::to_writer(&mut out, self.object.meta().name.as_deref().unwrap_or(""));
+        for cell in self.object.cells(now) {
+            out.push(b',');
+            let _ = serde_json::to_writer(&mut out, &cell);
+        }
+        out.extend_from_slice(b"],\"object\":");
+        out.extend_from_slice(&self.row_object_v1());
+        out.push(b'}');
+        let bytes = Bytes::from(out);
+        if let Ok(mut row) = self.row.lock() {
+            *row = Some((second, bytes.clone()));
+        }
+        bytes
     }
 }
 
