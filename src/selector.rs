@@ -15,28 +15,77 @@ use crate::{
 
 /// A parsed `labelSelector`. Empty matches everything.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct LabelSelector(Selector);
+pub struct LabelSelector {
+    selector: Selector,
+    /// For each `=`/`in` requirement, the hashes of the `key=value` pairs that satisfy it: an
+    /// object whose [`label_hashes`] miss every one of a set cannot match (a cheap first test
+    /// when scanning thousands of objects).
+    required: Vec<Vec<u64>>,
+}
+
+/// Hash of one `key=value` label pair, stable for the life of the process.
+pub fn label_pair_hash(key: &str, value: &str) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static STATE: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let mut hasher = STATE.get_or_init(Default::default).build_hasher();
+    hasher.write(key.as_bytes());
+    hasher.write_u8(0xff);
+    hasher.write(value.as_bytes());
+    hasher.finish()
+}
+
+/// The sorted pair hashes of a label set, kept with each stored object.
+pub fn label_hashes(labels: Option<&BTreeMap<String, String>>) -> Vec<u64> {
+    let mut hashes: Vec<u64> = labels
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| label_pair_hash(k, v))
+        .collect();
+    hashes.sort_unstable();
+    hashes
+}
 
 impl LabelSelector {
     pub fn parse(input: &str) -> Result<Self> {
-        Parser::new(input)
-            .parse()
-            .map(|exprs| Self(exprs.into_iter().collect()))
-            .map_err(|message| Error::BadRequest(format!("unable to parse requirement: {message}")))
+        let exprs = Parser::new(input).parse().map_err(|message| {
+            Error::BadRequest(format!("unable to parse requirement: {message}"))
+        })?;
+        let required = exprs
+            .iter()
+            .filter_map(|e| match e {
+                Expression::Equal(k, v) => Some(vec![label_pair_hash(k, v)]),
+                Expression::In(k, values) => {
+                    Some(values.iter().map(|v| label_pair_hash(k, v)).collect())
+                }
+                _ => None,
+            })
+            .collect();
+        Ok(Self {
+            selector: exprs.into_iter().collect(),
+            required,
+        })
+    }
+
+    /// False when the object's label pair hashes show it cannot match; true means "check".
+    pub fn may_match(&self, hashes: &[u64]) -> bool {
+        self.required
+            .iter()
+            .all(|set| set.iter().any(|h| hashes.binary_search(h).is_ok()))
     }
 
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        if self.0.selects_all() {
+        if self.selector.selects_all() {
             return true;
         }
         match labels {
-            Some(labels) => self.0.matches(labels),
-            None => self.0.matches(&BTreeMap::new()),
+            Some(labels) => self.selector.matches(labels),
+            None => self.selector.matches(&BTreeMap::new()),
         }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.selects_all()
+        self.selector.selects_all()
     }
 }
 

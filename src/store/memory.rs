@@ -381,7 +381,9 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         let mut items = Vec::new();
         let mut last_key = None;
         for (key, object) in range.by_ref() {
-            if filter.matches(key, object.meta().labels.as_ref()) {
+            if filter.labels.may_match(&object.label_hashes)
+                && filter.matches(key, object.meta().labels.as_ref())
+            {
                 items.push(object.clone());
                 if limit.is_some_and(|l| items.len() >= l) {
                     last_key = Some(key.clone());

@@ -48,21 +48,26 @@ pub struct Stored<K> {
     /// Its whole Table row (v1, metadata object) and the second it was rendered at: the Age
     /// cell changes at most once a second, so busy lists reuse rows.
     row: std::sync::Mutex<Option<(i64, Bytes)>>,
+    /// Sorted hashes of its `key=value` labels, for [`crate::selector::LabelSelector::may_match`].
+    pub label_hashes: Vec<u64>,
 }
 
 /// How stores hand out objects: shared, immutable, JSON cached.
 pub type Object<K> = Arc<Stored<K>>;
 
-impl<K> Stored<K> {
+impl<K: kube::Resource> Stored<K> {
     pub fn new(object: K) -> Object<K> {
         Arc::new(Self {
+            label_hashes: crate::selector::label_hashes(object.meta().labels.as_ref()),
             object,
             json: OnceLock::new(),
             row_object: OnceLock::new(),
             row: std::sync::Mutex::new(None),
         })
     }
+}
 
+impl<K> Stored<K> {
     pub fn get(&self) -> &K {
         &self.object
     }
