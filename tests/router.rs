@@ -593,6 +593,22 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
         "rejected writes must not touch the store"
     );
 
+    let ignore_body = extra.replace("\"extra\"", "\"ignored\"");
+    let ignored = call(
+        &app,
+        "POST",
+        &format!("{ns}?fieldValidation=Ignore"),
+        &json_ct,
+        &ignore_body,
+    )
+    .await;
+    assert_eq!(ignored.status, StatusCode::CREATED);
+    assert!(
+        !ignored.headers.contains_key("warning"),
+        "Ignore drops unknown fields silently"
+    );
+    assert!(ignored.json()["spec"].get("color").is_none());
+
     let warn = call(
         &app,
         "POST",
@@ -716,6 +732,28 @@ async fn selectors_and_pagination() {
     assert_eq!(names(&last), ["l5", "l6"]);
     assert!(last["metadata"].get("continue").is_none());
     assert!(last["metadata"].get("remainingItemCount").is_none());
+}
+
+#[tokio::test]
+async fn a_continue_token_whose_snapshot_is_gone_is_410_expired() {
+    let app = app();
+    for i in 0..3 {
+        create(&app, "default", &llama(&format!("c{i}"), 1.0, 1.0)).await;
+    }
+    // A well-formed token for a resourceVersion no snapshot is kept for.
+    let token = farm_apiserver::store::ContinueToken {
+        v: "meta.k8s.io/v1".into(),
+        rv: 2,
+        start: ("default".into(), "c0".into()),
+        offset: 1,
+    }
+    .encode();
+    let reply = get(&app, &format!("{BASE}/llamas?limit=1&continue={token}")).await;
+    let message = reply.status(410, "Expired");
+    assert!(
+        message.starts_with("The provided continue parameter is too old"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
