@@ -5,16 +5,16 @@
 use axum::http::Method;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RequestInfo {
+pub struct RequestInfo<'a> {
     pub is_resource_request: bool,
-    pub verb: String,
-    pub api_group: String,
-    pub api_version: String,
-    pub namespace: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
-    pub path: String,
+    pub verb: &'static str,
+    pub api_group: &'a str,
+    pub api_version: &'a str,
+    pub namespace: &'a str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub name: &'a str,
+    pub path: &'a str,
 }
 
 fn is_watch(query: Option<&str>) -> bool {
@@ -26,45 +26,86 @@ fn is_watch(query: Option<&str>) -> bool {
     })
 }
 
-impl RequestInfo {
-    pub fn parse(method: &Method, path: &str, query: Option<&str>) -> Self {
-        let non_resource = || RequestInfo {
-            verb: method.as_str().to_ascii_lowercase(),
-            path: path.to_owned(),
+/// Non-resource verbs: the lower-cased method, as k8s.io/apiserver names them.
+fn method_verb(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "get",
+        Method::HEAD => "head",
+        Method::POST => "post",
+        Method::PUT => "put",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        Method::OPTIONS => "options",
+        _ => "other",
+    }
+}
+
+impl<'a> RequestInfo<'a> {
+    /// Borrows from `path`: parsing a request costs no allocation.
+    pub fn parse(method: &Method, path: &'a str, query: Option<&str>) -> Self {
+        let non_resource = RequestInfo {
+            verb: method_verb(method),
+            path,
             ..Default::default()
         };
-        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-        let (group, version, rest) = match segments.as_slice() {
-            ["apis", group, version, rest @ ..] if !rest.is_empty() => (*group, *version, rest),
-            ["api", version, rest @ ..] if !rest.is_empty() => ("", *version, rest),
-            _ => return non_resource(),
+        let mut segments = path.trim_matches('/').split('/');
+        let (group, version) = match (segments.next(), segments.next(), segments.next()) {
+            (Some("apis"), Some(group), Some(version)) => (group, version),
+            (Some("api"), Some(version), Some(first)) => {
+                // Core group: the version is the second segment; put `first` back.
+                return Self::resource(
+                    method,
+                    path,
+                    query,
+                    "",
+                    version,
+                    std::iter::once(first).chain(segments),
+                );
+            }
+            _ => return non_resource,
         };
+        let rest: Vec<&'a str> = segments.collect();
+        if rest.is_empty() {
+            return non_resource;
+        }
+        Self::resource(method, path, query, group, version, rest.into_iter())
+    }
+
+    fn resource(
+        method: &Method,
+        path: &'a str,
+        query: Option<&str>,
+        group: &'a str,
+        version: &'a str,
+        mut rest: impl Iterator<Item = &'a str>,
+    ) -> Self {
         let mut info = RequestInfo {
             is_resource_request: true,
-            api_group: group.to_owned(),
-            api_version: version.to_owned(),
-            path: path.to_owned(),
+            api_group: group,
+            api_version: version,
+            path,
             ..Default::default()
         };
-        let rest = match rest {
-            ["namespaces", namespace, rest @ ..] => {
-                info.namespace = (*namespace).to_owned();
-                if rest.is_empty() {
-                    info.resource = "namespaces".into();
-                    info.name = (*namespace).to_owned();
-                    &[][..]
-                } else {
-                    rest
+        let mut next = rest.next();
+        if next == Some("namespaces") {
+            if let Some(namespace) = rest.next() {
+                info.namespace = namespace;
+                next = rest.next();
+                if next.is_none() {
+                    info.resource = "namespaces";
+                    info.name = namespace;
                 }
+            } else {
+                info.resource = "namespaces";
+                next = None;
             }
-            rest => rest,
-        };
-        if let [resource, rest @ ..] = rest {
-            info.resource = (*resource).to_owned();
-            if let [name, rest @ ..] = rest {
-                info.name = (*name).to_owned();
-                if let [subresource, ..] = rest {
-                    info.subresource = (*subresource).to_owned();
+        }
+        if let Some(resource) = next {
+            info.resource = resource;
+            if let Some(name) = rest.next() {
+                info.name = name;
+                if let Some(subresource) = rest.next() {
+                    info.subresource = subresource;
                 }
             }
         }
@@ -77,12 +118,8 @@ impl RequestInfo {
             Method::PATCH => "patch",
             Method::DELETE if info.name.is_empty() => "deletecollection",
             Method::DELETE => "delete",
-            _ => "",
-        }
-        .to_owned();
-        if info.verb.is_empty() {
-            info.verb = method.as_str().to_ascii_lowercase();
-        }
+            _ => method_verb(method),
+        };
         info
     }
 }
@@ -93,14 +130,16 @@ mod tests {
 
     #[test]
     fn resource_verbs() {
-        let p = |m: Method, path: &str, q: Option<&str>| RequestInfo::parse(&m, path, q);
+        fn p<'a>(m: Method, path: &'a str, q: Option<&str>) -> RequestInfo<'a> {
+            RequestInfo::parse(&m, path, q)
+        }
         let i = p(
             Method::GET,
             "/apis/farm.example.com/v1alpha/namespaces/default/llamas",
             Some("limit=500"),
         );
         assert_eq!(
-            (i.verb.as_str(), i.namespace.as_str(), i.resource.as_str()),
+            (i.verb, i.namespace, i.resource),
             ("list", "default", "llamas")
         );
         let i = p(
@@ -108,13 +147,13 @@ mod tests {
             "/apis/farm.example.com/v1alpha/llamas",
             Some("watch=true&resourceVersion=3"),
         );
-        assert_eq!((i.verb.as_str(), i.namespace.as_str()), ("watch", ""));
+        assert_eq!((i.verb, i.namespace), ("watch", ""));
         let i = p(
             Method::DELETE,
             "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
             None,
         );
-        assert_eq!((i.verb.as_str(), i.name.as_str()), ("delete", "dolly"));
+        assert_eq!((i.verb, i.name), ("delete", "dolly"));
         let i = p(Method::GET, "/apis/farm.example.com/v1alpha", None);
         assert!(!i.is_resource_request);
         assert_eq!(i.verb, "get");

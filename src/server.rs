@@ -226,11 +226,9 @@ struct Edge {
 
 async fn edge(State(state): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let info = RequestInfo::parse(
-        request.method(),
-        request.uri().path(),
-        request.uri().query(),
-    );
+    // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
+    let uri = request.uri().clone();
+    let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
     let (response, user) = match state.auth.check(&mut request, &info).await {
         Ok(user) => (next.run(request).await, user),
         Err((error, user)) => (error.into_response(), user),
@@ -238,13 +236,13 @@ async fn edge(State(state): State<Arc<Edge>>, mut request: Request, next: Next) 
     let elapsed = started.elapsed();
     let code = response.status().as_u16();
     let resource = if info.is_resource_request {
-        info.resource.as_str()
+        info.resource
     } else {
         ""
     };
     state
         .metrics
-        .observe(&info.verb, resource, code, elapsed.as_secs_f64());
+        .observe(info.verb, resource, code, elapsed.as_secs_f64());
     let reason = response
         .extensions()
         .get::<ErrorReason>()

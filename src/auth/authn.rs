@@ -215,11 +215,16 @@ pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> O
         .map(str::to_owned)
         .collect();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let prefixes: Vec<String> = config
+        .extra_headers_prefixes
+        .iter()
+        .map(|p| p.to_ascii_lowercase())
+        .collect();
     for (header, value) in headers {
+        // Header names are stored lower-case.
         let lower = header.as_str();
-        for prefix in &config.extra_headers_prefixes {
-            let prefix = prefix.to_ascii_lowercase();
-            if let Some(rest) = lower.strip_prefix(&prefix)
+        for prefix in &prefixes {
+            if let Some(rest) = lower.strip_prefix(prefix.as_str())
                 && !rest.is_empty()
                 && let Ok(value) = value.to_str()
             {

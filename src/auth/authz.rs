@@ -55,10 +55,10 @@ pub struct Authorizer {
 const CACHE_LIMIT: usize = 10_000;
 
 /// kube-apiserver's Forbidden message for a request.
-pub fn forbidden_message(user: &UserInfo, info: &RequestInfo, reason: &str) -> String {
+pub fn forbidden_message(user: &UserInfo, info: &RequestInfo<'_>, reason: &str) -> String {
     let mut message = if info.is_resource_request {
         let resource = if info.api_group.is_empty() {
-            info.resource.clone()
+            info.resource.to_owned()
         } else {
             format!("{}.{}", info.resource, info.api_group)
         };
@@ -105,31 +105,31 @@ impl Authorizer {
         }
     }
 
-    fn spec(user: &UserInfo, info: &RequestInfo) -> SubjectAccessReviewSpec {
+    fn spec(user: &UserInfo, info: &RequestInfo<'_>) -> SubjectAccessReviewSpec {
         SubjectAccessReviewSpec {
             user: Some(user.name.clone()),
             uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
             groups: Some(user.groups.clone()),
             extra: (!user.extra.is_empty()).then(|| user.extra.clone().into_iter().collect()),
             resource_attributes: info.is_resource_request.then(|| ResourceAttributes {
-                namespace: Some(info.namespace.clone()),
-                verb: Some(info.verb.clone()),
-                group: Some(info.api_group.clone()),
-                version: Some(info.api_version.clone()),
-                resource: Some(info.resource.clone()),
-                subresource: Some(info.subresource.clone()),
-                name: Some(info.name.clone()),
+                namespace: Some(info.namespace.to_owned()),
+                verb: Some(info.verb.to_owned()),
+                group: Some(info.api_group.to_owned()),
+                version: Some(info.api_version.to_owned()),
+                resource: Some(info.resource.to_owned()),
+                subresource: Some(info.subresource.to_owned()),
+                name: Some(info.name.to_owned()),
                 ..Default::default()
             }),
             non_resource_attributes: (!info.is_resource_request).then(|| NonResourceAttributes {
-                path: Some(info.path.clone()),
-                verb: Some(info.verb.clone()),
+                path: Some(info.path.to_owned()),
+                verb: Some(info.verb.to_owned()),
             }),
         }
     }
 
     /// Everything a review depends on, NUL-separated.
-    fn cache_key(user: &UserInfo, info: &RequestInfo) -> String {
+    fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> String {
         let mut key = String::with_capacity(160);
         let _ = write!(key, "{}\0{}\0", user.name, user.uid);
         for group in &user.groups {
@@ -167,8 +167,8 @@ impl Authorizer {
         }
     }
 
-    pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo) -> Result<(), Error> {
-        if always_allowed(&info.path) || user.is_system_masters() {
+    pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo<'_>) -> Result<(), Error> {
+        if always_allowed(info.path) || user.is_system_masters() {
             return Ok(());
         }
         let Some(client) = &self.client else {
@@ -229,7 +229,7 @@ impl Authorizer {
         &self,
         decision: &Decision,
         user: &UserInfo,
-        info: &RequestInfo,
+        info: &RequestInfo<'_>,
     ) -> Result<(), Error> {
         if decision.allowed {
             Ok(())

@@ -30,7 +30,7 @@ impl Auth {
     pub async fn check(
         &self,
         request: &mut Request,
-        info: &RequestInfo,
+        info: &RequestInfo<'_>,
     ) -> Result<Option<Arc<UserInfo>>, (Error, Option<Arc<UserInfo>>)> {
         let peer = request.extensions().get::<PeerCertificates>().cloned();
         let user = self
@@ -39,7 +39,7 @@ impl Auth {
             .await
             .map_err(|e| (e, None))?;
         let Some(user) = user else {
-            if authz::always_allowed(&info.path) {
+            if authz::always_allowed(info.path) {
                 return Ok(None);
             }
             return Err((Error::Unauthorized("Unauthorized".into()), None));
