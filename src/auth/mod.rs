@@ -19,10 +19,6 @@ pub struct Auth {
     pub authz: Authorizer,
 }
 
-/// Left on responses so the request log names the user.
-#[derive(Debug, Clone)]
-pub struct AuthenticatedUser(pub Arc<UserInfo>);
-
 impl Auth {
     /// Authenticates and authorizes one request: Ok(None) for an anonymous call to an
     /// always-allowed path, the user otherwise; 401/403 as errors. Identity headers are
