@@ -67,6 +67,14 @@ impl LabelSelector {
         })
     }
 
+    /// The pair hash of an `=`/`==` requirement, whose objects a label index can list.
+    pub fn indexed_hash(&self) -> Option<u64> {
+        self.required
+            .iter()
+            .find(|set| set.len() == 1)
+            .map(|set| set[0])
+    }
+
     /// False when the object's label pair hashes show it cannot match; true means "check".
     pub fn may_match(&self, hashes: &[u64]) -> bool {
         self.required

@@ -712,6 +712,35 @@ async fn selectors_and_pagination() {
     .json();
     assert_eq!(names(&by_ns), ["l5", "l6"]);
 
+    // Pages through the label index: l0, l2 | l4, l6.
+    let page = get(
+        &app,
+        &format!("{BASE}/llamas?labelSelector=herd%3Deven&limit=2"),
+    )
+    .await
+    .json();
+    assert_eq!(names(&page), ["l0", "l2"]);
+    let token = page["metadata"]["continue"].as_str().unwrap().to_owned();
+    let page = get(
+        &app,
+        &format!("{BASE}/llamas?labelSelector=herd%3Deven&limit=2&continue={token}"),
+    )
+    .await
+    .json();
+    assert_eq!(names(&page), ["l4", "l6"]);
+    assert!(page["metadata"].get("remainingItemCount").is_none());
+    let none = get(&app, &format!("{BASE}/llamas?labelSelector=herd%3Dnone"))
+        .await
+        .json();
+    assert_eq!(names(&none), Vec::<String>::new());
+    let ns_even = get(
+        &app,
+        &format!("{BASE}/namespaces/ranch/llamas?labelSelector=herd%3Deven"),
+    )
+    .await
+    .json();
+    assert_eq!(names(&ns_even), ["l6"]);
+
     // Pages of 3 over 8 llamas (dolly + 7), consistent across a write in between.
     let first = get(&app, &format!("{BASE}/llamas?limit=3")).await.json();
     assert_eq!(names(&first), ["dolly", "l0", "l1"]);

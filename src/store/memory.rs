@@ -11,7 +11,7 @@ use std::{
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use imbl::{HashMap as PHashMap, OrdMap};
+use imbl::{HashMap as PHashMap, OrdMap, OrdSet};
 use tokio::sync::broadcast;
 
 use super::{
@@ -51,6 +51,9 @@ impl Default for MemoryStoreConfig {
 struct Snapshot<K> {
     objects: OrdMap<ObjectKey, Object<K>>,
     per_namespace: PHashMap<String, usize>,
+    /// Keys of the objects carrying each `key=value` label (by pair hash): a `-l app=x` list
+    /// visits its candidates, not every object.
+    by_label: PHashMap<u64, OrdSet<ObjectKey>>,
     resource_version: u64,
 }
 
@@ -107,6 +110,7 @@ impl<K: ServedResource> MemoryStore<K> {
                     current: Snapshot {
                         objects: OrdMap::new(),
                         per_namespace: PHashMap::new(),
+                        by_label: PHashMap::new(),
                         resource_version: 0,
                     },
                     events: VecDeque::new(),
@@ -138,7 +142,33 @@ impl<K: ServedResource> MemoryStore<K> {
         object: Object<K>,
     ) {
         let key = ObjectKey::of(object.meta());
-        let existed = state.current.objects.contains_key(&key);
+        let previous = state.current.objects.get(&key).cloned();
+        let existed = previous.is_some();
+        if let Some(previous) = &previous {
+            for hash in &previous.label_hashes {
+                if let Some(set) = state.current.by_label.get(hash) {
+                    let mut set = set.clone();
+                    set.remove(&key);
+                    if set.is_empty() {
+                        state.current.by_label.remove(hash);
+                    } else {
+                        state.current.by_label.insert(*hash, set);
+                    }
+                }
+            }
+        }
+        if type_ != EventType::Deleted {
+            for hash in &object.label_hashes {
+                let mut set = state
+                    .current
+                    .by_label
+                    .get(hash)
+                    .cloned()
+                    .unwrap_or_default();
+                set.insert(key.clone());
+                state.current.by_label.insert(*hash, set);
+            }
+        }
         match type_ {
             EventType::Deleted => {
                 if state.current.objects.remove(&key).is_some() {
@@ -373,9 +403,19 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
             (None, Some(ns)) => Bound::Included(ObjectKey::new(ns, "")),
             (None, None) => Bound::Unbounded,
         };
-        let mut range = snapshot
-            .objects
-            .range((lower, Bound::Unbounded))
+        // With an `=` label requirement, only the objects carrying that label are visited.
+        let candidates: Box<dyn Iterator<Item = (&ObjectKey, &Object<K>)> + '_> =
+            match filter.labels.indexed_hash() {
+                Some(hash) => match snapshot.by_label.get(&hash) {
+                    Some(keys) => Box::new(
+                        keys.range((lower, Bound::Unbounded))
+                            .filter_map(|k| snapshot.objects.get_key_value(k)),
+                    ),
+                    None => Box::new(std::iter::empty()),
+                },
+                None => Box::new(snapshot.objects.range((lower, Bound::Unbounded))),
+            };
+        let mut range = candidates
             .take_while(|(k, _)| scope_matches(namespace, k))
             .peekable();
         let mut items = Vec::new();
