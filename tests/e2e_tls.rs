@@ -3,11 +3,7 @@
 
 mod common;
 
-use std::{
-    io::{BufRead, BufReader},
-    process::Stdio,
-    time::Duration,
-};
+use std::{process::Stdio, time::Duration};
 
 use common::{Alpn, TestServer, kubectl, run};
 use farm_apiserver::resources::{Llama, LlamaSpec};
@@ -628,14 +624,7 @@ async fn kubectl_get_watch_prints_the_first_event() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut rx = common::lines(stdout);
     // The initial list first, then the new llama as an ADDED event with its columns.
     let header = tokio::time::timeout(Duration::from_secs(20), rx.recv())
         .await

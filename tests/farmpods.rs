@@ -381,18 +381,7 @@ async fn kubectl_get_farmpods() {
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut rx = common::lines(stdout);
     let first = tokio::time::timeout(Duration::from_secs(20), rx.recv())
         .await
         .unwrap()

@@ -473,3 +473,22 @@ impl RawConnection {
         })
     }
 }
+
+/// The lines a child process (e.g. `kubectl get -w`) prints, as they come.
+pub fn lines(
+    output: impl std::io::Read + Send + 'static,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(output)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
