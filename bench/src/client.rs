@@ -10,7 +10,7 @@ use hyper::{Request, body::Incoming};
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
+use tokio_rustls::{TlsConnector, client::TlsStream};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Proto {
@@ -69,17 +69,22 @@ impl Target {
         })
     }
 
-    pub async fn connect(&self, proto: Proto) -> Result<Conn> {
+    /// A TLS connection that negotiated `proto` (with the client certificate).
+    pub async fn tls(&self, proto: Proto) -> Result<TlsStream<TcpStream>> {
         let tcp = TcpStream::connect(self.addr).await?;
         tcp.set_nodelay(true)?;
         let connector = match proto {
             Proto::H1 => &self.h1,
             Proto::H2 => &self.h2,
         };
-        let tls = connector
+        connector
             .connect(ServerName::try_from("localhost")?, tcp)
             .await
-            .context("TLS handshake")?;
+            .context("TLS handshake")
+    }
+
+    pub async fn connect(&self, proto: Proto) -> Result<Conn> {
+        let tls = self.tls(proto).await?;
         let io = hyper_util::rt::TokioIo::new(tls);
         let sender = match proto {
             Proto::H1 => {
@@ -222,7 +227,6 @@ pub fn percentile(sorted: &[u32], p: f64) -> f64 {
     let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     f64::from(sorted[rank.min(sorted.len() - 1)])
 }
-
 /// `connections` kept-alive connections, each sending `path` back to back; requests sent
 /// between `start` and `end` are counted.
 pub async fn closed_loop(

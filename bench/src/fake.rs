@@ -22,6 +22,17 @@ use serde_json::{Value, json};
 #[derive(Default)]
 pub struct Fake {
     pub reviews: AtomicU64,
+    /// Every request, reviews included (anything else, Pods for one, is answered 404).
+    pub requests: AtomicU64,
+}
+
+async fn count(
+    State(fake): State<Arc<Fake>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    fake.requests.fetch_add(1, Ordering::Relaxed);
+    next.run(request).await
 }
 
 async fn review(State(fake): State<Arc<Fake>>, Json(mut review): Json<Value>) -> Json<Value> {
@@ -53,6 +64,7 @@ pub async fn start() -> anyhow::Result<(SocketAddr, Arc<Fake>)> {
             post(review),
         )
         .route("/api/v1/namespaces/kube-system/configmaps", get(configmaps))
+        .layer(axum::middleware::from_fn_with_state(fake.clone(), count))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

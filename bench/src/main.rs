@@ -1,12 +1,17 @@
 //! farm-apiserver's benchmark: every figure next to a ceiling measured in the same run,
 //! interleaved round by round, as a ratio; server CPU time per request from /proc/<pid>/stat.
 //!
-//! `bench/run` builds both binaries in release mode and runs `farm-bench run`.
+//! `bench/run` builds both binaries with the `dist` profile (release + fat LTO) and runs `farm-bench run`.
 
 mod ceiling;
 mod client;
 mod fake;
+mod load;
 mod procfs;
+
+// The same allocator as farm-apiserver, so the ceiling is not handicapped by glibc malloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::{
     net::SocketAddr,
@@ -19,7 +24,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use client::{Conn, Load, Proto, Target, closed_loop, percentile};
+use client::{Proto, Target, percentile};
 use farm_apiserver::tls::{self, DevCa};
 use serde::Serialize;
 use serde_json::json;
@@ -53,11 +58,12 @@ struct RunArgs {
     #[arg(
         long,
         env = "FARM_BENCH_SERVER",
-        default_value = "target/release/farm-apiserver"
+        default_value = "target/dist/farm-apiserver"
     )]
     server: PathBuf,
-    /// Rounds per comparison (server and ceiling alternate; medians are reported).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds per comparison (server and ceiling alternate; medians of the figures and of the
+    /// per-round ratios are reported).
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Measured seconds per run (after a warmup of a quarter of it).
     #[arg(long, default_value_t = 2.0)]
@@ -68,9 +74,24 @@ struct RunArgs {
     /// Only these scenarios (1-7); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
+    /// The closed-loop load generator: `hyper` (hyper's client on the multi-threaded runtime,
+    /// one task per connection) or `raw` (wrk-like: one single-threaded runtime per thread,
+    /// precomputed HTTP/1.1 requests, `h2` driven directly; it costs about half the CPU per
+    /// request, so it leaves more of the shared cores to the server and ceiling).
+    #[arg(long, value_enum, default_value_t = LoadGenerator::Hyper)]
+    load_generator: LoadGenerator,
+    /// Threads of the `raw` load generator (like wrk's -t); default: one per CPU.
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(2, |n| n.get()))]
+    client_threads: usize,
     /// Llamas for the large pagination run.
     #[arg(long, default_value_t = 1_000_000)]
     pagination_large: usize,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LoadGenerator {
+    Hyper,
+    Raw,
 }
 
 // ---- processes ----
@@ -225,6 +246,8 @@ struct Stats {
     p50_us: f64,
     p99_us: f64,
     cpu_us_per_request: f64,
+    /// The load generator's own CPU per request (this process), for context.
+    client_cpu_us_per_request: f64,
     bytes: usize,
     errors: u64,
 }
@@ -241,9 +264,27 @@ fn medians(runs: &[Stats]) -> Stats {
         p50_us: pick(|s| s.p50_us),
         p99_us: pick(|s| s.p99_us),
         cpu_us_per_request: pick(|s| s.cpu_us_per_request),
+        client_cpu_us_per_request: pick(|s| s.client_cpu_us_per_request),
         bytes: runs.iter().map(|s| s.bytes).max().unwrap_or(0),
         errors: runs.iter().map(|s| s.errors).sum(),
     }
+}
+
+/// Samples the server's and this process's CPU time at `start` and `end`.
+fn cpu_sampler(
+    pid: u32,
+    start: Instant,
+    end: Instant,
+) -> std::thread::JoinHandle<(Option<f64>, Option<f64>)> {
+    std::thread::spawn(move || {
+        let me = std::process::id();
+        std::thread::sleep(start.saturating_duration_since(Instant::now()));
+        let before = (procfs::cpu_seconds(pid), procfs::cpu_seconds(me));
+        std::thread::sleep(end.saturating_duration_since(Instant::now()));
+        let after = (procfs::cpu_seconds(pid), procfs::cpu_seconds(me));
+        let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+        (delta(after.0, before.0), delta(after.1, before.1))
+    })
 }
 
 /// One closed-loop run against `proc`, with its CPU time over exactly the measured window.
@@ -256,27 +297,53 @@ async fn measure(
     path: &str,
     extra: &[(&str, &str)],
 ) -> Result<Stats> {
-    let mut conns: Vec<Conn> = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        conns.push(t.connect(proto).await?);
-    }
     let measured = Duration::from_secs_f64(args.seconds);
-    let start = Instant::now() + measured / 4;
-    let end = start + measured;
-    let sampler = tokio::spawn(async move {
-        tokio::time::sleep_until(start.into()).await;
-        let before = procfs::cpu_seconds(pid);
-        tokio::time::sleep_until(end.into()).await;
-        let after = procfs::cpu_seconds(pid);
-        after.zip(before).map(|(a, b)| a - b)
-    });
-    let load: Load = closed_loop(conns, path, extra, start, end).await?;
-    let cpu = sampler.await?.unwrap_or(f64::NAN);
+    let window = move || {
+        let start = Instant::now() + measured / 4;
+        (start, start + measured)
+    };
+    let (load, sampler) = match args.load_generator {
+        LoadGenerator::Hyper => {
+            let mut conns = Vec::with_capacity(connections);
+            for _ in 0..connections {
+                conns.push(t.connect(proto).await?);
+            }
+            let (start, end) = window();
+            let sampler = cpu_sampler(pid, start, end);
+            (
+                client::closed_loop(conns, path, extra, start, end).await?,
+                Some(sampler),
+            )
+        }
+        LoadGenerator::Raw => {
+            let request = load::Request {
+                path: path.to_owned(),
+                headers: extra
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            };
+            let (t, threads) = (t.clone(), args.client_threads);
+            tokio::task::spawn_blocking(move || {
+                let mut sampler = None;
+                let load = load::closed_loop(&t, proto, connections, threads, &request, || {
+                    let (start, end) = window();
+                    sampler = Some(cpu_sampler(pid, start, end));
+                    (start, end)
+                })?;
+                Ok::<_, anyhow::Error>((load, sampler))
+            })
+            .await??
+        }
+    };
+    let (cpu, client_cpu) = sampler.and_then(|s| s.join().ok()).unwrap_or_default();
     Ok(Stats {
         rps: load.rps(),
         p50_us: load.percentile_us(50.0),
         p99_us: load.percentile_us(99.0),
-        cpu_us_per_request: cpu * 1e6 / load.requests.max(1) as f64,
+        cpu_us_per_request: cpu.unwrap_or(f64::NAN) * 1e6 / load.requests.max(1) as f64,
+        client_cpu_us_per_request: client_cpu.unwrap_or(f64::NAN) * 1e6
+            / load.requests.max(1) as f64,
         bytes: load.response_bytes,
         errors: load.errors,
     })
@@ -371,16 +438,26 @@ async fn compare(
         ceiling_runs.push(c);
     }
     let (s, c) = (medians(&server_runs), medians(&ceiling_runs));
+    // Each round's server run is compared with the ceiling run right after it, so the ratio is
+    // taken under the same machine conditions; the median of those ratios is reported.
+    let round_ratio = |f: fn(&Stats) -> f64| {
+        let mut ratios: Vec<f64> = server_runs
+            .iter()
+            .zip(&ceiling_runs)
+            .map(|(s, c)| f(s) / f(c))
+            .collect();
+        median(&mut ratios)
+    };
     let comparison = Comparison {
         scenario: scenario.into(),
         variant: variant.into(),
         server: s,
         ceiling: c,
-        rps_ratio: s.rps / c.rps,
-        cpu_ratio: s.cpu_us_per_request / c.cpu_us_per_request,
+        rps_ratio: round_ratio(|s| s.rps),
+        cpu_ratio: round_ratio(|s| s.cpu_us_per_request),
     };
     println!(
-        "  {variant:<34} server {:>9.0} req/s p50 {:>6.0}µs p99 {:>6.0}µs cpu {:>6.1}µs/req {:>7}B | ceiling {:>9.0} req/s p99 {:>6.0}µs cpu {:>6.1}µs/req | ratio rps {:.2} cpu {:.2}{}",
+        "  {variant:<34} server {:>9.0} req/s p50 {:>6.0}µs p99 {:>6.0}µs cpu {:>6.1}µs/req {:>7}B | ceiling {:>9.0} req/s p99 {:>6.0}µs cpu {:>6.1}µs/req | ratio rps {:.2} cpu {:.2} | load generator {:.1}µs/req{}",
         s.rps,
         s.p50_us,
         s.p99_us,
@@ -391,6 +468,7 @@ async fn compare(
         c.cpu_us_per_request,
         comparison.rps_ratio,
         comparison.cpu_ratio,
+        s.client_cpu_us_per_request,
         if s.errors > 0 {
             format!(" ({} errors)", s.errors)
         } else {
@@ -442,7 +520,7 @@ async fn create_llamas(t: &Target, namespace: &str, count: usize) -> Result<()> 
 async fn run(args: RunArgs) -> Result<()> {
     anyhow::ensure!(
         args.server.exists(),
-        "{} not found: build it with `cargo build --release` (bench/run does)",
+        "{} not found: build it with `cargo build --profile dist` (bench/run does)",
         args.server.display()
     );
     let (fake_addr, fake) = fake::start().await?;
@@ -450,8 +528,13 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut report = Report::default();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "farm-bench: {cpus} CPUs, {} rounds × {:.1}s, medians",
-        args.rounds, args.seconds
+        "farm-bench: {cpus} CPUs, {} rounds × {:.1}s, medians; load generator {}",
+        args.rounds,
+        args.seconds,
+        match args.load_generator {
+            LoadGenerator::Hyper => "hyper".to_owned(),
+            LoadGenerator::Raw => format!("raw ({} threads)", args.client_threads),
+        }
     );
 
     let ceiling = start_ceiling(&pki)?;
@@ -555,6 +638,7 @@ async fn run(args: RunArgs) -> Result<()> {
     if wants(&args, 3) {
         println!("3. LIST 10,000 FarmPods from the cache (synthetic Pods; no cluster calls)");
         let reviews_before = fake.reviews.load(std::sync::atomic::Ordering::Relaxed);
+        let requests_before = fake.requests.load(std::sync::atomic::Ordering::Relaxed);
         let all = compare(
             &args,
             &mut report,
@@ -592,13 +676,15 @@ async fn run(args: RunArgs) -> Result<()> {
             );
         }
         let reviews = fake.reviews.load(std::sync::atomic::Ordering::Relaxed) - reviews_before;
+        let others =
+            fake.requests.load(std::sync::atomic::Ordering::Relaxed) - requests_before - reviews;
         report.metric(
             "3-farmpods",
             "requests to kube-apiserver other than SubjectAccessReview",
-            0.0,
+            others as f64,
             "",
-            "0 (the fake serves no Pods)",
-            Some(true),
+            "0",
+            Some(others == 0),
         );
         println!("  SubjectAccessReviews during the FarmPod runs (cache refreshes): {reviews}");
     }
