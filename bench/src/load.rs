@@ -237,7 +237,9 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, u16, usize)>> {
 /// HTTP/2: one stream at a time per connection, as wrk does per HTTP/1.1 connection.
 struct H2 {
     sender: h2::client::SendRequest<bytes::Bytes>,
-    request: http::Request<()>,
+    // `http::Request` is not `Clone`: each stream gets a new one from these.
+    uri: http::Uri,
+    headers: http::HeaderMap,
 }
 
 impl H2 {
@@ -246,25 +248,25 @@ impl H2 {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        let mut builder = http::Request::builder().uri(format!(
-            "https://localhost:{}{}",
-            target.addr.port(),
-            request.path
-        ));
+        let mut headers = http::HeaderMap::new();
         for (k, v) in target.headers.iter().chain(&request.headers) {
-            builder = builder.header(k.as_str(), v.as_str());
+            headers.append(
+                http::HeaderName::from_bytes(k.as_bytes())?,
+                http::HeaderValue::from_str(v)?,
+            );
         }
         Ok(Self {
             sender,
-            request: builder.body(())?,
+            uri: format!("https://localhost:{}{}", target.addr.port(), request.path).parse()?,
+            headers,
         })
     }
 
     async fn round_trip(&mut self) -> Result<(u16, usize)> {
         std::future::poll_fn(|cx| self.sender.poll_ready(cx)).await?;
         let mut request = http::Request::new(());
-        *request.uri_mut() = self.request.uri().clone();
-        *request.headers_mut() = self.request.headers().clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.headers_mut() = self.headers.clone();
         let (response, _) = self.sender.send_request(request, true)?;
         let response = response.await?;
         let status = response.status().as_u16();
