@@ -64,11 +64,11 @@ impl<'a> RequestInfo<'a> {
             }
             _ => return non_resource,
         };
-        let rest: Vec<&'a str> = segments.collect();
-        if rest.is_empty() {
+        let mut rest = segments.peekable();
+        if rest.peek().is_none() {
             return non_resource;
         }
-        Self::resource(method, path, query, group, version, rest.into_iter())
+        Self::resource(method, path, query, group, version, rest)
     }
 
     fn resource(

@@ -11,7 +11,6 @@ use axum::{
     Router,
     extract::{Request, State},
     http::{HeaderValue, StatusCode, header},
-    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::get,
 };
@@ -217,50 +216,83 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
 }
 
 /// Every request but the probes passes here once: who is it and may they (auth), then the
-/// handler, then metrics and one log line labelled as kube-apiserver labels them.
-/// What the edge middleware needs (cloned per request, so kept to one `Arc`).
+/// resource endpoint or the router, then metrics and one log line labelled as kube-apiserver
+/// labels them. Written as a plain service rather than `middleware::from_fn`, which boxes the
+/// rest of the stack again for every request.
+#[derive(Clone)]
 struct Edge {
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
+    endpoints: Arc<rest::Endpoints>,
+    /// Discovery, OpenAPI, /version, /metrics and the 404 fallback.
+    router: Router,
 }
 
-async fn edge(State(state): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
-    let uri = request.uri().clone();
-    let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-    let (response, user) = match state.auth.check(&mut request, &info).await {
-        Ok(user) => (next.run(request).await, user),
-        Err((error, user)) => (error.into_response(), user),
-    };
-    let elapsed = started.elapsed();
-    let code = response.status().as_u16();
-    let resource = if info.is_resource_request {
-        info.resource
-    } else {
-        ""
-    };
-    state
-        .metrics
-        .observe(info.verb, resource, code, elapsed.as_secs_f64());
-    let reason = response
-        .extensions()
-        .get::<ErrorReason>()
-        .map_or("", |r| r.0);
-    tracing::info!(
-        target: "farm_apiserver::request",
-        user = user.as_deref().map_or("", |u| u.name.as_str()),
-        verb = %info.verb,
-        resource,
-        namespace = %info.namespace,
-        name = %info.name,
-        path = %info.path,
-        code,
-        reason,
-        latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
-        "request"
-    );
-    response
+impl tower::Service<Request> for Edge {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        let edge = self.clone();
+        Box::pin(async move { Ok(edge.handle(request).await) })
+    }
+}
+
+impl Edge {
+    async fn handle(self, mut request: Request) -> Response {
+        let started = Instant::now();
+        // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
+        let uri = request.uri().clone();
+        let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+        let (response, user) = match self.auth.check(&mut request, &info).await {
+            Ok(user) => {
+                let response = match self.endpoints.find(uri.path()) {
+                    Some(target) => target.call(request).await,
+                    None => match tower::Service::call(&mut self.router.clone(), request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    },
+                };
+                (response, user)
+            }
+            Err((error, user)) => (error.into_response(), user),
+        };
+        let elapsed = started.elapsed();
+        let code = response.status().as_u16();
+        let resource = if info.is_resource_request {
+            info.resource
+        } else {
+            ""
+        };
+        self.metrics
+            .observe(info.verb, resource, code, elapsed.as_secs_f64());
+        let reason = response
+            .extensions()
+            .get::<ErrorReason>()
+            .map_or("", |r| r.0);
+        tracing::info!(
+            target: "farm_apiserver::request",
+            user = user.as_deref().map_or("", |u| u.name.as_str()),
+            verb = %info.verb,
+            resource,
+            namespace = %info.namespace,
+            name = %info.name,
+            path = %info.path,
+            code,
+            reason,
+            latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            "request"
+        );
+        response
+    }
 }
 
 async fn not_found() -> Error {
@@ -269,29 +301,23 @@ async fn not_found() -> Error {
 
 /// The whole HTTP surface, for the TLS listener and for `oneshot` tests alike.
 pub fn router(state: AppState) -> Router {
-    let api = Router::new()
+    let router = Router::new()
         .merge(discovery::router(state.discovery.clone()))
         .merge(openapi::router(state.openapi.clone()))
-        .merge(rest::router::<Llama>(
-            state.llamas.clone(),
-            state.rest.clone(),
-        ))
-        .merge(rest::router::<FarmPod>(
-            state.farmpods.clone(),
-            state.rest.clone(),
-        ))
         .route("/version", get(version))
         .route("/metrics", get(metrics_handler).with_state(state.clone()))
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(
-            Arc::new(Edge {
-                auth: state.auth.clone(),
-                metrics: state.metrics.clone(),
-            }),
-            edge,
-        ));
-    // Probes come after the layer: kubelet polls them every few seconds; they are not traffic.
-    api.merge(health::router(state.health.clone()))
+        .fallback(not_found);
+    let endpoints = rest::Endpoints::default()
+        .with::<Llama>(state.llamas.clone(), state.rest.clone())
+        .with::<FarmPod>(state.farmpods.clone(), state.rest.clone());
+    let edge = Edge {
+        auth: state.auth.clone(),
+        metrics: state.metrics.clone(),
+        endpoints: Arc::new(endpoints),
+        router,
+    };
+    // Probes bypass the edge: kubelet polls them every few seconds; they are not traffic.
+    health::router(state.health.clone()).fallback_service(edge)
 }
 
 /// Listener settings.

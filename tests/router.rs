@@ -867,3 +867,41 @@ async fn metrics_count_requests_and_objects() {
     assert!(text.contains("apiserver_request_duration_seconds_bucket"));
     assert!(text.contains("apiserver_longrunning_requests"));
 }
+
+#[tokio::test]
+async fn resource_paths_match_exactly_as_kube_apiserver_lays_them_out() {
+    let app = app();
+    // A percent-encoded name is the name it decodes to, as Go's net/url gives it.
+    let reply = get(&app, &format!("{BASE}/namespaces/default/llamas/dol%6Cy")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.json()["metadata"]["name"], "dolly");
+    // HEAD is a GET without a body.
+    let reply = call(
+        &app,
+        "HEAD",
+        &format!("{BASE}/namespaces/default/llamas/dolly"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    // No subresources, no deeper paths, no cluster-wide items of a namespaced kind, no empty
+    // segments, no unknown kinds: each is a 404 Status, never a guess.
+    for path in [
+        format!("{BASE}/namespaces/default/llamas/dolly/status"),
+        format!("{BASE}/namespaces/default/llamas/dolly/status/x"),
+        format!("{BASE}/llamas/dolly"),
+        format!("{BASE}/namespaces//llamas"),
+        format!("{BASE}/namespaces/default/llamas/"),
+        format!("{BASE}/namespaces/default/alpacas"),
+        format!("{BASE}/namespaces/default"),
+    ] {
+        let reply = get(&app, &path).await;
+        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(reply.json()["kind"], "Status", "{path}");
+    }
+    // A segment that does not decode to UTF-8 is the client's mistake.
+    get(&app, &format!("{BASE}/namespaces/default/llamas/%FF"))
+        .await
+        .status(400, "BadRequest");
+}

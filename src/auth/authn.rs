@@ -9,7 +9,7 @@ use std::{
 };
 
 use arc_swap::ArcSwap;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::{Api, api::PostParams};
 use rustls::{
@@ -43,10 +43,11 @@ pub struct RequestHeaderConfig {
     verifier: Arc<dyn ClientCertVerifier>,
     /// Allowed client certificate CNs; empty = any CN the CA signed.
     pub allowed_names: Vec<String>,
-    pub username_headers: Vec<String>,
-    pub uid_headers: Vec<String>,
-    pub group_headers: Vec<String>,
-    pub extra_headers_prefixes: Vec<String>,
+    // Parsed and lower-cased once, not per request (see `set_headers`).
+    username_headers: Vec<HeaderName>,
+    uid_headers: Vec<HeaderName>,
+    group_headers: Vec<HeaderName>,
+    extra_headers_prefixes: Vec<String>,
 }
 
 impl std::fmt::Debug for RequestHeaderConfig {
@@ -75,11 +76,58 @@ impl RequestHeaderConfig {
             ca_pem: ca_pem.to_owned(),
             verifier: verifier(ca_pem)?,
             allowed_names,
-            username_headers: vec!["X-Remote-User".into()],
-            uid_headers: vec!["X-Remote-Uid".into()],
-            group_headers: vec!["X-Remote-Group".into()],
-            extra_headers_prefixes: vec!["X-Remote-Extra-".into()],
+            username_headers: vec![HeaderName::from_static("x-remote-user")],
+            uid_headers: vec![HeaderName::from_static("x-remote-uid")],
+            group_headers: vec![HeaderName::from_static("x-remote-group")],
+            extra_headers_prefixes: vec![DEFAULT_EXTRA_PREFIX.into()],
         })
+    }
+
+    /// Header names as kube-apiserver publishes them (`requestheader-*-headers` in the
+    /// `extension-apiserver-authentication` ConfigMap), in any case. `None` keeps a default.
+    pub fn set_headers(
+        &mut self,
+        username: Option<Vec<String>>,
+        uid: Option<Vec<String>>,
+        group: Option<Vec<String>>,
+        extra_prefixes: Option<Vec<String>>,
+    ) {
+        fn names(list: Vec<String>) -> Vec<HeaderName> {
+            list.iter()
+                .filter_map(|n| match HeaderName::from_bytes(n.as_bytes()) {
+                    Ok(name) => Some(name),
+                    Err(_) => {
+                        tracing::warn!(header = %n, "ignoring an invalid request-header name");
+                        None
+                    }
+                })
+                .collect()
+        }
+        if let Some(list) = username {
+            self.username_headers = names(list);
+        }
+        if let Some(list) = uid {
+            self.uid_headers = names(list);
+        }
+        if let Some(list) = group {
+            self.group_headers = names(list);
+        }
+        if let Some(list) = extra_prefixes {
+            self.extra_headers_prefixes = list.iter().map(|p| p.to_ascii_lowercase()).collect();
+        }
+    }
+
+    /// Whether a (lower-case) header name carries identity under this configuration.
+    fn names_identity(&self, name: &str) -> bool {
+        self.username_headers
+            .iter()
+            .chain(&self.uid_headers)
+            .chain(&self.group_headers)
+            .any(|h| h.as_str() == name)
+            || self
+                .extra_headers_prefixes
+                .iter()
+                .any(|p| name.len() > p.len() && name.starts_with(p.as_str()))
     }
 }
 
@@ -194,50 +242,65 @@ fn extra_key(raw: &str) -> String {
         .into_owned()
 }
 
-fn header_values<'a>(headers: &'a HeaderMap, name: &str) -> impl Iterator<Item = &'a str> {
-    headers.get_all(name).iter().filter_map(|v| v.to_str().ok())
+/// Every value of these headers, removed from the request.
+fn take_values(headers: &mut HeaderMap, names: &[HeaderName]) -> Vec<String> {
+    let mut values = Vec::new();
+    for name in names {
+        // Not `entry`: that reserves room for an insert first, which can rehash the map.
+        let before = values.len();
+        values.extend(
+            headers
+                .get_all(name)
+                .iter()
+                .filter_map(|v| v.to_str().ok().map(str::to_owned)),
+        );
+        if values.len() > before || headers.contains_key(name) {
+            headers.remove(name);
+        }
+    }
+    values
 }
 
-/// The user a trusted front proxy names in the request headers.
-pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> Option<UserInfo> {
-    let first = |names: &[String]| {
-        names
+/// The user a trusted front proxy names in the request headers. The headers are taken out of
+/// the request, as k8s.io/apiserver clears them once read.
+pub fn take_user_from_headers(
+    config: &RequestHeaderConfig,
+    headers: &mut HeaderMap,
+) -> Option<UserInfo> {
+    let name = take_values(headers, &config.username_headers)
+        .into_iter()
+        .find(|v| !v.is_empty());
+    let uid = take_values(headers, &config.uid_headers)
+        .into_iter()
+        .find(|v| !v.is_empty());
+    let groups = take_values(headers, &config.group_headers);
+    // Header names are stored lower-case, as the prefixes are.
+    let is_extra = |header: &HeaderName| {
+        config
+            .extra_headers_prefixes
             .iter()
-            .flat_map(|n| header_values(headers, n))
-            .find(|v| !v.is_empty())
-            .map(str::to_owned)
+            .any(|p| header.as_str().len() > p.len() && header.as_str().starts_with(p.as_str()))
     };
-    let name = first(&config.username_headers)?;
-    let groups = config
-        .group_headers
-        .iter()
-        .flat_map(|n| header_values(headers, n))
-        .map(str::to_owned)
-        .collect();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let prefixes: Vec<String> = config
-        .extra_headers_prefixes
-        .iter()
-        .map(|p| p.to_ascii_lowercase())
-        .collect();
-    for (header, value) in headers {
-        // Header names are stored lower-case.
-        let lower = header.as_str();
-        for prefix in &prefixes {
-            if let Some(rest) = lower.strip_prefix(prefix.as_str())
-                && !rest.is_empty()
-                && let Ok(value) = value.to_str()
-            {
-                extra
-                    .entry(extra_key(rest))
-                    .or_default()
-                    .push(value.to_owned());
-            }
+    if headers.keys().any(is_extra) {
+        let extra_headers: Vec<HeaderName> =
+            headers.keys().filter(|h| is_extra(h)).cloned().collect();
+        for header in extra_headers {
+            let prefix_len = config
+                .extra_headers_prefixes
+                .iter()
+                .filter(|p| header.as_str().starts_with(p.as_str()))
+                .map(|p| p.len())
+                .max()
+                .unwrap_or(0);
+            let key = extra_key(&header.as_str()[prefix_len..]);
+            let values = take_values(headers, std::slice::from_ref(&header));
+            extra.entry(key).or_default().extend(values);
         }
     }
     Some(UserInfo {
-        name,
-        uid: first(&config.uid_headers).unwrap_or_default(),
+        name: name?,
+        uid: uid.unwrap_or_default(),
         groups,
         extra,
     })
@@ -249,29 +312,17 @@ const DEFAULT_EXTRA_PREFIX: &str = "x-remote-extra-";
 
 /// Headers only a verified front proxy may set; removed from every other request.
 pub fn strip_identity_headers(config: Option<&RequestHeaderConfig>, headers: &mut HeaderMap) {
-    let is_identity = |name: &str| {
-        DEFAULT_NAMES.contains(&name)
-            || name.starts_with(DEFAULT_EXTRA_PREFIX)
-            || config.is_some_and(|c| {
-                c.username_headers
-                    .iter()
-                    .chain(&c.uid_headers)
-                    .chain(&c.group_headers)
-                    .any(|h| h.eq_ignore_ascii_case(name))
-                    || c.extra_headers_prefixes
-                        .iter()
-                        .any(|p| name.len() > p.len() && name[..p.len()].eq_ignore_ascii_case(p))
-            })
+    let is_identity = |name: &HeaderName| {
+        let name = name.as_str();
+        (name.starts_with("x-remote-")
+            && (DEFAULT_NAMES.contains(&name) || name.starts_with(DEFAULT_EXTRA_PREFIX)))
+            || config.is_some_and(|c| c.names_identity(name))
     };
-    // Header names are stored lower-case; most requests carry none of these.
-    if !headers.keys().any(|k| is_identity(k.as_str())) {
+    // Most requests carry none of these.
+    if !headers.keys().any(is_identity) {
         return;
     }
-    let names: Vec<_> = headers
-        .keys()
-        .filter(|k| is_identity(k.as_str()))
-        .cloned()
-        .collect();
+    let names: Vec<HeaderName> = headers.keys().filter(|k| is_identity(k)).cloned().collect();
     for name in names {
         headers.remove(name);
     }
@@ -390,7 +441,7 @@ impl Authenticator {
         if identity == CertIdentity::FrontProxy
             && let Some(rh) = &config.request_header
         {
-            let user = user_from_headers(rh, headers);
+            let user = take_user_from_headers(rh, headers);
             strip_identity_headers(Some(rh), headers);
             if user.is_some() {
                 return Ok(user);
@@ -437,7 +488,7 @@ mod tests {
             HeaderValue::from_static("X509SHA256=abc"),
         );
         headers.append("x-remote-uid", HeaderValue::from_static("u-1"));
-        let user = user_from_headers(&config, &headers).unwrap();
+        let user = take_user_from_headers(&config, &mut headers).unwrap();
         assert_eq!(user.name, "alice");
         assert_eq!(user.uid, "u-1");
         assert_eq!(user.groups, ["dev", "system:authenticated"]);
@@ -447,5 +498,43 @@ mod tests {
         );
         strip_identity_headers(Some(&config), &mut headers);
         assert!(headers.is_empty(), "{headers:?}");
+    }
+
+    #[test]
+    fn header_names_from_the_configmap_are_read_in_any_case_and_stripped() {
+        crate::tls::install_default_provider();
+        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
+        let mut config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        config.set_headers(
+            Some(vec!["X-Custom-User".into()]),
+            None,
+            Some(vec!["X-Custom-Group".into()]),
+            Some(vec!["X-Custom-Extra-".into()]),
+        );
+        let mut headers = HeaderMap::new();
+        headers.append("x-custom-user", HeaderValue::from_static("bob"));
+        headers.append("x-custom-group", HeaderValue::from_static("ops"));
+        headers.append("x-custom-extra-scopes", HeaderValue::from_static("a"));
+        headers.append("x-custom-extra-scopes", HeaderValue::from_static("b"));
+        headers.append("accept", HeaderValue::from_static("application/json"));
+        let user = take_user_from_headers(&config, &mut headers).unwrap();
+        assert_eq!(
+            (user.name.as_str(), user.groups.as_slice()),
+            ("bob", &["ops".to_owned()][..])
+        );
+        assert_eq!(user.extra["scopes"], ["a", "b"]);
+        assert_eq!(headers.len(), 1, "only accept is left: {headers:?}");
+
+        // From anyone but the front proxy, the renamed headers are removed, defaults too.
+        let mut headers = HeaderMap::new();
+        headers.append("X-Custom-User", HeaderValue::from_static("mallory"));
+        headers.append("x-remote-group", HeaderValue::from_static("system:masters"));
+        headers.append("x-custom-extra-x", HeaderValue::from_static("y"));
+        headers.append("accept", HeaderValue::from_static("application/json"));
+        strip_identity_headers(Some(&config), &mut headers);
+        assert_eq!(
+            headers.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+            ["accept"]
+        );
     }
 }

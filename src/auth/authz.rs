@@ -4,7 +4,6 @@
 
 use std::{
     collections::HashMap,
-    fmt::Write,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -128,33 +127,43 @@ impl Authorizer {
         }
     }
 
-    /// Everything a review depends on, NUL-separated.
+    /// Everything a review depends on, separated by bytes no name contains. Built by appending
+    /// (not `write!`): it is computed on every authorized request.
     fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> String {
         let mut key = String::with_capacity(160);
-        let _ = write!(key, "{}\0{}\0", user.name, user.uid);
+        let mut field = |value: &str, separator: char| {
+            key.push_str(value);
+            key.push(separator);
+        };
+        field(&user.name, '\0');
+        field(&user.uid, '\0');
         for group in &user.groups {
-            let _ = write!(key, "{group}\x01");
+            field(group, '\x01');
         }
         for (k, values) in &user.extra {
-            let _ = write!(key, "\0{k}=");
+            field(k, '=');
             for v in values {
-                let _ = write!(key, "{v}\x01");
+                field(v, '\x01');
             }
+            field("", '\0');
         }
         if info.is_resource_request {
-            let _ = write!(
-                key,
-                "\0r\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+            field("r", '\0');
+            for value in [
                 info.verb,
                 info.namespace,
                 info.api_group,
                 info.api_version,
                 info.resource,
                 info.subresource,
-                info.name
-            );
+                info.name,
+            ] {
+                field(value, '\0');
+            }
         } else {
-            let _ = write!(key, "\0n\0{}\0{}", info.verb, info.path);
+            field("n", '\0');
+            field(info.verb, '\0');
+            field(info.path, '\0');
         }
         key
     }

@@ -50,18 +50,12 @@ pub fn build(sources: &StaticSources, configmap: Option<&ConfigMap>) -> AuthnCon
             .unwrap_or_default();
         match RequestHeaderConfig::new(&pem, allowed) {
             Ok(mut config) => {
-                if let Some(h) = string_list(data, "requestheader-username-headers") {
-                    config.username_headers = h;
-                }
-                if let Some(h) = string_list(data, "requestheader-uid-headers") {
-                    config.uid_headers = h;
-                }
-                if let Some(h) = string_list(data, "requestheader-group-headers") {
-                    config.group_headers = h;
-                }
-                if let Some(h) = string_list(data, "requestheader-extra-headers-prefix") {
-                    config.extra_headers_prefixes = h;
-                }
+                config.set_headers(
+                    string_list(data, "requestheader-username-headers"),
+                    string_list(data, "requestheader-uid-headers"),
+                    string_list(data, "requestheader-group-headers"),
+                    string_list(data, "requestheader-extra-headers-prefix"),
+                );
                 Some(config)
             }
             Err(error) => {
