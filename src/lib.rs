@@ -1,9 +1,10 @@
 //! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com/v1alpha`.
 //!
-//! A request goes: [`tls`] (handshake, client certificate) → [`server::router`] → [`auth`]
-//! (authentication, SubjectAccessReview) →
-//! [`discovery`], [`openapi`], [`health`] or [`rest`] (the verbs of one kind, written once) →
-//! [`store`] (in memory by default). [`table`], [`watch`] and [`negotiate`] shape responses;
+//! A request goes: [`tls`] (handshake, client certificate) → [`server::router`] (probes go
+//! straight to [`health`]; everything else through the edge: [`request_info`], [`auth`]
+//! (authentication, SubjectAccessReview), metrics, the request log) → [`rest`] when the path is
+//! a resource endpoint (the verbs of one kind, written once), else the axum router for
+//! [`discovery`], [`openapi`], /version and /metrics → [`store`] (in memory by default). [`table`], [`watch`] and [`negotiate`] shape responses;
 //! [`error`] turns every failure into a `meta/v1 Status`.
 
 pub mod auth;
