@@ -40,6 +40,26 @@ fn method_verb(method: &Method) -> &'static str {
     }
 }
 
+/// The `/`-separated segments of a path, exactly as `str::split('/')` gives them. Splits on the
+/// byte: a char pattern's searcher costs several times more on segments this short, and this runs
+/// on every request (callgrind).
+pub fn segments(path: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(path);
+    std::iter::from_fn(move || {
+        let current = rest?;
+        match current.bytes().position(|b| b == b'/') {
+            Some(slash) => {
+                rest = Some(&current[slash + 1..]);
+                Some(&current[..slash])
+            }
+            None => {
+                rest = None;
+                Some(current)
+            }
+        }
+    })
+}
+
 impl<'a> RequestInfo<'a> {
     /// Borrows from `path`: parsing a request costs no allocation.
     pub fn parse(method: &Method, path: &'a str, query: Option<&str>) -> Self {
@@ -48,7 +68,7 @@ impl<'a> RequestInfo<'a> {
             path,
             ..Default::default()
         };
-        let mut segments = path.trim_matches('/').split('/');
+        let mut segments = segments(path.trim_matches('/'));
         let (group, version) = match (segments.next(), segments.next(), segments.next()) {
             (Some("apis"), Some(group), Some(version)) => (group, version),
             (Some("api"), Some(version), Some(first)) => {
@@ -127,6 +147,25 @@ impl<'a> RequestInfo<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn segments_are_what_split_gives() {
+        for path in [
+            "",
+            "/",
+            "a",
+            "a/b",
+            "/a//b/",
+            "apis/farm.example.com/v1alpha",
+            "é/ü/",
+        ] {
+            assert_eq!(
+                segments(path).collect::<Vec<_>>(),
+                path.split('/').collect::<Vec<_>>(),
+                "{path:?}"
+            );
+        }
+    }
 
     #[test]
     fn resource_verbs() {

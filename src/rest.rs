@@ -121,7 +121,7 @@ impl Endpoints {
             .strip_prefix("/apis/")?
             .strip_prefix(GROUP_VERSION)?
             .strip_prefix('/')?;
-        let mut segments = rest.split('/');
+        let mut segments = crate::request_info::segments(rest);
         let first = segments.next()?;
         let (namespace, plural) = if first == "namespaces" {
             (Some(segments.next()?), segments.next()?)
