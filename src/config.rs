@@ -263,7 +263,7 @@ impl Args {
                 auth,
             },
         );
-        let app = server::router(state);
+        let app = server::app(state);
         server::serve(
             app,
             serving.config.clone(),

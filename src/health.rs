@@ -200,6 +200,22 @@ async fn all(endpoint: Endpoint, health: Arc<Health>, query: Option<String>) -> 
     report(&health, endpoint, None, verbose(query.as_deref()))
 }
 
+/// Whether [`router`] serves this path: `/<probe>` or `/<probe>/<check>`.
+pub fn is_probe(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    let is_name = |probe: &str| {
+        [Endpoint::Healthz, Endpoint::Livez, Endpoint::Readyz]
+            .iter()
+            .any(|e| e.name() == probe)
+    };
+    match rest.split_once('/') {
+        None => is_name(rest),
+        Some((probe, check)) => is_name(probe) && !check.is_empty() && !check.contains('/'),
+    }
+}
+
 pub fn router(health: Arc<Health>) -> Router {
     let mut router = Router::new();
     for endpoint in [Endpoint::Healthz, Endpoint::Livez, Endpoint::Readyz] {
@@ -220,4 +236,31 @@ pub fn router(health: Arc<Health>) -> Router {
             );
     }
     router.with_state(health)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn probes_are_exactly_the_paths_the_health_router_serves() {
+        for path in [
+            "/healthz",
+            "/livez",
+            "/readyz",
+            "/readyz/informer-sync",
+            "/livez/ping",
+        ] {
+            assert!(super::is_probe(path), "{path}");
+        }
+        for path in [
+            "/healthz/",
+            "/healthz/a/b",
+            "/healthzz",
+            "/",
+            "",
+            "healthz",
+            "/apis",
+        ] {
+            assert!(!super::is_probe(path), "{path}");
+        }
+    }
 }

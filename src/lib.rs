@@ -1,6 +1,6 @@
 //! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com/v1alpha`.
 //!
-//! A request goes: [`tls`] (handshake, client certificate) → [`server::router`] (probes go
+//! A request goes: [`tls`] (handshake, client certificate) → [`server::app`] (probes go
 //! straight to [`health`]; everything else through the edge: [`request_info`], [`auth`]
 //! (authentication, SubjectAccessReview), metrics, the request log) → [`rest`] when the path is
 //! a resource endpoint (the verbs of one kind, written once), else the axum router for

@@ -299,8 +299,44 @@ async fn not_found() -> Error {
     Error::NoRoute
 }
 
-/// The whole HTTP surface, for the TLS listener and for `oneshot` tests alike.
-pub fn router(state: AppState) -> Router {
+/// The whole HTTP surface as one service, for the TLS listener and for `oneshot` tests alike:
+/// the probes go straight to [`health`], everything else through the edge. Not an axum
+/// `Router` with the edge as fallback: that costs a catch-all route match, its URL parameters and
+/// a boxed future per request (callgrind).
+#[derive(Clone)]
+pub struct App {
+    probes: Router,
+    edge: Edge,
+}
+
+impl<B> tower::Service<axum::http::Request<B>> for App
+where
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let request = request.map(axum::body::Body::new);
+        if health::is_probe(request.uri().path()) {
+            // Probes: kubelet polls them every few seconds; they are not traffic.
+            return Box::pin(tower::Service::call(&mut self.probes.clone(), request));
+        }
+        let edge = self.edge.clone();
+        Box::pin(async move { Ok(edge.handle(request).await) })
+    }
+}
+
+pub fn app(state: AppState) -> App {
     let router = Router::new()
         .merge(discovery::router(state.discovery.clone()))
         .merge(openapi::router(state.openapi.clone()))
@@ -310,14 +346,15 @@ pub fn router(state: AppState) -> Router {
     let endpoints = rest::Endpoints::default()
         .with::<Llama>(state.llamas.clone(), state.rest.clone())
         .with::<FarmPod>(state.farmpods.clone(), state.rest.clone());
-    let edge = Edge {
-        auth: state.auth.clone(),
-        metrics: state.metrics.clone(),
-        endpoints: Arc::new(endpoints),
-        router,
-    };
-    // Probes bypass the edge: kubelet polls them every few seconds; they are not traffic.
-    health::router(state.health.clone()).fallback_service(edge)
+    App {
+        probes: health::router(state.health.clone()),
+        edge: Edge {
+            auth: state.auth.clone(),
+            metrics: state.metrics.clone(),
+            endpoints: Arc::new(endpoints),
+            router,
+        },
+    }
 }
 
 /// Listener settings.
@@ -333,7 +370,7 @@ pub struct ServeOptions {
 /// watches end and the listener stops accepting, in-flight requests get `shutdown_grace` to
 /// finish.
 pub async fn serve(
-    app: Router,
+    app: App,
     tls: axum_server::tls_rustls::RustlsConfig,
     options: ServeOptions,
     shutdown: Shutdown,
@@ -363,7 +400,7 @@ pub async fn serve(
     axum_server::from_tcp(options.listener)?
         .acceptor(crate::tls::Acceptor::new(tls))
         .handle(handle)
-        .serve(app.into_make_service())
+        .serve(tower::make::Shared::new(app))
         .await?;
     tracing::info!("stopped");
     Ok(())

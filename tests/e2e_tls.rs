@@ -188,7 +188,7 @@ async fn too_old_resource_version_is_410_error_event() {
         farm_apiserver::store::PodCache::without_cluster(),
         options,
     );
-    let app = farm_apiserver::server::router(state.clone());
+    let app = farm_apiserver::server::app(state.clone());
     for i in 0..5 {
         let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": format!("o{i}")}, "spec": {"weight": 1, "height": 1}});
         let request =

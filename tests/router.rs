@@ -2,7 +2,6 @@
 //! shape, without a socket.
 
 use axum::{
-    Router,
     body::Body,
     http::{Request, StatusCode},
 };
@@ -22,7 +21,7 @@ const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,applica
 
 #[derive(Clone)]
 struct App {
-    router: Router,
+    router: server::App,
     peer: PeerCertificates,
 }
 
@@ -36,7 +35,7 @@ fn app_with_state() -> (App, AppState) {
     std::mem::forget(shutdown); // watches stay open for the test's life
     (
         App {
-            router: server::router(state.clone()),
+            router: server::app(state.clone()),
             peer,
         },
         state,
@@ -828,7 +827,7 @@ async fn health_endpoints() {
     let (options, peer) = identity();
     let (state, shutdown) = AppState::new(options);
     let app = App {
-        router: server::router(state),
+        router: server::app(state),
         peer,
     };
     let ok = get(&app, "/readyz").await;

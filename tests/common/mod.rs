@@ -157,7 +157,7 @@ impl TestServer {
                 auth,
             },
         );
-        let app = server::router(state.clone());
+        let app = server::app(state.clone());
         let handle = axum_server::Handle::<SocketAddr>::new();
         listener.set_nonblocking(true).expect("nonblocking");
         let server = axum_server::from_tcp(listener)
@@ -165,7 +165,7 @@ impl TestServer {
             .acceptor(tls::Acceptor::new(serving.config.clone()))
             .handle(handle.clone());
         tokio::spawn(async move {
-            let _ = server.serve(app.into_make_service()).await;
+            let _ = server.serve(tower::make::Shared::new(app)).await;
         });
         handle.listening().await.expect("listening");
         Self {
