@@ -87,7 +87,7 @@ impl<K> std::ops::Deref for Api<K> {
 /// These are the hot paths, so they are matched here rather than as axum routes with path
 /// parameters: those cost a percent-decoded copy of every parameter and an extension map per
 /// request, a tenth of a GET's CPU in callgrind.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct Endpoints {
     kinds: Vec<(String, Arc<dyn Endpoint>)>,
 }

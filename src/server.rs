@@ -217,8 +217,8 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
 
 /// Every request but the probes passes here once: who is it and may they (auth), then the
 /// resource endpoint or the router, then metrics and one log line labelled as kube-apiserver
-/// labels them. Written as a plain service rather than `middleware::from_fn`, which boxes the
-/// rest of the stack again for every request.
+/// labels them. [`App`] calls it directly rather than through `middleware::from_fn`, which
+/// boxes the rest of the stack again for every request.
 #[derive(Clone)]
 struct Edge {
     auth: Arc<Auth>,
@@ -228,26 +228,8 @@ struct Edge {
     router: Router,
 }
 
-impl tower::Service<Request> for Edge {
-    type Response = Response;
-    type Error = std::convert::Infallible;
-    type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request) -> Self::Future {
-        let edge = self.clone();
-        Box::pin(async move { Ok(edge.handle(request).await) })
-    }
-}
-
 impl Edge {
-    async fn handle(self, mut request: Request) -> Response {
+    async fn handle(mut self, mut request: Request) -> Response {
         let started = Instant::now();
         // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
         let uri = request.uri().clone();
@@ -256,7 +238,7 @@ impl Edge {
             Ok(user) => {
                 let response = match self.endpoints.find(uri.path()) {
                     Some(target) => target.call(request).await,
-                    None => match tower::Service::call(&mut self.router.clone(), request).await {
+                    None => match tower::Service::call(&mut self.router, request).await {
                         Ok(response) => response,
                         Err(never) => match never {},
                     },
