@@ -3,6 +3,7 @@
 //!
 //! `bench/run` builds both binaries with the `dist` profile (release + fat LTO) and runs `farm-bench run`.
 
+mod affinity;
 mod ceiling;
 mod client;
 mod fake;
@@ -74,15 +75,27 @@ struct RunArgs {
     /// Only these scenarios (1-7); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
-    /// The closed-loop load generator: `hyper` (hyper's client on the multi-threaded runtime,
-    /// one task per connection) or `raw` (wrk-like: one single-threaded runtime per thread,
-    /// precomputed HTTP/1.1 requests, `h2` driven directly; it costs about half the CPU per
-    /// request, so it leaves more of the shared cores to the server and ceiling).
-    #[arg(long, value_enum, default_value_t = LoadGenerator::Hyper)]
+    /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
+    /// precomputed HTTP/1.1 requests, `h2` driven directly; it needs less CPU per request than
+    /// the servers it measures, so on its own cores they, not it, set the pace) or `hyper`
+    /// (hyper's client on the multi-threaded runtime, one task per connection; about twice
+    /// the CPU per request, so on one core it saturates first on HTTP/2).
+    #[arg(long, value_enum, default_value_t = LoadGenerator::Raw)]
     load_generator: LoadGenerator,
-    /// Threads of the `raw` load generator (like wrk's -t); default: one per CPU.
-    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(2, |n| n.get()))]
-    client_threads: usize,
+    /// Threads of the `raw` load generator (like wrk's -t); default: one per CPU it may use.
+    #[arg(long)]
+    client_threads: Option<usize>,
+    /// CPUs farm-apiserver and the ceiling run on (e.g. `0`). Default: the first half of the
+    /// CPUs this process may use, the load generator the rest, so neither time-slices the other.
+    #[arg(long, value_delimiter = ',')]
+    server_cpus: Vec<usize>,
+    /// CPUs the load generator (this process) runs on (e.g. `1`). Default: what the servers
+    /// were not given.
+    #[arg(long, value_delimiter = ',')]
+    load_cpus: Vec<usize>,
+    /// Pin nothing: servers and load generator share every CPU (and time-slice each other).
+    #[arg(long, conflicts_with_all = ["server_cpus", "load_cpus"])]
+    shared_cpus: bool,
     /// Llamas for the large pagination run.
     #[arg(long, default_value_t = 1_000_000)]
     pagination_large: usize,
@@ -169,8 +182,12 @@ fn target(pki: &Pki, addr: SocketAddr) -> Result<Target> {
 async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc, Duration)> {
     let port = free_port()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let mut command = Command::new(&args.server);
+    if !args.server_cpus.is_empty() {
+        affinity::pin_command(&mut command, &args.server_cpus)?;
+    }
     let started = Instant::now();
-    let child = Command::new(&args.server)
+    let child = command
         .arg("--bind")
         .arg(addr.to_string())
         .arg("--cert-dir")
@@ -209,10 +226,13 @@ async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc
     }
 }
 
-fn start_ceiling(pki: &Pki) -> Result<Proc> {
+fn start_ceiling(args: &RunArgs, pki: &Pki) -> Result<Proc> {
     use std::io::BufRead;
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(std::env::current_exe()?);
+    if !args.server_cpus.is_empty() {
+        affinity::pin_command(&mut command, &args.server_cpus)?;
+    }
+    let mut child = command
         .arg("ceiling")
         .arg("--cert")
         .arg(pki.cert_dir().join(tls::TLS_CERT))
@@ -248,6 +268,12 @@ struct Stats {
     cpu_us_per_request: f64,
     /// The load generator's own CPU per request (this process), for context.
     client_cpu_us_per_request: f64,
+    /// How busy the load generator's CPUs were (1.0 = all of them, all the time). Near 1 the
+    /// generator, not the server, set the pace.
+    load_generator_busy: f64,
+    /// The share of the machine's CPU time stolen by the hypervisor during the run: the
+    /// machine was that much smaller than it looked.
+    steal: f64,
     bytes: usize,
     errors: u64,
 }
@@ -265,25 +291,45 @@ fn medians(runs: &[Stats]) -> Stats {
         p99_us: pick(|s| s.p99_us),
         cpu_us_per_request: pick(|s| s.cpu_us_per_request),
         client_cpu_us_per_request: pick(|s| s.client_cpu_us_per_request),
+        load_generator_busy: pick(|s| s.load_generator_busy),
+        steal: pick(|s| s.steal),
         bytes: runs.iter().map(|s| s.bytes).max().unwrap_or(0),
         errors: runs.iter().map(|s| s.errors).sum(),
     }
 }
 
-/// Samples the server's and this process's CPU time at `start` and `end`.
-fn cpu_sampler(
-    pid: u32,
-    start: Instant,
-    end: Instant,
-) -> std::thread::JoinHandle<(Option<f64>, Option<f64>)> {
+/// CPU time over a measured window.
+#[derive(Default)]
+struct CpuUse {
+    server_seconds: Option<f64>,
+    load_generator_seconds: Option<f64>,
+    /// The share of the machine's CPU time the hypervisor gave to other guests.
+    steal: Option<f64>,
+}
+
+/// Samples the server's, this process's and the machine's CPU time at `start` and `end`.
+fn cpu_sampler(pid: u32, start: Instant, end: Instant) -> std::thread::JoinHandle<CpuUse> {
     std::thread::spawn(move || {
         let me = std::process::id();
+        let sample = || {
+            (
+                procfs::cpu_seconds(pid),
+                procfs::cpu_seconds(me),
+                procfs::steal_ticks(),
+            )
+        };
         std::thread::sleep(start.saturating_duration_since(Instant::now()));
-        let before = (procfs::cpu_seconds(pid), procfs::cpu_seconds(me));
+        let before = sample();
         std::thread::sleep(end.saturating_duration_since(Instant::now()));
-        let after = (procfs::cpu_seconds(pid), procfs::cpu_seconds(me));
+        let after = sample();
         let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-        (delta(after.0, before.0), delta(after.1, before.1))
+        CpuUse {
+            server_seconds: delta(after.0, before.0),
+            load_generator_seconds: delta(after.1, before.1),
+            steal: after.2.zip(before.2).and_then(|((s1, t1), (s0, t0))| {
+                (t1 > t0).then(|| (s1 - s0) as f64 / (t1 - t0) as f64)
+            }),
+        }
     })
 }
 
@@ -323,7 +369,7 @@ async fn measure(
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
             };
-            let (t, threads) = (t.clone(), args.client_threads);
+            let (t, threads) = (t.clone(), client_threads(args));
             tokio::task::spawn_blocking(move || {
                 let mut sampler = None;
                 let load = load::closed_loop(&t, proto, connections, threads, &request, || {
@@ -336,8 +382,19 @@ async fn measure(
             .await??
         }
     };
-    let (cpu, client_cpu) = sampler.and_then(|s| s.join().ok()).unwrap_or_default();
+    let CpuUse {
+        server_seconds: cpu,
+        load_generator_seconds: client_cpu,
+        steal,
+    } = sampler.and_then(|s| s.join().ok()).unwrap_or_default();
+    let load_cpus = if args.load_cpus.is_empty() {
+        online_cpus()
+    } else {
+        args.load_cpus.len()
+    };
     Ok(Stats {
+        steal: steal.unwrap_or(f64::NAN),
+        load_generator_busy: client_cpu.unwrap_or(f64::NAN) / load.seconds / load_cpus as f64,
         rps: load.rps(),
         p50_us: load.percentile_us(50.0),
         p99_us: load.percentile_us(99.0),
@@ -369,8 +426,21 @@ struct Metric {
     met: Option<bool>,
 }
 
+/// How the figures were taken.
+#[derive(Default, Serialize)]
+struct Setup {
+    cpus: usize,
+    /// Empty: not pinned (shared with the load generator).
+    server_cpus: Vec<usize>,
+    load_cpus: Vec<usize>,
+    load_generator: String,
+    rounds: usize,
+    seconds: f64,
+}
+
 #[derive(Default, Serialize)]
 struct Report {
+    setup: Setup,
     comparisons: Vec<Comparison>,
     metrics: Vec<Metric>,
 }
@@ -475,6 +545,20 @@ async fn compare(
             String::new()
         }
     );
+    for (name, stats) in [("server", &s), ("ceiling", &c)] {
+        if stats.steal > 0.05 {
+            println!(
+                "    note: the hypervisor stole {:.0}% of the CPU time during the {name} runs: absolute figures are low, ratios less affected",
+                stats.steal * 100.0
+            );
+        }
+        if stats.load_generator_busy > 0.9 {
+            println!(
+                "    note: the load generator was {:.0}% busy during the {name} runs: it may have set the pace",
+                stats.load_generator_busy * 100.0
+            );
+        }
+    }
     report.comparisons.push(comparison.clone());
     Ok(comparison)
 }
@@ -525,19 +609,42 @@ async fn run(args: RunArgs) -> Result<()> {
     );
     let (fake_addr, fake) = fake::start().await?;
     let pki = setup_pki(fake_addr).await?;
-    let mut report = Report::default();
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "farm-bench: {cpus} CPUs, {} rounds × {:.1}s, medians; load generator {}",
-        args.rounds,
-        args.seconds,
-        match args.load_generator {
-            LoadGenerator::Hyper => "hyper".to_owned(),
-            LoadGenerator::Raw => format!("raw ({} threads)", args.client_threads),
+    let mut report = Report {
+        setup: Setup {
+            cpus: online_cpus(),
+            server_cpus: args.server_cpus.clone(),
+            load_cpus: args.load_cpus.clone(),
+            load_generator: match args.load_generator {
+                LoadGenerator::Hyper => "hyper".to_owned(),
+                LoadGenerator::Raw => format!("raw ({} threads)", client_threads(&args)),
+            },
+            rounds: args.rounds,
+            seconds: args.seconds,
+        },
+        ..Default::default()
+    };
+    let setup = &report.setup;
+    let cpu_list = |cpus: &[usize]| {
+        if cpus.is_empty() {
+            "all (shared)".to_owned()
+        } else {
+            cpus.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
         }
+    };
+    println!(
+        "farm-bench: {} CPUs (farm-apiserver and ceiling on {}, load generator on {}), {} rounds × {:.1}s, medians; load generator {}",
+        setup.cpus,
+        cpu_list(&setup.server_cpus),
+        cpu_list(&setup.load_cpus),
+        setup.rounds,
+        setup.seconds,
+        setup.load_generator,
     );
 
-    let ceiling = start_ceiling(&pki)?;
+    let ceiling = start_ceiling(&args, &pki)?;
     let ceiling_t = target(&pki, ceiling.addr)?;
     let (server, startup) = start_server(&args, &pki, &["--synthetic-pods", "10000"]).await?;
     let server_t = target(&pki, server.addr)?;
@@ -1020,9 +1127,32 @@ async fn watch_fanout(t: &Target) -> Result<f64> {
     Ok(percentile(&delays, 99.0) / 1000.0)
 }
 
+fn online_cpus() -> usize {
+    // SAFETY: sysconf only reads a system value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// The raw generator's threads: as asked, else one per CPU this process may run on.
+fn client_threads(args: &RunArgs) -> usize {
+    args.client_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+}
+
 fn main() -> Result<()> {
     tls::install_default_provider();
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    if let Cmd::Run(args) = &mut cli.command
+        && !args.shared_cpus
+    {
+        let allowed = affinity::allowed().context("reading this process's CPUs")?;
+        (args.server_cpus, args.load_cpus) =
+            affinity::split(&allowed, &args.server_cpus, &args.load_cpus);
+        // Before the runtime starts, so its threads inherit the mask.
+        if !args.load_cpus.is_empty() {
+            affinity::pin_current(&args.load_cpus).context("pinning the load generator")?;
+        }
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
         Cmd::Run(args) => runtime.block_on(run(args)),

@@ -21,3 +21,17 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
+
+/// The machine's (steal, total) CPU ticks so far, from /proc/stat's `cpu` line: time the
+/// hypervisor gave to other guests is stolen from every figure measured meanwhile.
+pub fn steal_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice]
+    Some((*ticks.get(7)?, ticks.iter().take(8).sum()))
+}
