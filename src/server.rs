@@ -262,7 +262,7 @@ impl Edge {
             .map_or("", |r| r.0);
         tracing::info!(
             target: "farm_apiserver::request",
-            user = user.as_deref().map_or("", |u| u.name.as_str()),
+            user = user.as_ref().map_or("", |u| u.name.as_str()),
             verb = %info.verb,
             resource,
             namespace = %info.namespace,

@@ -242,49 +242,66 @@ fn extra_key(raw: &str) -> String {
         .into_owned()
 }
 
-/// Every value of these headers.
-fn values_of(headers: &HeaderMap, names: &[HeaderName]) -> Vec<String> {
-    names
-        .iter()
-        .flat_map(|name| headers.get_all(name))
-        .filter_map(|v| v.to_str().ok().map(str::to_owned))
-        .collect()
+/// Where `header` stands among the configured `names` (earlier names win).
+fn rank(names: &[HeaderName], header: &HeaderName) -> Option<usize> {
+    names.iter().position(|name| name == header)
+}
+
+/// Keeps `value` if it is non-empty and from an earlier-configured header than `best`'s.
+fn keep_first<'a>(best: &mut Option<(usize, &'a str)>, rank: usize, value: &'a str) {
+    if !value.is_empty() && best.is_none_or(|(r, _)| rank < r) {
+        *best = Some((rank, value));
+    }
 }
 
 /// The user a trusted front proxy names in the request headers. They are read, not removed:
 /// nothing after authentication reads headers by these names, and removing them was a third of
 /// authentication's cost (callgrind).
+///
+/// One walk over the request's few headers, comparing names: a `HeaderMap` lookup hashes the
+/// name, and three lookups cost 2k instructions a request (callgrind). As in kube-apiserver,
+/// the user and uid are the first non-empty value of the first configured header that has one;
+/// groups are every value, in the configured headers' order.
 pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> Option<UserInfo> {
-    let name = values_of(headers, &config.username_headers)
-        .into_iter()
-        .find(|v| !v.is_empty())?;
-    let uid = values_of(headers, &config.uid_headers)
-        .into_iter()
-        .find(|v| !v.is_empty());
-    let groups = values_of(headers, &config.group_headers);
+    let mut name = None;
+    let mut uid = None;
+    let mut groups: Vec<(usize, &str)> = Vec::new();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (header, value) in headers {
-        // Header names are stored lower-case, as the prefixes are; the longest prefix wins.
-        let Some(prefix_len) = config
+        let Ok(value) = value.to_str() else {
+            continue;
+        };
+        // Not `else if`: one header may be configured in more than one role.
+        if let Some(r) = rank(&config.username_headers, header) {
+            keep_first(&mut name, r, value);
+        }
+        if let Some(r) = rank(&config.uid_headers, header) {
+            keep_first(&mut uid, r, value);
+        }
+        if let Some(r) = rank(&config.group_headers, header) {
+            groups.push((r, value));
+        }
+        if let Some(prefix_len) = config
             .extra_headers_prefixes
             .iter()
+            // Header names are stored lower-case, as the prefixes are; the longest prefix wins.
             .filter(|p| header.as_str().len() > p.len() && header.as_str().starts_with(p.as_str()))
             .map(|p| p.len())
             .max()
-        else {
-            continue;
-        };
-        if let Ok(value) = value.to_str() {
+        {
             extra
                 .entry(extra_key(&header.as_str()[prefix_len..]))
                 .or_default()
                 .push(value.to_owned());
         }
     }
+    let (_, name) = name?;
+    // Stable: values of one header keep the order they were sent in.
+    groups.sort_by_key(|&(r, _)| r);
     Some(UserInfo {
-        name,
-        uid: uid.unwrap_or_default(),
-        groups,
+        name: name.to_owned(),
+        uid: uid.map_or_else(String::new, |(_, u)| u.to_owned()),
+        groups: groups.into_iter().map(|(_, g)| g.to_owned()).collect(),
         extra,
     })
 }
@@ -480,6 +497,39 @@ mod tests {
         );
         strip_identity_headers(Some(&config), &mut headers);
         assert!(headers.is_empty(), "{headers:?}");
+    }
+
+    #[test]
+    fn several_configured_names_are_read_in_configured_order_not_sent_order() {
+        crate::tls::install_default_provider();
+        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
+        let mut config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        config.set_headers(
+            Some(vec!["X-User-A".into(), "X-User-B".into()]),
+            Some(vec!["X-Uid-A".into(), "X-Uid-B".into()]),
+            Some(vec!["X-Group-A".into(), "X-Group-B".into()]),
+            None,
+        );
+        let mut headers = HeaderMap::new();
+        // Sent in the opposite order; X-User-A's first value is empty, so its second counts.
+        headers.append("x-user-b", HeaderValue::from_static("bob"));
+        headers.append("x-user-a", HeaderValue::from_static(""));
+        headers.append("x-user-a", HeaderValue::from_static("alice"));
+        headers.append("x-uid-b", HeaderValue::from_static("uid-b"));
+        headers.append("x-group-b", HeaderValue::from_static("b1"));
+        headers.append("x-group-a", HeaderValue::from_static("a1"));
+        headers.append("x-group-b", HeaderValue::from_static("b2"));
+        headers.append("x-group-a", HeaderValue::from_static("a2"));
+        let user = user_from_headers(&config, &headers).unwrap();
+        assert_eq!(user.name, "alice");
+        assert_eq!(user.uid, "uid-b");
+        assert_eq!(user.groups, ["a1", "a2", "b1", "b2"]);
+
+        // No non-empty user header: no user, whatever else was sent.
+        let mut headers = HeaderMap::new();
+        headers.append("x-user-a", HeaderValue::from_static(""));
+        headers.append("x-group-a", HeaderValue::from_static("a1"));
+        assert!(user_from_headers(&config, &headers).is_none());
     }
 
     #[test]

@@ -5,8 +5,6 @@ pub mod authn;
 pub mod authz;
 pub mod source;
 
-use std::sync::Arc;
-
 use axum::extract::Request;
 
 pub use authn::{Authenticator, AuthnConfig, ClientCa, RequestHeaderConfig, UserInfo};
@@ -27,7 +25,7 @@ impl Auth {
         &self,
         request: &mut Request,
         info: &RequestInfo<'_>,
-    ) -> Result<Option<Arc<UserInfo>>, (Error, Option<Arc<UserInfo>>)> {
+    ) -> Result<Option<UserInfo>, (Error, Option<UserInfo>)> {
         let peer = request.extensions().get::<PeerCertificates>().cloned();
         let user = self
             .authn
@@ -40,7 +38,6 @@ impl Auth {
             }
             return Err((Error::Unauthorized("Unauthorized".into()), None));
         };
-        let user = Arc::new(user);
         match self.authz.authorize(&user, info).await {
             Ok(()) => Ok(Some(user)),
             Err(error) => Err((error, Some(user))),
