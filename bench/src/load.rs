@@ -1,7 +1,7 @@
 //! The closed-loop load generator, built like wrk: one OS thread per core, each with its own
 //! single-threaded runtime, and on it one task per connection that sends a request, reads the
 //! whole response, and sends the next. HTTP/1.1 writes precomputed request bytes and parses the
-//! response in place (httparse); HTTP/2 drives the `h2` crate directly. A hyper client costs
+//! response in place (httparse); HTTP/2 is framed by hand in the same task. A hyper client costs
 //! about twice the CPU per request of the server it measures, and on a 2-core machine that CPU
 //! (and the cross-thread wake-ups of a work-stealing runtime) shows up as the server's latency.
 

@@ -265,21 +265,30 @@ fn keep_first<'a>(best: &mut Option<(usize, &'a str)>, rank: usize, value: &'a s
 pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> Option<UserInfo> {
     let mut name = None;
     let mut uid = None;
-    let mut groups: Vec<(usize, &str)> = Vec::new();
+    let mut groups: Vec<String> = Vec::new();
+    // Only needed to order groups when more than one group header is configured.
+    let mut group_ranks: Vec<usize> = Vec::new();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (header, value) in headers {
-        let Ok(value) = value.to_str() else {
-            continue;
-        };
-        // Not `else if`: one header may be configured in more than one role.
-        if let Some(r) = rank(&config.username_headers, header) {
+        // Not `else if`: one header may be configured in more than one role. Values are checked
+        // for being text only once a name matched (most headers are not identity headers).
+        if let Some(r) = rank(&config.username_headers, header)
+            && let Ok(value) = value.to_str()
+        {
             keep_first(&mut name, r, value);
         }
-        if let Some(r) = rank(&config.uid_headers, header) {
+        if let Some(r) = rank(&config.uid_headers, header)
+            && let Ok(value) = value.to_str()
+        {
             keep_first(&mut uid, r, value);
         }
-        if let Some(r) = rank(&config.group_headers, header) {
-            groups.push((r, value));
+        if let Some(r) = rank(&config.group_headers, header)
+            && let Ok(value) = value.to_str()
+        {
+            groups.push(value.to_owned());
+            if config.group_headers.len() > 1 {
+                group_ranks.push(r);
+            }
         }
         if let Some(prefix_len) = config
             .extra_headers_prefixes
@@ -288,6 +297,7 @@ pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> O
             .filter(|p| header.as_str().len() > p.len() && header.as_str().starts_with(p.as_str()))
             .map(|p| p.len())
             .max()
+            && let Ok(value) = value.to_str()
         {
             extra
                 .entry(extra_key(&header.as_str()[prefix_len..]))
@@ -296,12 +306,16 @@ pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> O
         }
     }
     let (_, name) = name?;
-    // Stable: values of one header keep the order they were sent in.
-    groups.sort_by_key(|&(r, _)| r);
+    if !group_ranks.is_empty() {
+        // Stable: values of one header keep the order they were sent in.
+        let mut ranked: Vec<(usize, String)> = group_ranks.into_iter().zip(groups).collect();
+        ranked.sort_by_key(|(r, _)| *r);
+        groups = ranked.into_iter().map(|(_, g)| g).collect();
+    }
     Some(UserInfo {
         name: name.to_owned(),
         uid: uid.map_or_else(String::new, |(_, u)| u.to_owned()),
-        groups: groups.into_iter().map(|(_, g)| g.to_owned()).collect(),
+        groups,
         extra,
     })
 }
