@@ -196,20 +196,22 @@ impl<K: ServedResource> Api<K> {
             (None, _) if read => list_all(self, request).await,
             (Some(namespace), None) if read => list_namespaced(self, namespace, request).await,
             (Some(namespace), Some(name)) if read => get_item(self, namespace, name, request).await,
+            // Writes are boxed: their futures (body reads, patches) are the largest, and would
+            // otherwise size (and be copied with) every read's future too.
             (Some(namespace), None) if writable && method == Method::POST => {
-                create(self, namespace, request).await
+                Box::pin(create(self, namespace, request)).await
             }
             (Some(namespace), None) if writable && method == Method::DELETE => {
-                delete_collection(self, namespace, request).await
+                Box::pin(delete_collection(self, namespace, request)).await
             }
             (Some(namespace), Some(name)) if writable && method == Method::PUT => {
-                update(self, namespace, name, request).await
+                Box::pin(update(self, namespace, name, request)).await
             }
             (Some(namespace), Some(name)) if writable && method == Method::PATCH => {
-                patch(self, namespace, name, request).await
+                Box::pin(patch(self, namespace, name, request)).await
             }
             (Some(namespace), Some(name)) if writable && method == Method::DELETE => {
-                delete(self, namespace, name, request).await
+                Box::pin(delete(self, namespace, name, request)).await
             }
             _ => Err(method_not_allowed::<K>(&method, request.uri().query())),
         };
@@ -525,7 +527,7 @@ async fn list_or_watch<K: ServedResource>(
     api.store.check_ready()?;
     let filter = query.filter()?;
     if parse_bool("watch", query.watch.as_deref())? {
-        return start_watch(api, namespace, filter, &query, output, include).await;
+        return Box::pin(start_watch(api, namespace, filter, &query, output, include)).await;
     }
     if query.send_initial_events.is_some() {
         return Err(list_options_invalid(vec![FieldError {
@@ -669,7 +671,15 @@ async fn get_item<K: ServedResource>(
         // The old single-object watch: a watch with a name field selector.
         let mut filter = query.filter()?;
         filter.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
-        return start_watch(api, Some(namespace), filter, &query, output, include).await;
+        return Box::pin(start_watch(
+            api,
+            Some(namespace),
+            filter,
+            &query,
+            output,
+            include,
+        ))
+        .await;
     }
     let object = api.store.get(&ObjectKey::new(namespace, name)).await?;
     object_response(&object, output, include, StatusCode::OK)

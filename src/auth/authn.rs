@@ -472,7 +472,8 @@ impl Authenticator {
             .map(str::trim)
             .filter(|t| !t.is_empty());
         if let (Some(token), Some(reviewer)) = (bearer, &self.tokens) {
-            return reviewer.review(token).await;
+            // Boxed: the TokenReview's future is large and would size every request's future.
+            return Box::pin(reviewer.review(token)).await;
         }
         Ok(None)
     }

@@ -209,28 +209,35 @@ impl Authorizer {
                 }
             }
         };
-        let decision = cell
-            .get_or_try_init(|| async {
-                self.reviews.fetch_add(1, Ordering::Relaxed);
-                let review = SubjectAccessReview {
-                    spec: Self::spec(user, info),
-                    ..Default::default()
-                };
-                let reviewed = Api::<SubjectAccessReview>::all(client.clone())
-                    .create(&PostParams::default(), &review)
-                    .await
-                    .map_err(|e| {
-                        tracing::warn!(error = %e, "SubjectAccessReview failed");
-                        Error::Internal(format!("authorization could not be checked: {e}"))
-                    })?;
-                let status = reviewed.status.unwrap_or_default();
-                Ok::<_, Error>(Decision {
-                    allowed: status.allowed && status.denied != Some(true),
-                    reason: status.reason.unwrap_or_default(),
-                    at: Instant::now(),
-                })
-            })
-            .await?;
+        // The cached decision without an await; the review itself is boxed because its future
+        // (a kube client request) is kilobytes, and every request's future would otherwise be
+        // that large and be copied on the way (callgrind: ~1k instructions a request).
+        let decision = match cell.get() {
+            Some(decision) => decision,
+            None => {
+                Box::pin(cell.get_or_try_init(|| async {
+                    self.reviews.fetch_add(1, Ordering::Relaxed);
+                    let review = SubjectAccessReview {
+                        spec: Self::spec(user, info),
+                        ..Default::default()
+                    };
+                    let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+                        .create(&PostParams::default(), &review)
+                        .await
+                        .map_err(|e| {
+                            tracing::warn!(error = %e, "SubjectAccessReview failed");
+                            Error::Internal(format!("authorization could not be checked: {e}"))
+                        })?;
+                    let status = reviewed.status.unwrap_or_default();
+                    Ok::<_, Error>(Decision {
+                        allowed: status.allowed && status.denied != Some(true),
+                        reason: status.reason.unwrap_or_default(),
+                        at: Instant::now(),
+                    })
+                }))
+                .await?
+            }
+        };
         self.verdict(decision, user, info)
     }
 
