@@ -107,6 +107,16 @@ trait Endpoint: Send + Sync {
         name: Option<String>,
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response>;
+
+    /// A GET of one object answered without waiting, when the store holds it in memory; None
+    /// when only [`Endpoint::call`] can answer.
+    fn get_now(
+        &self,
+        namespace: String,
+        name: String,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Response>;
 }
 
 impl Endpoints {
@@ -157,6 +167,26 @@ impl Target<'_> {
         };
         self.endpoint.call(namespace, name, request).await
     }
+
+    /// The response without waiting, when the request is a GET of one object the store holds
+    /// in memory; None when it has to go through [`Target::call`].
+    pub fn call_now(
+        &self,
+        method: &Method,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Response> {
+        let (Some(namespace), Some(name)) = (self.namespace, self.name) else {
+            return None;
+        };
+        if method != Method::GET && method != Method::HEAD {
+            return None;
+        }
+        match (path_segment(namespace), path_segment(name)) {
+            (Ok(namespace), Ok(name)) => self.endpoint.get_now(namespace, name, query, headers),
+            (Err(error), _) | (_, Err(error)) => Some(error.into_response()),
+        }
+    }
 }
 
 /// A path segment as the client meant it (percent-decoded, as Go's net/url gives
@@ -179,6 +209,16 @@ impl<K: ServedResource> Endpoint for Api<K> {
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response> {
         Box::pin(self.clone().serve(namespace, name, request))
+    }
+
+    fn get_now(
+        &self,
+        namespace: String,
+        name: String,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Response> {
+        get_item_now(self, namespace, name, query, headers).map(IntoResponse::into_response)
     }
 }
 
@@ -657,18 +697,47 @@ async fn start_watch<K: ServedResource>(
     ))
 }
 
+/// What a GET of one object asks for, checked before anything is read.
+struct GetItem {
+    query: Query,
+    output: Output,
+    include: IncludeObject,
+    /// The old single-object watch.
+    watch: bool,
+}
+
+fn get_item_options<K: ServedResource>(
+    api: &Api<K>,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<GetItem> {
+    let query = parse_query(query)?;
+    let output = negotiate::output(headers)?;
+    let include = query.include_object()?;
+    api.store.check_ready()?;
+    let watch = parse_bool("watch", query.watch.as_deref())?;
+    Ok(GetItem {
+        query,
+        output,
+        include,
+        watch,
+    })
+}
+
 async fn get_item<K: ServedResource>(
     api: Api<K>,
     namespace: String,
     name: String,
     request: Request,
 ) -> Result<Response> {
-    let query = parse_query(request.uri().query())?;
-    let output = negotiate::output(request.headers())?;
-    let include = query.include_object()?;
-    api.store.check_ready()?;
-    if parse_bool("watch", query.watch.as_deref())? {
-        // The old single-object watch: a watch with a name field selector.
+    let GetItem {
+        query,
+        output,
+        include,
+        watch,
+    } = get_item_options(&api, request.uri().query(), request.headers())?;
+    if watch {
+        // A watch with a name field selector.
         let mut filter = query.filter()?;
         filter.fields = FieldSelector::parse(&format!("metadata.name={name}"))?;
         return Box::pin(start_watch(
@@ -683,6 +752,31 @@ async fn get_item<K: ServedResource>(
     }
     let object = api.store.get(&ObjectKey::new(namespace, name)).await?;
     object_response(&object, output, include, StatusCode::OK)
+}
+
+/// [`get_item`] without waiting; None for a watch or a store that is not in memory.
+fn get_item_now<K: ServedResource>(
+    api: &Api<K>,
+    namespace: String,
+    name: String,
+    query: Option<&str>,
+    headers: &HeaderMap,
+) -> Option<Result<Response>> {
+    let options = match get_item_options(api, query, headers) {
+        Ok(options) if options.watch => return None,
+        Ok(options) => options,
+        Err(error) => return Some(Err(error)),
+    };
+    let object = match api.store.get_now(&ObjectKey::new(namespace, name))? {
+        Ok(object) => object,
+        Err(error) => return Some(Err(error)),
+    };
+    Some(object_response(
+        &object,
+        options.output,
+        options.include,
+        StatusCode::OK,
+    ))
 }
 
 // ---- writes ----

@@ -17,7 +17,7 @@ use axum::{
 use tokio::sync::watch as signal;
 
 use crate::{
-    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer},
+    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer, UserInfo},
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
     health::{self, Health},
@@ -28,6 +28,7 @@ use crate::{
     resources::{FarmPod, Llama, llama},
     rest::{self, RestContext, RestSettings},
     store::{MemoryStore, PodCache, Store},
+    tls::{self, PeerCertificates},
 };
 
 /// Ends watches and tells the health checks the server is going away.
@@ -228,13 +229,64 @@ struct Edge {
     router: Router,
 }
 
+/// How far [`Edge::handle_now`] got without waiting.
+enum Handled {
+    Answered(Response),
+    /// Authenticated and authorized; the endpoint has to wait (a LIST, a watch, a write...).
+    Checked(Option<UserInfo>),
+    /// A token or access review has to be sent first.
+    Unchecked,
+}
+
 impl Edge {
-    async fn handle(mut self, mut request: Request) -> Response {
+    /// Answers without a future when everything the request needs is in memory (identity from
+    /// the certificate and headers, authorization from the cache, the object from the store):
+    /// a cached GET, most of the traffic. Everything else goes on to [`Edge::handle`].
+    fn handle_now<B>(
+        &self,
+        peer: Option<&PeerCertificates>,
+        request: &mut axum::http::Request<B>,
+    ) -> Handled {
         let started = Instant::now();
         // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
         let uri = request.uri().clone();
         let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-        let (response, user) = match self.auth.check(&mut request, &info).await {
+        let Some(checked) = self.auth.check_now(peer, request.headers_mut(), &info) else {
+            return Handled::Unchecked;
+        };
+        let (response, user) = match checked {
+            Ok(user) => {
+                let answered = self.endpoints.find(uri.path()).and_then(|target| {
+                    target.call_now(request.method(), uri.query(), request.headers())
+                });
+                match answered {
+                    Some(response) => (response, user),
+                    None => return Handled::Checked(user),
+                }
+            }
+            Err((error, user)) => (error.into_response(), user),
+        };
+        Handled::Answered(self.finish(&info, user.as_ref(), response, started))
+    }
+
+    async fn handle(
+        mut self,
+        peer: Option<PeerCertificates>,
+        mut request: Request,
+        checked: Option<Option<UserInfo>>,
+    ) -> Response {
+        let started = Instant::now();
+        let uri = request.uri().clone();
+        let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+        let checked = match checked {
+            Some(user) => Ok(user),
+            None => {
+                self.auth
+                    .check(peer.as_ref(), request.headers_mut(), &info)
+                    .await
+            }
+        };
+        let (response, user) = match checked {
             Ok(user) => {
                 let response = match self.endpoints.find(uri.path()) {
                     Some(target) => target.call(request).await,
@@ -247,6 +299,17 @@ impl Edge {
             }
             Err((error, user)) => (error.into_response(), user),
         };
+        self.finish(&info, user.as_ref(), response, started)
+    }
+
+    /// Metrics and the request's log line.
+    fn finish(
+        &self,
+        info: &RequestInfo<'_>,
+        user: Option<&UserInfo>,
+        response: Response,
+        started: Instant,
+    ) -> Response {
         let elapsed = started.elapsed();
         let code = response.status().as_u16();
         let resource = if info.is_resource_request {
@@ -262,7 +325,7 @@ impl Edge {
             .map_or("", |r| r.0);
         tracing::info!(
             target: "farm_apiserver::request",
-            user = user.as_ref().map_or("", |u| u.name.as_str()),
+            user = user.map_or("", |u| u.name.as_str()),
             verb = %info.verb,
             resource,
             namespace = %info.namespace,
@@ -285,11 +348,27 @@ async fn not_found() -> Error {
 /// the probes go straight to [`health`], everything else through the edge. Not an axum
 /// `Router` with the edge as fallback: that costs a catch-all route match, its URL parameters and
 /// a boxed future per request (callgrind).
+///
+/// The listener makes one per connection, told the connection's verified client certificates
+/// ([`tls::ConnectionService`]); requests without them (tests) may carry them as an extension.
 #[derive(Clone)]
 pub struct App {
     probes: Router,
     edge: Edge,
+    peer: Option<PeerCertificates>,
 }
+
+impl tls::ConnectionService for App {
+    fn for_peer(mut self, peer: PeerCertificates) -> Self {
+        self.peer = Some(peer);
+        self
+    }
+}
+
+type AppFuture = futures::future::Either<
+    std::future::Ready<Result<Response, std::convert::Infallible>>,
+    futures::future::BoxFuture<'static, Result<Response, std::convert::Infallible>>,
+>;
 
 impl<B> tower::Service<axum::http::Request<B>> for App
 where
@@ -298,7 +377,7 @@ where
 {
     type Response = Response;
     type Error = std::convert::Infallible;
-    type Future = futures::future::BoxFuture<'static, Result<Response, Self::Error>>;
+    type Future = AppFuture;
 
     fn poll_ready(
         &mut self,
@@ -307,14 +386,30 @@ where
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let request = request.map(axum::body::Body::new);
+    fn call(&mut self, mut request: axum::http::Request<B>) -> Self::Future {
+        use futures::future::Either;
         if health::is_probe(request.uri().path()) {
             // Probes: kubelet polls them every few seconds; they are not traffic.
-            return Box::pin(tower::Service::call(&mut self.probes.clone(), request));
+            let request = request.map(axum::body::Body::new);
+            return Either::Right(Box::pin(tower::Service::call(
+                &mut self.probes.clone(),
+                request,
+            )));
         }
+        let peer = match &self.peer {
+            Some(peer) => Some(peer.clone()),
+            None => request.extensions().get::<PeerCertificates>().cloned(),
+        };
+        let checked = match self.edge.handle_now(peer.as_ref(), &mut request) {
+            Handled::Answered(response) => return Either::Left(std::future::ready(Ok(response))),
+            Handled::Checked(user) => Some(user),
+            Handled::Unchecked => None,
+        };
         let edge = self.edge.clone();
-        Box::pin(async move { Ok(edge.handle(request).await) })
+        let request = request.map(axum::body::Body::new);
+        Either::Right(Box::pin(async move {
+            Ok(edge.handle(peer, request, checked).await)
+        }))
     }
 }
 
@@ -336,6 +431,7 @@ pub fn app(state: AppState) -> App {
             endpoints: Arc::new(endpoints),
             router,
         },
+        peer: None,
     }
 }
 

@@ -11,7 +11,6 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use axum::Extension;
 use axum_server::{
     accept::{Accept, NoDelayAcceptor},
     tls_rustls::{RustlsAcceptor, RustlsConfig},
@@ -25,7 +24,6 @@ use rustls::{RootCertStore, ServerConfig, server::WebPkiClientVerifier};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
-use tower::Layer;
 
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
@@ -390,9 +388,16 @@ impl Acceptor {
     }
 }
 
-impl<S: Send + 'static> Accept<TcpStream, S> for Acceptor {
+/// A connection's service, told who is at the other end once the handshake is done. (Not an
+/// `Extension` layer: that inserts into every request's extension map, three allocations a
+/// request.)
+pub trait ConnectionService {
+    fn for_peer(self, peer: PeerCertificates) -> Self;
+}
+
+impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
     type Stream = tokio_rustls::server::TlsStream<TcpStream>;
-    type Service = axum::middleware::AddExtension<S, PeerCertificates>;
+    type Service = S;
     type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
@@ -405,8 +410,7 @@ impl<S: Send + 'static> Accept<TcpStream, S> for Acceptor {
                 .peer_certificates()
                 .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
                 .unwrap_or_default();
-            let service = Extension(PeerCertificates::new(chain)).layer(service);
-            Ok((stream, service))
+            Ok((stream, service.for_peer(PeerCertificates::new(chain))))
         })
     }
 }

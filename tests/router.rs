@@ -261,6 +261,51 @@ async fn get_returns_the_sample_and_404_is_a_status() {
     outside.status(404, "NotFound");
 }
 
+/// A GET of one object is answered without a future; the same path with `watch=true` (the
+/// old single-object watch) and with bad options must still take the full path.
+#[tokio::test]
+async fn a_named_get_with_watch_streams_that_object_and_bad_options_are_400() {
+    let app = app();
+    assert_eq!(
+        create(&app, "default", &llama("other", 1.0, 1.0))
+            .await
+            .status,
+        201
+    );
+    let watch = get(
+        &app,
+        &format!("{BASE}/namespaces/default/llamas/dolly?watch=true&timeoutSeconds=1"),
+    )
+    .await;
+    assert_eq!(watch.status, StatusCode::OK);
+    let events: Vec<Value> = watch
+        .body
+        .split(|b| *b == b'\n')
+        .filter(|line| !line.is_empty())
+        .map(|line| serde_json::from_slice(line).unwrap())
+        .collect();
+    assert_eq!(events.len(), 1, "only dolly: {events:?}");
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "dolly");
+
+    let item = format!("{BASE}/namespaces/default/llamas/dolly");
+    get(&app, &format!("{item}?watch=maybe"))
+        .await
+        .status(400, "BadRequest");
+    call(&app, "GET", &item, &[("accept", "application/yaml")], "")
+        .await
+        .status(406, "NotAcceptable");
+    let encoded = get(&app, &format!("{BASE}/namespaces/def%61ult/llamas/doll%79")).await;
+    assert_eq!(
+        encoded.json()["metadata"]["name"],
+        "dolly",
+        "segments are decoded"
+    );
+    get(&app, &format!("{BASE}/namespaces/default/llamas/%ff"))
+        .await
+        .status(400, "BadRequest");
+}
+
 #[tokio::test]
 async fn table_has_columns_rows_and_partial_metadata() {
     let app = app();

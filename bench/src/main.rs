@@ -51,6 +51,12 @@ enum Cmd {
         #[arg(long)]
         client_ca: Vec<PathBuf>,
     },
+    /// Serve the fake kube-apiserver `run` uses (SubjectAccessReviews always allowed) and write
+    /// a kubeconfig for it, so other tools (bench/callgrind) take the same authorization path.
+    FakeCluster {
+        #[arg(long)]
+        kubeconfig: PathBuf,
+    },
 }
 
 #[derive(Parser, Clone)]
@@ -76,7 +82,7 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
-    /// precomputed HTTP/1.1 requests, `h2` driven directly; it needs less CPU per request than
+    /// precomputed HTTP/1.1 requests, HTTP/2 framed by hand; it needs less CPU per request than
     /// the servers it measures, so on its own cores they, not it, set the pace) or `hyper`
     /// (hyper's client on the multi-threaded runtime, one task per connection; about twice
     /// the CPU per request, so on one core it saturates first on HTTP/2).
@@ -99,6 +105,9 @@ struct RunArgs {
     /// Llamas for the large pagination run.
     #[arg(long, default_value_t = 1_000_000)]
     pagination_large: usize,
+    /// Protocols of scenarios 1 and 6 (e.g. `h2` alone while profiling it).
+    #[arg(long, value_delimiter = ',', default_values = ["h1", "h2"])]
+    protocols: Vec<Proto>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -474,8 +483,15 @@ impl Report {
     }
 }
 
-/// Alternates server and ceiling `rounds` times; the ceiling answers with as many bytes as the
-/// server did.
+/// The request the ceiling gets: the server's own (same path, query and headers, so both parse
+/// and decrypt the same bytes) with the reply size it should answer with added to the query.
+fn ceiling_path(path: &str, bytes: usize) -> String {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    format!("{path}{separator}size={bytes}")
+}
+
+/// Alternates server and ceiling `rounds` times; the ceiling gets the same request and answers
+/// with as many bytes as the server did.
 #[allow(clippy::too_many_arguments)]
 async fn compare(
     args: &RunArgs,
@@ -493,15 +509,14 @@ async fn compare(
     let mut ceiling_runs = Vec::new();
     for _ in 0..args.rounds {
         let s = measure(args, server.0, server.1, proto, connections, path, extra).await?;
-        let ceiling_path = format!("/?size={}", s.bytes);
         let c = measure(
             args,
             ceiling.0,
             ceiling.1,
             proto,
             connections,
-            &ceiling_path,
-            &[],
+            &ceiling_path(path, s.bytes),
+            extra,
         )
         .await?;
         server_runs.push(s);
@@ -655,7 +670,7 @@ async fn run(args: RunArgs) -> Result<()> {
         println!(
             "1. GET one Llama, 64 keep-alive connections (front-proxy identity, SubjectAccessReview cached)"
         );
-        for proto in [Proto::H1, Proto::H2] {
+        for &proto in &args.protocols {
             let cmp = compare(
                 &args,
                 &mut report,
@@ -811,14 +826,11 @@ async fn run(args: RunArgs) -> Result<()> {
 
     if wants(&args, 6) {
         println!("6. First response on 100 fresh TLS connections");
-        for proto in [Proto::H1, Proto::H2] {
-            let server_ttfb = fresh_connections(
-                &server_t,
-                proto,
-                "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
-            )
-            .await?;
-            let ceiling_ttfb = fresh_connections(&ceiling_t, proto, "/?size=400").await?;
+        for &proto in &args.protocols {
+            let path = "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly";
+            let server_ttfb = fresh_connections(&server_t, proto, path).await?;
+            let ceiling_ttfb =
+                fresh_connections(&ceiling_t, proto, &ceiling_path(path, 400)).await?;
             println!(
                 "  {} server p50 {:.3} ms p99 {:.3} ms | ceiling p50 {:.3} ms p99 {:.3} ms",
                 proto.name(),
@@ -1171,5 +1183,25 @@ fn main() -> Result<()> {
                 &cas,
             ))
         }
+        Cmd::FakeCluster { kubeconfig } => runtime.block_on(async {
+            let (addr, _) = fake::start().await?;
+            std::fs::write(&kubeconfig, fake::kubeconfig(addr))?;
+            println!("listening {addr}");
+            std::future::pending::<Result<()>>().await
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ceiling_path;
+
+    #[test]
+    fn the_ceiling_gets_the_servers_request_with_the_size_added() {
+        assert_eq!(ceiling_path("/apis/x/y", 267), "/apis/x/y?size=267");
+        assert_eq!(
+            ceiling_path("/apis/x/y?labelSelector=app%3Dapp-7", 38940),
+            "/apis/x/y?labelSelector=app%3Dapp-7&size=38940"
+        );
     }
 }

@@ -450,33 +450,60 @@ impl Authenticator {
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
     ) -> Result<Option<UserInfo>, Error> {
-        let config = self.config.load_full();
+        match self.authenticate_now(peer, headers) {
+            Authenticated::User(user) => Ok(user),
+            // Boxed: the TokenReview's future is large and would size every request's future.
+            Authenticated::NeedsTokenReview => match (bearer_token(headers), &self.tokens) {
+                (Some(token), Some(reviewer)) => Box::pin(reviewer.review(token)).await,
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// [`Authenticator::authenticate`] up to the point where a bearer token would have to be
+    /// reviewed (certificates and front-proxy headers need no waiting).
+    pub fn authenticate_now(
+        &self,
+        peer: Option<&PeerCertificates>,
+        headers: &mut HeaderMap,
+    ) -> Authenticated {
+        let config = self.config.load();
         let identity = peer.map_or(CertIdentity::None, |p| self.cert_identity(p, &config));
         if identity == CertIdentity::FrontProxy
             && let Some(rh) = &config.request_header
         {
             if let Some(user) = user_from_headers(rh, headers) {
-                return Ok(Some(user));
+                return Authenticated::User(Some(user));
             }
             strip_identity_headers(Some(rh), headers);
         } else {
             strip_identity_headers(config.request_header.as_ref(), headers);
         }
         if let CertIdentity::User(user) = identity {
-            return Ok(Some(user));
+            return Authenticated::User(Some(user));
         }
-        let bearer = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty());
-        if let (Some(token), Some(reviewer)) = (bearer, &self.tokens) {
-            // Boxed: the TokenReview's future is large and would size every request's future.
-            return Box::pin(reviewer.review(token)).await;
+        if self.tokens.is_some() && bearer_token(headers).is_some() {
+            return Authenticated::NeedsTokenReview;
         }
-        Ok(None)
+        Authenticated::User(None)
     }
+}
+
+/// What [`Authenticator::authenticate_now`] could tell without waiting.
+pub enum Authenticated {
+    /// The user, or None for anonymous.
+    User(Option<UserInfo>),
+    /// A bearer token that only a TokenReview can tell about.
+    NeedsTokenReview,
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]

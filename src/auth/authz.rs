@@ -53,6 +53,18 @@ pub struct Authorizer {
 
 const CACHE_LIMIT: usize = 10_000;
 
+fn without_cluster(user: &UserInfo, info: &RequestInfo<'_>) -> Error {
+    Error::Forbidden(forbidden_message(
+        user,
+        info,
+        "this server runs without a cluster: only the development identity is allowed",
+    ))
+}
+
+fn cache_poisoned() -> Error {
+    Error::Internal("authorization cache lock poisoned".into())
+}
+
 /// kube-apiserver's Forbidden message for a request.
 pub fn forbidden_message(user: &UserInfo, info: &RequestInfo<'_>, reason: &str) -> String {
     let mut message = if info.is_resource_request {
@@ -176,23 +188,38 @@ impl Authorizer {
         }
     }
 
+    /// [`Authorizer::authorize`] without waiting: None when a SubjectAccessReview has to be
+    /// sent (or awaited) first.
+    pub fn authorize_now(
+        &self,
+        user: &UserInfo,
+        info: &RequestInfo<'_>,
+    ) -> Option<Result<(), Error>> {
+        if always_allowed(info.path) || user.is_system_masters() {
+            return Some(Ok(()));
+        }
+        if self.client.is_none() {
+            return Some(Err(without_cluster(user, info)));
+        }
+        let key = Self::cache_key(user, info);
+        let cache = match self.cache.lock() {
+            Ok(cache) => cache,
+            Err(_) => return Some(Err(cache_poisoned())),
+        };
+        let decision = cache.get(&key)?.get()?;
+        (decision.at.elapsed() < self.ttl(decision)).then(|| self.verdict(decision, user, info))
+    }
+
     pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo<'_>) -> Result<(), Error> {
         if always_allowed(info.path) || user.is_system_masters() {
             return Ok(());
         }
         let Some(client) = &self.client else {
-            return Err(Error::Forbidden(forbidden_message(
-                user,
-                info,
-                "this server runs without a cluster: only the development identity is allowed",
-            )));
+            return Err(without_cluster(user, info));
         };
         let key = Self::cache_key(user, info);
         let cell = {
-            let mut cache = self
-                .cache
-                .lock()
-                .map_err(|_| Error::Internal("authorization cache lock poisoned".into()))?;
+            let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
             let fresh = cache
                 .get(&key)
                 .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))

@@ -5,9 +5,11 @@ pub mod authn;
 pub mod authz;
 pub mod source;
 
-use axum::extract::Request;
+use axum::http::HeaderMap;
 
-pub use authn::{Authenticator, AuthnConfig, ClientCa, RequestHeaderConfig, UserInfo};
+pub use authn::{
+    Authenticated, Authenticator, AuthnConfig, ClientCa, RequestHeaderConfig, UserInfo,
+};
 pub use authz::Authorizer;
 
 use crate::{error::Error, request_info::RequestInfo, tls::PeerCertificates};
@@ -17,30 +19,61 @@ pub struct Auth {
     pub authz: Authorizer,
 }
 
+/// The outcome of a check: the user (None: anonymous on an always-allowed path), or the error
+/// to answer with and whoever was identified.
+pub type Checked = Result<Option<UserInfo>, (Error, Option<UserInfo>)>;
+
 impl Auth {
     /// Authenticates and authorizes one request: Ok(None) for an anonymous call to an
     /// always-allowed path, the user otherwise; 401/403 as errors. Identity headers are
     /// stripped unless a verified front proxy sent them.
     pub async fn check(
         &self,
-        request: &mut Request,
+        peer: Option<&PeerCertificates>,
+        headers: &mut HeaderMap,
         info: &RequestInfo<'_>,
-    ) -> Result<Option<UserInfo>, (Error, Option<UserInfo>)> {
-        let peer = request.extensions().get::<PeerCertificates>().cloned();
+    ) -> Checked {
         let user = self
             .authn
-            .authenticate(peer.as_ref(), request.headers_mut())
+            .authenticate(peer, headers)
             .await
             .map_err(|e| (e, None))?;
         let Some(user) = user else {
-            if authz::always_allowed(info.path) {
-                return Ok(None);
-            }
-            return Err((Error::Unauthorized("Unauthorized".into()), None));
+            return anonymous(info).map_err(|e| (e, None));
         };
         match self.authz.authorize(&user, info).await {
             Ok(()) => Ok(Some(user)),
             Err(error) => Err((error, Some(user))),
         }
+    }
+
+    /// [`Auth::check`] when it needs no waiting (certificate or front-proxy identity, a cached
+    /// or unneeded authorization), as for nearly every request through the aggregator; None
+    /// when a TokenReview or SubjectAccessReview has to be sent first.
+    pub fn check_now(
+        &self,
+        peer: Option<&PeerCertificates>,
+        headers: &mut HeaderMap,
+        info: &RequestInfo<'_>,
+    ) -> Option<Checked> {
+        let Authenticated::User(user) = self.authn.authenticate_now(peer, headers) else {
+            return None;
+        };
+        let Some(user) = user else {
+            return Some(anonymous(info).map_err(|e| (e, None)));
+        };
+        Some(match self.authz.authorize_now(&user, info)? {
+            Ok(()) => Ok(Some(user)),
+            Err(error) => Err((error, Some(user))),
+        })
+    }
+}
+
+/// Anonymous callers reach only the always-allowed paths.
+fn anonymous(info: &RequestInfo<'_>) -> Result<Option<UserInfo>, Error> {
+    if authz::always_allowed(info.path) {
+        Ok(None)
+    } else {
+        Err(Error::Unauthorized("Unauthorized".into()))
     }
 }

@@ -361,9 +361,8 @@ fn wanted<K: ServedResource>(namespace: Option<&str>, filter: &Filter, object: &
     scope_matches(namespace, &key) && filter.matches(&key, object.meta().labels.as_ref())
 }
 
-#[async_trait]
-impl<K: ServedResource> Store<K> for MemoryStore<K> {
-    async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
+impl<K: ServedResource> MemoryStore<K> {
+    fn lookup(&self, key: &ObjectKey) -> Result<Object<K>> {
         let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
         state
             .current
@@ -371,6 +370,17 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
             .get(key)
             .cloned()
             .ok_or_else(|| Error::NotFound(K::subject(&key.name)))
+    }
+}
+
+#[async_trait]
+impl<K: ServedResource> Store<K> for MemoryStore<K> {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
+        self.lookup(key)
+    }
+
+    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<K>>> {
+        Some(self.lookup(key))
     }
 
     async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {

@@ -254,6 +254,12 @@ pub struct StoreStats {
 #[async_trait]
 pub trait Store<K: ServedResource>: Send + Sync + 'static {
     async fn get(&self, key: &ObjectKey) -> Result<Object<K>>;
+    /// The object without waiting, from a store that holds its objects in memory; None when
+    /// only [`Store::get`] can answer. Lets a GET be served without a future (callgrind: the
+    /// boxed futures of the async path cost a cached GET ~1.5k instructions).
+    fn get_now(&self, _key: &ObjectKey) -> Option<Result<Object<K>>> {
+        None
+    }
     async fn list(&self, request: &ListRequest) -> Result<ListPage<K>>;
     /// Stores a new object; the store sets `metadata.resourceVersion`.
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;

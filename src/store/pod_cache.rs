@@ -204,6 +204,10 @@ impl Store<FarmPod> for PodCache {
         self.store.get(key).await
     }
 
+    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<FarmPod>>> {
+        self.store.get_now(key)
+    }
+
     async fn list(&self, request: &ListRequest) -> Result<ListPage<FarmPod>> {
         self.store.list(request).await
     }
