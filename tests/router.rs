@@ -706,6 +706,61 @@ async fn list_query_errors() {
     }
 }
 
+/// `-l key=value` lists read the label index, which holds the objects themselves: it must
+/// follow every update, relabel and delete.
+#[tokio::test]
+async fn label_selected_lists_follow_updates_relabels_and_deletes() {
+    let app = app();
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "tina", "labels": {"herd": "north"}},
+        "spec": {"weight": 10, "height": 1}});
+    assert_eq!(create(&app, "farm", &body.to_string()).await.status, 201);
+    let item = format!("{BASE}/namespaces/farm/llamas/tina");
+    let selected = |herd: &'static str| {
+        let app = app.clone();
+        async move {
+            get(&app, &format!("{BASE}/llamas?labelSelector=herd%3D{herd}"))
+                .await
+                .json()["items"]
+                .as_array()
+                .unwrap()
+                .clone()
+        }
+    };
+    let patch = |body: &'static str| {
+        call(
+            &app,
+            "PATCH",
+            &item,
+            &[("content-type", "application/merge-patch+json")],
+            body,
+        )
+    };
+
+    assert_eq!(patch(r#"{"spec":{"weight":11}}"#).await.status, 200);
+    let north = selected("north").await;
+    assert_eq!(north.len(), 1);
+    assert_eq!(
+        north[0]["spec"]["weight"], 11.0,
+        "the updated object, not the one indexed first"
+    );
+
+    assert_eq!(
+        patch(r#"{"metadata":{"labels":{"herd":"south"}}}"#)
+            .await
+            .status,
+        200
+    );
+    assert!(selected("north").await.is_empty(), "relabelled away");
+    let south = selected("south").await;
+    assert_eq!(south.len(), 1);
+    assert_eq!(south[0]["metadata"]["name"], "tina");
+    assert_eq!(south[0]["spec"]["weight"], 11.0);
+
+    assert_eq!(call(&app, "DELETE", &item, &[], "").await.status, 200);
+    assert!(selected("south").await.is_empty(), "deleted");
+}
+
 #[tokio::test]
 async fn selectors_and_pagination() {
     let app = app();
