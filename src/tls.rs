@@ -54,7 +54,8 @@ pub struct ServingFiles {
 }
 
 /// Verified client certificate chain of a connection (leaf first, empty when none was sent),
-/// with what authentication decided about it, so that is worked out once per connection.
+/// with what authentication decided about it, so that is worked out once per connection (and
+/// once per distinct chain across connections: see `Authenticator`).
 #[derive(Debug, Clone, Default)]
 pub struct PeerCertificates {
     pub chain: Arc<Vec<CertificateDer<'static>>>,
