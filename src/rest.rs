@@ -462,7 +462,7 @@ fn list_json<K: ServedResource>(items: &[Object<K>], metadata: &ListMeta) -> Res
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(&item.json());
+        out.extend_from_slice(item.json());
     }
     out.extend_from_slice(b"]}");
     Ok(out)
@@ -480,7 +480,7 @@ fn object_response<K: ServedResource>(
 ) -> Result<Response> {
     let body = match output {
         Output::Json => {
-            let mut response = (code, object.json()).into_response();
+            let mut response = (code, object.json().clone()).into_response();
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

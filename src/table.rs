@@ -190,7 +190,7 @@ pub fn write<K: ServedResource>(
         }
         if (include, version) == (IncludeObject::Metadata, MetaVersion::V1) {
             // What kubectl asks for: the cached row.
-            out.extend_from_slice(&object.table_row_v1(now));
+            object.write_table_row_v1(now, &mut out);
             continue;
         }
         out.extend_from_slice(b"{\"cells\":[");
@@ -204,7 +204,7 @@ pub fn write<K: ServedResource>(
             (IncludeObject::None, _) => {}
             (IncludeObject::Metadata, MetaVersion::V1) => {
                 out.extend_from_slice(b",\"object\":");
-                out.extend_from_slice(&object.row_object_v1());
+                out.extend_from_slice(object.row_object_v1());
             }
             (IncludeObject::Metadata, _) => {
                 out.extend_from_slice(b",\"object\":");
@@ -215,7 +215,7 @@ pub fn write<K: ServedResource>(
             }
             (IncludeObject::Object, _) => {
                 out.extend_from_slice(b",\"object\":");
-                out.extend_from_slice(&object.json());
+                out.extend_from_slice(object.json());
             }
         }
         out.push(b'}');

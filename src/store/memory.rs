@@ -428,9 +428,12 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
             .peekable();
         let mut items = Vec::new();
         let mut last_key = None;
+        // An unfiltered list reads nothing of an object but its JSON (each read is a cache miss).
+        let selects_all = filter.is_empty();
         for (key, object) in range.by_ref() {
-            if filter.labels.may_match(&object.label_hashes)
-                && filter.matches(key, object.meta().labels.as_ref())
+            if selects_all
+                || (filter.labels.may_match(&object.label_hashes)
+                    && filter.matches(key, object.meta().labels.as_ref()))
             {
                 items.push(object.clone());
                 if limit.is_some_and(|l| items.len() >= l) {

@@ -40,9 +40,14 @@ impl EventType {
 
 /// A stored object with its JSON encoding, made once however often the object is read (get,
 /// list, and every watcher of its event).
+///
+/// `repr(C)` with the JSON first: behind an `Arc`, the reference count and the JSON's pointer
+/// and length share a cache line, so a list that clones the `Arc` has its JSON's whereabouts
+/// at no further miss (a 10,000-item list is bound by such misses, not by instructions).
+#[repr(C)]
 pub struct Stored<K> {
-    object: K,
     json: OnceLock<Bytes>,
+    object: K,
     /// Its `meta.k8s.io/v1` PartialObjectMetadata, the object of every Table row.
     row_object: OnceLock<Bytes>,
     /// Its whole Table row (v1, metadata object) and the second it was rendered at: the Age
@@ -74,46 +79,44 @@ impl<K> Stored<K> {
 }
 
 impl<K: Serialize> Stored<K> {
-    /// The object's JSON (apiVersion and kind included).
-    pub fn json(&self) -> Bytes {
-        self.json
-            .get_or_init(|| {
-                let mut out = Vec::with_capacity(512);
-                // Serializing our own types into a Vec cannot fail.
-                let _ = serde_json::to_writer(&mut out, &self.object);
-                Bytes::from(out)
-            })
-            .clone()
+    /// The object's JSON (apiVersion and kind included). Borrowed: a list copies 10k of these,
+    /// and a refcount bump and drop on each (a cache miss apiece) was a sixth of its time (perf).
+    pub fn json(&self) -> &Bytes {
+        self.json.get_or_init(|| {
+            let mut out = Vec::with_capacity(512);
+            // Serializing our own types into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut out, &self.object);
+            Bytes::from(out)
+        })
     }
 }
 
 impl<K: crate::resource::ServedResource> Stored<K> {
     /// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{…}}`.
-    pub fn row_object_v1(&self) -> Bytes {
-        self.row_object
-            .get_or_init(|| {
-                let pom = crate::table::PartialObjectMetadata::new(
-                    self.object.meta(),
-                    crate::negotiate::MetaVersion::V1,
-                );
-                let mut out = Vec::with_capacity(256);
-                // Serializing our own types into a Vec cannot fail.
-                let _ = serde_json::to_writer(&mut out, &pom);
-                Bytes::from(out)
-            })
-            .clone()
+    pub fn row_object_v1(&self) -> &Bytes {
+        self.row_object.get_or_init(|| {
+            let pom = crate::table::PartialObjectMetadata::new(
+                self.object.meta(),
+                crate::negotiate::MetaVersion::V1,
+            );
+            let mut out = Vec::with_capacity(256);
+            // Serializing our own types into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut out, &pom);
+            Bytes::from(out)
+        })
     }
 }
 
 impl<K: crate::resource::ServedResource> Stored<K> {
-    /// `{"cells":[…],"object":{PartialObjectMetadata}}` as of `now` (to the second).
-    pub fn table_row_v1(&self, now: jiff::Timestamp) -> Bytes {
+    /// Appends `{"cells":[…],"object":{PartialObjectMetadata}}` as of `now` (to the second).
+    pub fn write_table_row_v1(&self, now: jiff::Timestamp, into: &mut Vec<u8>) {
         let second = now.as_second();
         if let Ok(row) = self.row.lock()
             && let Some((at, bytes)) = row.as_ref()
             && *at == second
         {
-            return bytes.clone();
+            into.extend_from_slice(bytes);
+            return;
         }
         let mut out = Vec::with_capacity(384);
         out.extend_from_slice(b"{\"cells\":[");
@@ -123,13 +126,12 @@ impl<K: crate::resource::ServedResource> Stored<K> {
             let _ = serde_json::to_writer(&mut out, &cell);
         }
         out.extend_from_slice(b"],\"object\":");
-        out.extend_from_slice(&self.row_object_v1());
+        out.extend_from_slice(self.row_object_v1());
         out.push(b'}');
-        let bytes = Bytes::from(out);
+        into.extend_from_slice(&out);
         if let Ok(mut row) = self.row.lock() {
-            *row = Some((second, bytes.clone()));
+            *row = Some((second, Bytes::from(out)));
         }
-        bytes
     }
 }
 
