@@ -220,11 +220,12 @@ async fn metrics_handler(State(state): State<AppState>) -> Response {
 /// resource endpoint or the router, then metrics and one log line labelled as kube-apiserver
 /// labels them. [`App`] calls it directly rather than through `middleware::from_fn`, which
 /// boxes the rest of the stack again for every request.
-#[derive(Clone)]
 struct Edge {
+    /// The health probes, which skip the edge's auth, metrics and log.
+    probes: Router,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
-    endpoints: Arc<rest::Endpoints>,
+    endpoints: rest::Endpoints,
     /// Discovery, OpenAPI, /version, /metrics and the 404 fallback.
     router: Router,
 }
@@ -270,7 +271,7 @@ impl Edge {
     }
 
     async fn handle(
-        mut self,
+        self: Arc<Self>,
         peer: Option<PeerCertificates>,
         mut request: Request,
         checked: Option<Option<UserInfo>>,
@@ -290,7 +291,7 @@ impl Edge {
             Ok(user) => {
                 let response = match self.endpoints.find(uri.path()) {
                     Some(target) => target.call(request).await,
-                    None => match tower::Service::call(&mut self.router, request).await {
+                    None => match tower::Service::call(&mut self.router.clone(), request).await {
                         Ok(response) => response,
                         Err(never) => match never {},
                     },
@@ -351,10 +352,11 @@ async fn not_found() -> Error {
 ///
 /// The listener makes one per connection, told the connection's verified client certificates
 /// ([`tls::ConnectionService`]); requests without them (tests) may carry them as an extension.
+///
+/// Two `Arc`s: hyper-util's tower glue clones the service for every request.
 #[derive(Clone)]
 pub struct App {
-    probes: Router,
-    edge: Edge,
+    edge: Arc<Edge>,
     peer: Option<PeerCertificates>,
 }
 
@@ -392,20 +394,25 @@ where
             // Probes: kubelet polls them every few seconds; they are not traffic.
             let request = request.map(axum::body::Body::new);
             return Either::Right(Box::pin(tower::Service::call(
-                &mut self.probes.clone(),
+                &mut self.edge.probes.clone(),
                 request,
             )));
         }
+        let from_request;
         let peer = match &self.peer {
-            Some(peer) => Some(peer.clone()),
-            None => request.extensions().get::<PeerCertificates>().cloned(),
+            Some(peer) => Some(peer),
+            None => {
+                from_request = request.extensions().get::<PeerCertificates>().cloned();
+                from_request.as_ref()
+            }
         };
-        let checked = match self.edge.handle_now(peer.as_ref(), &mut request) {
+        let checked = match self.edge.handle_now(peer, &mut request) {
             Handled::Answered(response) => return Either::Left(std::future::ready(Ok(response))),
             Handled::Checked(user) => Some(user),
             Handled::Unchecked => None,
         };
         let edge = self.edge.clone();
+        let peer = peer.cloned();
         let request = request.map(axum::body::Body::new);
         Either::Right(Box::pin(async move {
             Ok(edge.handle(peer, request, checked).await)
@@ -424,13 +431,13 @@ pub fn app(state: AppState) -> App {
         .with::<Llama>(state.llamas.clone(), state.rest.clone())
         .with::<FarmPod>(state.farmpods.clone(), state.rest.clone());
     App {
-        probes: health::router(state.health.clone()),
-        edge: Edge {
+        edge: Arc::new(Edge {
+            probes: health::router(state.health.clone()),
             auth: state.auth.clone(),
             metrics: state.metrics.clone(),
-            endpoints: Arc::new(endpoints),
+            endpoints,
             router,
-        },
+        }),
         peer: None,
     }
 }

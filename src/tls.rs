@@ -56,18 +56,31 @@ pub struct ServingFiles {
 /// Verified client certificate chain of a connection (leaf first, empty when none was sent),
 /// with what authentication decided about it, so that is worked out once per connection (and
 /// once per distinct chain across connections: see `Authenticator`).
+///
+/// One `Arc`: the connection's service is cloned for every request (hyper-util's tower glue).
 #[derive(Debug, Clone, Default)]
-pub struct PeerCertificates {
-    pub chain: Arc<Vec<CertificateDer<'static>>>,
-    pub verdict: Arc<std::sync::Mutex<Option<(u64, crate::auth::authn::CertIdentity)>>>,
+pub struct PeerCertificates(Arc<Peer>);
+
+#[derive(Debug, Default)]
+pub struct Peer {
+    pub chain: Vec<CertificateDer<'static>>,
+    pub verdict: std::sync::Mutex<Option<(u64, crate::auth::authn::CertIdentity)>>,
 }
 
 impl PeerCertificates {
     pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
-        Self {
-            chain: Arc::new(chain),
-            verdict: Arc::default(),
-        }
+        Self(Arc::new(Peer {
+            chain,
+            verdict: std::sync::Mutex::default(),
+        }))
+    }
+}
+
+impl std::ops::Deref for PeerCertificates {
+    type Target = Peer;
+
+    fn deref(&self) -> &Peer {
+        &self.0
     }
 }
 

@@ -48,6 +48,9 @@ pub struct RequestHeaderConfig {
     uid_headers: Vec<HeaderName>,
     group_headers: Vec<HeaderName>,
     extra_headers_prefixes: Vec<String>,
+    /// Bit `b` set when some identity header name or prefix starts with byte `b`: most of a
+    /// request's headers are told apart by their first byte alone.
+    initials: u128,
 }
 
 impl std::fmt::Debug for RequestHeaderConfig {
@@ -72,7 +75,7 @@ fn verifier(ca_pem: &str) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
 impl RequestHeaderConfig {
     /// kube-apiserver's defaults for the header names.
     pub fn new(ca_pem: &str, allowed_names: Vec<String>) -> anyhow::Result<Self> {
-        Ok(Self {
+        let mut config = Self {
             ca_pem: ca_pem.to_owned(),
             verifier: verifier(ca_pem)?,
             allowed_names,
@@ -80,7 +83,36 @@ impl RequestHeaderConfig {
             uid_headers: vec![HeaderName::from_static("x-remote-uid")],
             group_headers: vec![HeaderName::from_static("x-remote-group")],
             extra_headers_prefixes: vec![DEFAULT_EXTRA_PREFIX.into()],
-        })
+            initials: 0,
+        };
+        config.initials = config.initials();
+        Ok(config)
+    }
+
+    fn initials(&self) -> u128 {
+        let names = self
+            .username_headers
+            .iter()
+            .chain(&self.uid_headers)
+            .chain(&self.group_headers)
+            .map(HeaderName::as_str)
+            .chain(self.extra_headers_prefixes.iter().map(String::as_str));
+        let mut initials = 0;
+        for name in names {
+            match name.as_bytes().first() {
+                Some(&b) if b < 128 => initials |= 1 << b,
+                // An empty prefix names every header.
+                _ => return u128::MAX,
+            }
+        }
+        initials
+    }
+
+    /// False when `name` (lower case, as hyper gives them) is surely no identity header.
+    fn may_name_identity(&self, name: &str) -> bool {
+        name.as_bytes()
+            .first()
+            .is_some_and(|&b| b >= 128 || self.initials & (1 << b) != 0)
     }
 
     /// Header names as kube-apiserver publishes them (`requestheader-*-headers` in the
@@ -115,6 +147,7 @@ impl RequestHeaderConfig {
         if let Some(list) = extra_prefixes {
             self.extra_headers_prefixes = list.iter().map(|p| p.to_ascii_lowercase()).collect();
         }
+        self.initials = self.initials();
     }
 
     /// Whether a (lower-case) header name carries identity under this configuration.
@@ -270,6 +303,9 @@ pub fn user_from_headers(config: &RequestHeaderConfig, headers: &HeaderMap) -> O
     let mut group_ranks: Vec<usize> = Vec::new();
     let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (header, value) in headers {
+        if !config.may_name_identity(header.as_str()) {
+            continue;
+        }
         // Not `else if`: one header may be configured in more than one role. Values are checked
         // for being text only once a name matched (most headers are not identity headers).
         if let Some(r) = rank(&config.username_headers, header)
@@ -654,6 +690,36 @@ mod tests {
         headers.append("x-user-a", HeaderValue::from_static(""));
         headers.append("x-group-a", HeaderValue::from_static("a1"));
         assert!(user_from_headers(&config, &headers).is_none());
+    }
+
+    #[test]
+    fn renamed_headers_with_other_initials_are_still_read() {
+        crate::tls::install_default_provider();
+        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
+        let mut config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        config.set_headers(
+            Some(vec!["Remote-User".into()]),
+            Some(vec!["Uid".into()]),
+            Some(vec!["Groups".into()]),
+            Some(vec!["Extra-".into()]),
+        );
+        let mut headers = HeaderMap::new();
+        headers.append("accept", HeaderValue::from_static("application/json"));
+        headers.append("remote-user", HeaderValue::from_static("carol"));
+        headers.append("uid", HeaderValue::from_static("u-9"));
+        headers.append("groups", HeaderValue::from_static("ops"));
+        headers.append("extra-scopes", HeaderValue::from_static("s"));
+        // The defaults no longer name anyone.
+        headers.append("x-remote-user", HeaderValue::from_static("mallory"));
+        let user = user_from_headers(&config, &headers).unwrap();
+        assert_eq!((user.name.as_str(), user.uid.as_str()), ("carol", "u-9"));
+        assert_eq!(user.groups, ["ops"]);
+        assert_eq!(user.extra["scopes"], ["s"]);
+
+        // An empty extra prefix makes every other header an extra.
+        config.set_headers(None, None, None, Some(vec![String::new()]));
+        let user = user_from_headers(&config, &headers).unwrap();
+        assert_eq!(user.extra["accept"], ["application/json"]);
     }
 
     #[test]

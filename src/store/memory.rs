@@ -426,10 +426,22 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         let mut range = candidates
             .take_while(|(k, _)| scope_matches(namespace, k))
             .peekable();
-        let mut items = Vec::new();
         let mut last_key = None;
         // An unfiltered list reads nothing of an object but its JSON (each read is a cache miss).
         let selects_all = filter.is_empty();
+        let mut items = if selects_all {
+            let total = match namespace {
+                Some(ns) => snapshot.per_namespace.get(ns).copied().unwrap_or(0),
+                None => snapshot.objects.len(),
+            };
+            Vec::with_capacity(
+                total
+                    .saturating_sub(offset)
+                    .min(limit.unwrap_or(usize::MAX)),
+            )
+        } else {
+            Vec::new()
+        };
         for (key, object) in range.by_ref() {
             if selects_all
                 || (filter.labels.may_match(&object.label_hashes)
