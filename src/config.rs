@@ -122,7 +122,8 @@ pub struct Args {
     #[arg(long, env = "FARM_WATCH_BOOKMARK_INTERVAL", default_value_t = 60)]
     pub watch_bookmark_interval: u64,
 
-    /// Log filter, in RUST_LOG syntax (e.g. `info`, `farm_apiserver=debug`).
+    /// Log filter, in RUST_LOG syntax (e.g. `info`, `farm_apiserver=debug`). Release builds
+    /// log down to `debug`; `trace` needs a debug build.
     #[arg(long, env = "FARM_LOG", default_value = "info")]
     pub log_level: String,
 
