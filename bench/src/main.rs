@@ -25,7 +25,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
-use client::{Proto, Target, percentile};
+use client::{Conn, Proto, Target, percentile};
 use farm_apiserver::tls::{self, DevCa};
 use serde::Serialize;
 use serde_json::json;
@@ -584,6 +584,24 @@ fn wants(args: &RunArgs, n: u32) -> bool {
     args.only.is_empty() || args.only.contains(&n)
 }
 
+/// Creates a Llama as a client would; anything but 201 Created is an error.
+async fn post_llama(conn: &mut Conn, namespace: &str, llama: &serde_json::Value) -> Result<()> {
+    let reply = conn
+        .send(
+            "POST",
+            &format!("/apis/farm.example.com/v1alpha/namespaces/{namespace}/llamas"),
+            &[("content-type", "application/json")],
+            Bytes::from(llama.to_string()),
+        )
+        .await?;
+    anyhow::ensure!(
+        reply.status == 201,
+        "creating a Llama returned {}",
+        reply.status
+    );
+    Ok(())
+}
+
 async fn create_llamas(t: &Target, namespace: &str, count: usize) -> Result<()> {
     let mut conns = Vec::new();
     for _ in 0..8 {
@@ -594,18 +612,10 @@ async fn create_llamas(t: &Target, namespace: &str, count: usize) -> Result<()> 
         let namespace = namespace.to_owned();
         tasks.push(tokio::spawn(async move {
             for i in (c..count).step_by(8) {
-                let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                let llama = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
                     "metadata": {"name": format!("l-{i:05}"), "labels": {"herd": format!("h{}", i % 10)}},
                     "spec": {"weight": 10.0 + i as f64, "height": 1.5}});
-                let reply = conn
-                    .send(
-                        "POST",
-                        &format!("/apis/farm.example.com/v1alpha/namespaces/{namespace}/llamas"),
-                        &[("content-type", "application/json")],
-                        Bytes::from(body.to_string()),
-                    )
-                    .await?;
-                anyhow::ensure!(reply.status == 201, "create returned {}", reply.status);
+                post_llama(&mut conn, &namespace, &llama).await?;
             }
             Ok::<_, anyhow::Error>(())
         }));
@@ -1199,17 +1209,9 @@ async fn watch_fanout(t: &Target) -> Result<f64> {
     let mut ticker = tokio::time::interval(Duration::from_millis(50));
     for (i, slot) in acked.iter_mut().enumerate() {
         ticker.tick().await;
-        let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        let llama = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
             "metadata": {"name": format!("w-{i}")}, "spec": {"weight": 1.0, "height": 1.0}});
-        let reply = writer
-            .send(
-                "POST",
-                &format!("/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas"),
-                &[("content-type", "application/json")],
-                Bytes::from(body.to_string()),
-            )
-            .await?;
-        anyhow::ensure!(reply.status == 201, "write {}", reply.status);
+        post_llama(&mut writer, ns, &llama).await?;
         *slot = Some(Instant::now());
     }
     for w in watchers {
