@@ -89,19 +89,24 @@ impl RequestHeaderConfig {
         Ok(config)
     }
 
-    fn initials(&self) -> u128 {
-        let names = self
-            .username_headers
+    /// The configured identity header names (user, uid, group), lower case.
+    fn identity_names(&self) -> impl Iterator<Item = &str> {
+        self.username_headers
             .iter()
             .chain(&self.uid_headers)
             .chain(&self.group_headers)
             .map(HeaderName::as_str)
+    }
+
+    fn initials(&self) -> u128 {
+        let names = self
+            .identity_names()
             .chain(self.extra_headers_prefixes.iter().map(String::as_str));
         let mut initials = 0;
         for name in names {
             match name.as_bytes().first() {
                 Some(&b) if b < 128 => initials |= 1 << b,
-                // An empty prefix names every header.
+                // An empty prefix names every header (and a non-ASCII one: keep them all).
                 _ => return u128::MAX,
             }
         }
@@ -152,11 +157,7 @@ impl RequestHeaderConfig {
 
     /// Whether a (lower-case) header name carries identity under this configuration.
     fn names_identity(&self, name: &str) -> bool {
-        self.username_headers
-            .iter()
-            .chain(&self.uid_headers)
-            .chain(&self.group_headers)
-            .any(|h| h.as_str() == name)
+        self.identity_names().any(|h| h == name)
             || self
                 .extra_headers_prefixes
                 .iter()
@@ -630,11 +631,16 @@ mod tests {
         assert_eq!(user(&authn).as_deref(), Some("alice"));
     }
 
-    #[test]
-    fn headers_become_a_user() {
+    /// kube-apiserver's default header names, trusting a fresh dev CA as the front proxy's.
+    fn default_request_header_config() -> RequestHeaderConfig {
         crate::tls::install_default_provider();
         let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
-        let config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap()
+    }
+
+    #[test]
+    fn headers_become_a_user() {
+        let config = default_request_header_config();
         let mut headers = HeaderMap::new();
         headers.append("x-remote-user", HeaderValue::from_static("alice"));
         headers.append("x-remote-group", HeaderValue::from_static("dev"));
@@ -661,9 +667,7 @@ mod tests {
 
     #[test]
     fn several_configured_names_are_read_in_configured_order_not_sent_order() {
-        crate::tls::install_default_provider();
-        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
-        let mut config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        let mut config = default_request_header_config();
         config.set_headers(
             Some(vec!["X-User-A".into(), "X-User-B".into()]),
             Some(vec!["X-Uid-A".into(), "X-Uid-B".into()]),
@@ -694,9 +698,7 @@ mod tests {
 
     #[test]
     fn renamed_headers_with_other_initials_are_still_read() {
-        crate::tls::install_default_provider();
-        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
-        let mut config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        let mut config = default_request_header_config();
         config.set_headers(
             Some(vec!["Remote-User".into()]),
             Some(vec!["Uid".into()]),
@@ -724,9 +726,7 @@ mod tests {
 
     #[test]
     fn header_names_from_the_configmap_are_read_in_any_case_and_stripped() {
-        crate::tls::install_default_provider();
-        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
-        let mut config = RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap();
+        let mut config = default_request_header_config();
         config.set_headers(
             Some(vec!["X-Custom-User".into()]),
             None,

@@ -58,6 +58,16 @@ struct Snapshot<K> {
     resource_version: u64,
 }
 
+impl<K> Snapshot<K> {
+    /// Objects in `namespace`, or in all of them.
+    fn count_in(&self, namespace: Option<&str>) -> usize {
+        match namespace {
+            Some(ns) => self.per_namespace.get(ns).copied().unwrap_or(0),
+            None => self.objects.len(),
+        }
+    }
+}
+
 struct State<K> {
     current: Snapshot<K>,
     events: VecDeque<Arc<Event<K>>>,
@@ -430,12 +440,9 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         // An unfiltered list reads nothing of an object but its JSON (each read is a cache miss).
         let selects_all = filter.is_empty();
         let mut items = if selects_all {
-            let total = match namespace {
-                Some(ns) => snapshot.per_namespace.get(ns).copied().unwrap_or(0),
-                None => snapshot.objects.len(),
-            };
             Vec::with_capacity(
-                total
+                snapshot
+                    .count_in(namespace)
                     .saturating_sub(offset)
                     .min(limit.unwrap_or(usize::MAX)),
             )
@@ -466,11 +473,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         };
         let remaining_item_count = match &continue_token {
             Some(t) if filter.is_empty() => {
-                let total = match namespace {
-                    Some(ns) => snapshot.per_namespace.get(ns).copied().unwrap_or(0),
-                    None => snapshot.objects.len(),
-                };
-                Some(total.saturating_sub(t.offset) as i64)
+                Some(snapshot.count_in(namespace).saturating_sub(t.offset) as i64)
             }
             _ => None,
         };
