@@ -22,7 +22,9 @@ use crate::{
     negotiate::{self, MetaVersion, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
-    store::{ListRequest, Object, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
+    store::{
+        ListRequest, Object, PageInfo, Preconditions, ReadAt, Store, WatchRequest, WatchStart,
+    },
     table::{self, IncludeObject, PartialObjectMetadata, PartialObjectMetadataList},
     validation,
     watch::{self, WatchOptions},
@@ -453,29 +455,77 @@ fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// `{"apiVersion":…,"kind":"<Kind>List","metadata":…,"items":[…]}` from the items' cached JSON.
-/// Consumes the items: each object's reference is dropped right after its JSON is copied, while
-/// the object is still in cache. Dropping them all after the copy, with megabytes of JSON
-/// streamed through the cache in between, missed once more per object.
-fn list_json<K: ServedResource>(items: Vec<Object<K>>, metadata: &ListMeta) -> Result<Vec<u8>> {
-    let metadata = to_json(metadata)?;
-    let size: usize = items.iter().map(|i| i.json().len() + 1).sum();
-    let mut out = Vec::with_capacity(size + metadata.len() + 96);
-    out.extend_from_slice(b"{\"apiVersion\":\"");
-    out.extend_from_slice(GROUP_VERSION.as_bytes());
-    out.extend_from_slice(b"\",\"kind\":\"");
-    out.extend_from_slice(list_kind::<K>().as_bytes());
-    out.extend_from_slice(b"\",\"metadata\":");
-    out.extend_from_slice(&metadata);
-    out.extend_from_slice(b",\"items\":[");
-    for (i, item) in items.into_iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
+/// `{"apiVersion":…,"kind":"<Kind>List","metadata":…,"items":[…]}` from the items' cached JSON,
+/// written as the items arrive ([`Store::list_each`] lends them).
+///
+/// The `metadata` (continue token, remainingItemCount) is known only after the last item but
+/// comes first, so the items go after room left for the head, and the head is written into
+/// that room ending where the first item starts: one buffer, nothing copied twice.
+struct JsonListWriter {
+    out: Vec<u8>,
+    /// How many items are coming, when known: the first one sizes the buffer for all.
+    expected: usize,
+    items: usize,
+}
+
+/// Room for the head: apiVersion, kind and metadata with a continue token fit in ~0.8 KB even
+/// for 253-character names; a longer head is written apart and the items copied after it.
+const LIST_HEAD_ROOM: usize = 1024;
+
+impl JsonListWriter {
+    fn new(expected: Option<usize>) -> Self {
+        let mut out = Vec::with_capacity(LIST_HEAD_ROOM + 4096);
+        out.resize(LIST_HEAD_ROOM, b' ');
+        Self {
+            out,
+            expected: expected.unwrap_or(0),
+            items: 0,
         }
-        out.extend_from_slice(item.json());
     }
-    out.extend_from_slice(b"]}");
-    Ok(out)
+
+    fn push<K: ServedResource>(&mut self, object: &Object<K>) {
+        let json = object.json();
+        if self.items == 0 {
+            // Objects of one kind are alike in size; a quarter more absorbs the spread, and
+            // a larger list grows the buffer once.
+            let per_item = json.len() + 1;
+            self.out
+                .reserve(self.expected.saturating_mul(per_item + per_item / 4));
+        } else {
+            self.out.push(b',');
+        }
+        self.out.extend_from_slice(json);
+        self.items += 1;
+    }
+
+    fn finish<K: ServedResource>(self, metadata: &ListMeta) -> Result<Bytes> {
+        let mut head = Vec::with_capacity(256);
+        head.extend_from_slice(b"{\"apiVersion\":\"");
+        head.extend_from_slice(GROUP_VERSION.as_bytes());
+        head.extend_from_slice(b"\",\"kind\":\"");
+        head.extend_from_slice(list_kind::<K>().as_bytes());
+        head.extend_from_slice(b"\",\"metadata\":");
+        head.extend_from_slice(&to_json(metadata)?);
+        head.extend_from_slice(b",\"items\":[");
+        let mut out = self.out;
+        out.extend_from_slice(b"]}");
+        let Some(start) = LIST_HEAD_ROOM.checked_sub(head.len()) else {
+            head.extend_from_slice(&out[LIST_HEAD_ROOM..]);
+            return Ok(Bytes::from(head));
+        };
+        out[start..LIST_HEAD_ROOM].copy_from_slice(&head);
+        let mut body = Bytes::from(out);
+        bytes::Buf::advance(&mut body, start);
+        Ok(body)
+    }
+}
+
+fn list_json<K: ServedResource>(items: &[Object<K>], metadata: &ListMeta) -> Result<Bytes> {
+    let mut list = JsonListWriter::new(Some(items.len()));
+    for item in items {
+        list.push(item);
+    }
+    list.finish::<K>(metadata)
 }
 
 fn list_kind<K: ServedResource>() -> String {
@@ -510,8 +560,8 @@ fn list_response<K: ServedResource>(
     output: Output,
     include: IncludeObject,
 ) -> Result<Response> {
-    let body = match output {
-        Output::Json => list_json::<K>(items, &metadata)?,
+    let body: Bytes = match output {
+        Output::Json => list_json::<K>(&items, &metadata)?,
         Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadataList {
             kind: "PartialObjectMetadataList",
             api_version: v.api_version(),
@@ -520,8 +570,9 @@ fn list_response<K: ServedResource>(
                 .iter()
                 .map(|i| PartialObjectMetadata::new(i.meta(), v))
                 .collect(),
-        })?,
-        Output::Table(v) => table_json(&items, &metadata, include, v)?,
+        })?
+        .into(),
+        Output::Table(v) => table_json(&items, &metadata, include, v)?.into(),
     };
     Ok(json_response(StatusCode::OK, body))
 }
@@ -602,14 +653,31 @@ async fn list_or_watch<K: ServedResource>(
         continue_token,
         read_at: query.read_at()?,
     };
+    if output == Output::Json {
+        let expected = match request.filter.is_empty() {
+            true => api.store.count_now(request.namespace.as_deref()),
+            false => None,
+        }
+        .map(|count| count.min(limit.unwrap_or(usize::MAX)));
+        let mut list = JsonListWriter::new(expected);
+        let info = api
+            .store
+            .list_each(&request, &mut |object| list.push(object))
+            .await?;
+        let body = list.finish::<K>(&list_meta(info))?;
+        return Ok(json_response(StatusCode::OK, body));
+    }
     let page = api.store.list(&request).await?;
-    let metadata = ListMeta {
+    list_response(page.items, list_meta(page.info), output, include)
+}
+
+fn list_meta(page: PageInfo) -> ListMeta {
+    ListMeta {
         resource_version: Some(page.resource_version.to_string()),
         continue_: page.continue_token,
         remaining_item_count: page.remaining_item_count,
         ..Default::default()
-    };
-    list_response(page.items, metadata, output, include)
+    }
 }
 
 async fn start_watch<K: ServedResource>(
@@ -1269,4 +1337,91 @@ async fn delete_collection<K: ServedResource>(
         ..Default::default()
     };
     list_response(deleted, metadata, Output::Json, IncludeObject::Metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        resources::llama::{Llama, LlamaSpec},
+        store::Stored,
+    };
+
+    fn llamas(names: &[&str]) -> Vec<Object<Llama>> {
+        names
+            .iter()
+            .map(|name| {
+                let mut llama = Llama::new(
+                    name,
+                    LlamaSpec {
+                        weight: 1.5,
+                        height: 0.5,
+                    },
+                );
+                llama.metadata.namespace = Some("default".into());
+                Stored::new(llama)
+            })
+            .collect()
+    }
+
+    fn parse(body: Bytes) -> Value {
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    #[test]
+    fn json_lists_put_the_metadata_known_last_before_the_items() {
+        let items = llamas(&["a", "b", "c"]);
+        let metadata = ListMeta {
+            resource_version: Some("7".into()),
+            continue_: Some("token".into()),
+            remaining_item_count: Some(4),
+            ..Default::default()
+        };
+        // Fewer items than expected, more than expected, and unknown: the same document.
+        for expected in [Some(100), Some(1), None] {
+            let mut list = JsonListWriter::new(expected);
+            for item in &items {
+                list.push(item);
+            }
+            let body = list.finish::<Llama>(&metadata).unwrap();
+            assert!(body.starts_with(b"{\"apiVersion\":\"farm.example.com/v1alpha\""));
+            let list = parse(body);
+            assert_eq!(list["kind"], "LlamaList");
+            assert_eq!(list["metadata"]["resourceVersion"], "7");
+            assert_eq!(list["metadata"]["continue"], "token");
+            assert_eq!(list["metadata"]["remainingItemCount"], 4);
+            let names: Vec<_> = list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, ["a", "b", "c"]);
+            assert_eq!(list["items"][1]["spec"]["weight"], 1.5);
+        }
+    }
+
+    #[test]
+    fn a_json_list_with_a_head_larger_than_its_room_is_still_whole() {
+        let items = llamas(&["a", "b"]);
+        let metadata = ListMeta {
+            resource_version: Some("7".into()),
+            continue_: Some("x".repeat(LIST_HEAD_ROOM * 2)),
+            ..Default::default()
+        };
+        let list = parse(list_json::<Llama>(&items, &metadata).unwrap());
+        assert_eq!(list["metadata"]["continue"].as_str().unwrap().len(), 2048);
+        assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_empty_json_list_has_empty_items() {
+        let list = parse(
+            JsonListWriter::new(Some(0))
+                .finish::<Llama>(&ListMeta::default())
+                .unwrap(),
+        );
+        assert_eq!(list["items"], serde_json::json!([]));
+        assert_eq!(list["kind"], "LlamaList");
+    }
 }

@@ -15,7 +15,7 @@ use imbl::{HashMap as PHashMap, OrdMap};
 use tokio::sync::broadcast;
 
 use super::{
-    ContinueToken, Event, EventType, ListPage, ListRequest, Object, Preconditions, ReadAt, Store,
+    ContinueToken, Event, EventType, ListRequest, Object, PageInfo, Preconditions, ReadAt, Store,
     StoreStats, Stored, WatchItem, WatchRequest, WatchStart, WatchStream, expired_continue,
     too_old,
 };
@@ -382,19 +382,9 @@ impl<K: ServedResource> MemoryStore<K> {
             .cloned()
             .ok_or_else(|| Error::NotFound(K::subject(&key.name)))
     }
-}
 
-#[async_trait]
-impl<K: ServedResource> Store<K> for MemoryStore<K> {
-    async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
-        self.lookup(key)
-    }
-
-    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<K>>> {
-        Some(self.lookup(key))
-    }
-
-    async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {
+    /// A list's page: its objects go to `visit` in key order, from one snapshot.
+    fn walk(&self, request: &ListRequest, visit: &mut dyn FnMut(&Object<K>)) -> Result<PageInfo> {
         let (snapshot, token) = self.snapshot_for_list(request)?;
         let namespace = request.namespace.as_deref();
         let filter = &request.filter;
@@ -404,15 +394,12 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         // A name-pinning field selector in a namespace is one lookup, not a scan.
         if let (Some(ns), Some(name), None) = (namespace, filter.fields.exact_name(), &token) {
             let key = ObjectKey::new(ns, name);
-            let items = snapshot
-                .objects
-                .get(&key)
-                .filter(|o| wanted(namespace, filter, o.get()))
-                .cloned()
-                .into_iter()
-                .collect();
-            return Ok(ListPage {
-                items,
+            if let Some(object) = snapshot.objects.get(&key)
+                && wanted(namespace, filter, object.get())
+            {
+                visit(object);
+            }
+            return Ok(PageInfo {
                 resource_version: snapshot.resource_version,
                 continue_token: None,
                 remaining_item_count: None,
@@ -437,25 +424,17 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
             .take_while(|(k, _)| scope_matches(namespace, k))
             .peekable();
         let mut last_key = None;
+        let mut visited = 0;
         // An unfiltered list reads nothing of an object but its JSON (each read is a cache miss).
         let selects_all = filter.is_empty();
-        let mut items = if selects_all {
-            Vec::with_capacity(
-                snapshot
-                    .count_in(namespace)
-                    .saturating_sub(offset)
-                    .min(limit.unwrap_or(usize::MAX)),
-            )
-        } else {
-            Vec::new()
-        };
         for (key, object) in range.by_ref() {
             if selects_all
                 || (filter.labels.may_match(&object.label_hashes)
                     && filter.matches(key, object.meta().labels.as_ref()))
             {
-                items.push(object.clone());
-                if limit.is_some_and(|l| items.len() >= l) {
+                visit(object);
+                visited += 1;
+                if limit.is_some_and(|l| visited >= l) {
                     last_key = Some(key.clone());
                     break;
                 }
@@ -467,7 +446,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                 v: "meta.k8s.io/v1".into(),
                 rv: snapshot.resource_version,
                 start: (key.namespace, key.name),
-                offset: offset + items.len(),
+                offset: offset + visited,
             }),
             _ => None,
         };
@@ -480,12 +459,35 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         if continue_token.is_some() {
             self.remember_snapshot(&snapshot)?;
         }
-        Ok(ListPage {
-            items,
+        Ok(PageInfo {
             resource_version: snapshot.resource_version,
             continue_token: continue_token.map(|t| t.encode()),
             remaining_item_count,
         })
+    }
+}
+
+#[async_trait]
+impl<K: ServedResource> Store<K> for MemoryStore<K> {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
+        self.lookup(key)
+    }
+
+    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<K>>> {
+        Some(self.lookup(key))
+    }
+
+    async fn list_each(
+        &self,
+        request: &ListRequest,
+        visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
+    ) -> Result<PageInfo> {
+        self.walk(request, visit)
+    }
+
+    fn count_now(&self, namespace: Option<&str>) -> Option<usize> {
+        let state = self.shared.state.read().ok()?;
+        Some(state.current.count_in(namespace))
     }
 
     async fn create(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {

@@ -41,9 +41,9 @@ impl EventType {
 /// A stored object with its JSON encoding, made once however often the object is read (get,
 /// list, and every watcher of its event).
 ///
-/// `repr(C)` with the JSON first: behind an `Arc`, the reference count and the JSON's pointer
-/// and length share a cache line, so a list that clones the `Arc` has its JSON's whereabouts
-/// at no further miss (a 10,000-item list is bound by such misses, not by instructions).
+/// `repr(C)` with the JSON first: behind an `Arc`, the JSON's pointer and length are on the
+/// first cache line a list touches, so finding them costs no further miss (a 10,000-item list
+/// is bound by such misses, not by instructions).
 #[repr(C)]
 pub struct Stored<K> {
     json: OnceLock<Bytes>,
@@ -203,9 +203,16 @@ pub struct ListRequest {
     pub read_at: ReadAt,
 }
 
+/// A list's page: its items and what the list's `metadata` says about them.
 #[derive(Debug)]
 pub struct ListPage<K> {
     pub items: Vec<Object<K>>,
+    pub info: PageInfo,
+}
+
+/// The `metadata` of a list's page: the snapshot it shows and where the next page starts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PageInfo {
     pub resource_version: u64,
     pub continue_token: Option<String>,
     pub remaining_item_count: Option<i64>,
@@ -262,7 +269,28 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     fn get_now(&self, _key: &ObjectKey) -> Option<Result<Object<K>>> {
         None
     }
-    async fn list(&self, request: &ListRequest) -> Result<ListPage<K>>;
+    /// Lends the page's objects to `visit`, in order, instead of handing out references: a
+    /// list that only copies each object's JSON then touches no reference count. (perf, 10,000
+    /// FarmPods: each count's locked increment and decrement waited for the copies before it
+    /// to drain, a third of the server's time.) The closure's lifetime is spelled out: left
+    /// elided, `async_trait` would tie it to the call's and no object could be lent.
+    async fn list_each(
+        &self,
+        request: &ListRequest,
+        visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
+    ) -> Result<PageInfo>;
+    async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {
+        let mut items = Vec::new();
+        let info = self
+            .list_each(request, &mut |object| items.push(object.clone()))
+            .await?;
+        Ok(ListPage { items, info })
+    }
+    /// How many objects `namespace` (or the whole store) holds, when the store knows without
+    /// a walk: an unfiltered list sizes its response with it.
+    fn count_now(&self, _namespace: Option<&str>) -> Option<usize> {
+        None
+    }
     /// Stores a new object; the store sets `metadata.resourceVersion`.
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     /// Replaces an object whose `metadata.resourceVersion` must still be current.

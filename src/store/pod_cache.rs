@@ -13,8 +13,8 @@ use kube::{
 };
 
 use super::{
-    ListPage, ListRequest, MemoryStore, Object, Preconditions, Store, StoreStats, WatchRequest,
-    WatchStream,
+    ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store, StoreStats,
+    WatchRequest, WatchStream,
 };
 use crate::{
     error::{Error, Result},
@@ -208,8 +208,20 @@ impl Store<FarmPod> for PodCache {
         self.store.get_now(key)
     }
 
+    async fn list_each(
+        &self,
+        request: &ListRequest,
+        visit: &mut (dyn for<'o> FnMut(&'o Object<FarmPod>) + Send),
+    ) -> Result<PageInfo> {
+        self.store.list_each(request, visit).await
+    }
+
     async fn list(&self, request: &ListRequest) -> Result<ListPage<FarmPod>> {
         self.store.list(request).await
+    }
+
+    fn count_now(&self, namespace: Option<&str>) -> Option<usize> {
+        self.store.count_now(namespace)
     }
 
     async fn create(&self, _: FarmPod, _: bool) -> Result<Object<FarmPod>> {
@@ -382,7 +394,7 @@ mod tests {
             .watch(WatchRequest {
                 namespace: None,
                 filter: Filter::default(),
-                start: WatchStart::After(page.resource_version - 3),
+                start: WatchStart::After(page.info.resource_version - 3),
             })
             .await
             .unwrap();
