@@ -12,6 +12,7 @@ pub mod config;
 pub mod discovery;
 pub mod error;
 pub mod health;
+pub mod list_body;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;

@@ -18,6 +18,7 @@ use tokio::sync::watch as signal;
 
 use crate::{
     error::{Error, FieldError, Result, Subject},
+    list_body::{self, JsonList},
     metrics::Metrics,
     negotiate::{self, MetaVersion, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
@@ -25,7 +26,7 @@ use crate::{
     store::{
         ListRequest, Object, PageInfo, Preconditions, ReadAt, Store, WatchRequest, WatchStart,
     },
-    table::{self, IncludeObject, PartialObjectMetadata, PartialObjectMetadataList},
+    table::{self, IncludeObject, PartialObjectMetadata, PartialObjectMetadataList, TableWriter},
     validation,
     watch::{self, WatchOptions},
 };
@@ -455,92 +456,17 @@ fn to_json<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// `{"apiVersion":…,"kind":"<Kind>List","metadata":…,"items":[…]}` from the items' cached JSON,
-/// written as the items arrive ([`Store::list_each`] lends them).
-///
-/// The `metadata` (continue token, remainingItemCount) is known only after the last item but
-/// comes first, so the items go after room left for the head, and the head is written into
-/// that room ending where the first item starts: one buffer, nothing copied twice.
-struct JsonListWriter {
-    out: Vec<u8>,
-    /// How many items are coming, when known: the first one sizes the buffer for all.
-    expected: usize,
-    items: usize,
-}
-
-/// Room for the head: apiVersion, kind and metadata with a continue token fit in ~0.8 KB even
-/// for 253-character names; a longer head is written apart and the items copied after it.
-const LIST_HEAD_ROOM: usize = 1024;
-
-impl JsonListWriter {
-    fn new(expected: Option<usize>) -> Self {
-        let mut out = Vec::with_capacity(LIST_HEAD_ROOM + 4096);
-        out.resize(LIST_HEAD_ROOM, b' ');
-        Self {
-            out,
-            expected: expected.unwrap_or(0),
-            items: 0,
-        }
-    }
-
-    fn push<K: ServedResource>(&mut self, object: &Object<K>) {
-        let json = object.json();
-        if self.items == 0 {
-            // Objects of one kind are alike in size; a quarter more absorbs the spread, and
-            // a larger list grows the buffer once.
-            let per_item = json.len() + 1;
-            self.out
-                .reserve(self.expected.saturating_mul(per_item + per_item / 4));
-        } else {
-            self.out.push(b',');
-        }
-        self.out.extend_from_slice(json);
-        self.items += 1;
-    }
-
-    fn finish<K: ServedResource>(self, metadata: &ListMeta) -> Result<Bytes> {
-        let mut head = Vec::with_capacity(256);
-        head.extend_from_slice(b"{\"apiVersion\":\"");
-        head.extend_from_slice(GROUP_VERSION.as_bytes());
-        head.extend_from_slice(b"\",\"kind\":\"");
-        head.extend_from_slice(list_kind::<K>().as_bytes());
-        head.extend_from_slice(b"\",\"metadata\":");
-        head.extend_from_slice(&to_json(metadata)?);
-        head.extend_from_slice(b",\"items\":[");
-        let mut out = self.out;
-        out.extend_from_slice(b"]}");
-        let Some(start) = LIST_HEAD_ROOM.checked_sub(head.len()) else {
-            head.extend_from_slice(&out[LIST_HEAD_ROOM..]);
-            return Ok(Bytes::from(head));
-        };
-        out[start..LIST_HEAD_ROOM].copy_from_slice(&head);
-        let mut body = Bytes::from(out);
-        bytes::Buf::advance(&mut body, start);
-        Ok(body)
-    }
-}
-
-fn list_json<K: ServedResource>(items: &[Object<K>], metadata: &ListMeta) -> Result<Bytes> {
-    let mut list = JsonListWriter::new(Some(items.len()));
-    for item in items {
-        list.push(item);
-    }
-    list.finish::<K>(metadata)
-}
-
-fn list_kind<K: ServedResource>() -> String {
-    format!("{}List", K::kind_name())
-}
-
 fn object_response<K: ServedResource>(
     object: &Object<K>,
     output: Output,
     include: IncludeObject,
     code: StatusCode,
 ) -> Result<Response> {
-    let body = match output {
+    let body: Bytes = match output {
         Output::Json => return Ok(json_response(code, object.json().clone())),
-        Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadata::new(object.meta(), v))?,
+        Output::PartialObjectMetadata(v) => {
+            to_json(&PartialObjectMetadata::new(object.meta(), v))?.into()
+        }
         Output::Table(v) => table_json(
             std::slice::from_ref(object),
             &ListMeta {
@@ -561,7 +487,7 @@ fn list_response<K: ServedResource>(
     include: IncludeObject,
 ) -> Result<Response> {
     let body: Bytes = match output {
-        Output::Json => list_json::<K>(&items, &metadata)?,
+        Output::Json => list_body::json_list::<K>(&items, &metadata)?,
         Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadataList {
             kind: "PartialObjectMetadataList",
             api_version: v.api_version(),
@@ -572,7 +498,7 @@ fn list_response<K: ServedResource>(
                 .collect(),
         })?
         .into(),
-        Output::Table(v) => table_json(&items, &metadata, include, v)?.into(),
+        Output::Table(v) => table_json(&items, &metadata, include, v)?,
     };
     Ok(json_response(StatusCode::OK, body))
 }
@@ -582,9 +508,12 @@ fn table_json<K: ServedResource>(
     metadata: &ListMeta,
     include: IncludeObject,
     version: MetaVersion,
-) -> Result<Vec<u8>> {
-    table::write(items, metadata, include, version, true)
-        .map_err(|e| Error::Internal(format!("encoding a table: {e}")))
+) -> Result<Bytes> {
+    table::write(items, metadata, include, version, true).map_err(table_error)
+}
+
+fn table_error(error: serde_json::Error) -> Error {
+    Error::Internal(format!("encoding a table: {error}"))
 }
 
 // ---- get, list, watch ----
@@ -653,22 +582,35 @@ async fn list_or_watch<K: ServedResource>(
         continue_token,
         read_at: query.read_at()?,
     };
-    if output == Output::Json {
-        let expected = match request.filter.is_empty() {
-            true => api.store.count_now(request.namespace.as_deref()),
-            false => None,
-        }
-        .map(|count| count.min(limit.unwrap_or(usize::MAX)));
-        let mut list = JsonListWriter::new(expected);
-        let info = api
-            .store
-            .list_each(&request, &mut |object| list.push(object))
-            .await?;
-        let body = list.finish::<K>(&list_meta(info))?;
-        return Ok(json_response(StatusCode::OK, body));
+    // JSON and Table lists are written as the store lends the objects.
+    let expected = match request.filter.is_empty() {
+        true => api.store.count_now(request.namespace.as_deref()),
+        false => None,
     }
-    let page = api.store.list(&request).await?;
-    list_response(page.items, list_meta(page.info), output, include)
+    .map(|count| count.min(limit.unwrap_or(usize::MAX)));
+    let body = match output {
+        Output::Json => {
+            let mut list = JsonList::new(expected);
+            let info = api
+                .store
+                .list_each(&request, &mut |object| list.push(object))
+                .await?;
+            list.finish::<K>(&list_meta(info))?
+        }
+        Output::Table(version) => {
+            let mut table = TableWriter::new::<K>(include, version, true, expected);
+            let info = api
+                .store
+                .list_each(&request, &mut |object| table.push(object))
+                .await?;
+            table.finish(&list_meta(info)).map_err(table_error)?
+        }
+        Output::PartialObjectMetadata(_) => {
+            let page = api.store.list(&request).await?;
+            return list_response(page.items, list_meta(page.info), output, include);
+        }
+    };
+    Ok(json_response(StatusCode::OK, body))
 }
 
 fn list_meta(page: PageInfo) -> ListMeta {
@@ -1337,91 +1279,4 @@ async fn delete_collection<K: ServedResource>(
         ..Default::default()
     };
     list_response(deleted, metadata, Output::Json, IncludeObject::Metadata)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        resources::llama::{Llama, LlamaSpec},
-        store::Stored,
-    };
-
-    fn llamas(names: &[&str]) -> Vec<Object<Llama>> {
-        names
-            .iter()
-            .map(|name| {
-                let mut llama = Llama::new(
-                    name,
-                    LlamaSpec {
-                        weight: 1.5,
-                        height: 0.5,
-                    },
-                );
-                llama.metadata.namespace = Some("default".into());
-                Stored::new(llama)
-            })
-            .collect()
-    }
-
-    fn parse(body: Bytes) -> Value {
-        serde_json::from_slice(&body).unwrap()
-    }
-
-    #[test]
-    fn json_lists_put_the_metadata_known_last_before_the_items() {
-        let items = llamas(&["a", "b", "c"]);
-        let metadata = ListMeta {
-            resource_version: Some("7".into()),
-            continue_: Some("token".into()),
-            remaining_item_count: Some(4),
-            ..Default::default()
-        };
-        // Fewer items than expected, more than expected, and unknown: the same document.
-        for expected in [Some(100), Some(1), None] {
-            let mut list = JsonListWriter::new(expected);
-            for item in &items {
-                list.push(item);
-            }
-            let body = list.finish::<Llama>(&metadata).unwrap();
-            assert!(body.starts_with(b"{\"apiVersion\":\"farm.example.com/v1alpha\""));
-            let list = parse(body);
-            assert_eq!(list["kind"], "LlamaList");
-            assert_eq!(list["metadata"]["resourceVersion"], "7");
-            assert_eq!(list["metadata"]["continue"], "token");
-            assert_eq!(list["metadata"]["remainingItemCount"], 4);
-            let names: Vec<_> = list["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i["metadata"]["name"].as_str().unwrap())
-                .collect();
-            assert_eq!(names, ["a", "b", "c"]);
-            assert_eq!(list["items"][1]["spec"]["weight"], 1.5);
-        }
-    }
-
-    #[test]
-    fn a_json_list_with_a_head_larger_than_its_room_is_still_whole() {
-        let items = llamas(&["a", "b"]);
-        let metadata = ListMeta {
-            resource_version: Some("7".into()),
-            continue_: Some("x".repeat(LIST_HEAD_ROOM * 2)),
-            ..Default::default()
-        };
-        let list = parse(list_json::<Llama>(&items, &metadata).unwrap());
-        assert_eq!(list["metadata"]["continue"].as_str().unwrap().len(), 2048);
-        assert_eq!(list["items"].as_array().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn an_empty_json_list_has_empty_items() {
-        let list = parse(
-            JsonListWriter::new(Some(0))
-                .finish::<Llama>(&ListMeta::default())
-                .unwrap(),
-        );
-        assert_eq!(list["items"], serde_json::json!([]));
-        assert_eq!(list["kind"], "LlamaList");
-    }
 }

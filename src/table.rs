@@ -5,7 +5,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{negotiate::MetaVersion, resource::ServedResource};
+use bytes::Bytes;
+
+use crate::{
+    list_body::{ListBody, METADATA_ROOM},
+    negotiate::MetaVersion,
+    resource::ServedResource,
+};
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -164,64 +170,119 @@ pub fn table<'a, K: ServedResource>(
     }
 }
 
-/// Writes a Table of stored objects straight to JSON bytes: row objects come from each object's
-/// cached PartialObjectMetadata, so a row costs its cells (Age changes by the second).
+/// A Table of stored objects written straight to JSON as the rows come ([`ListBody`]): row
+/// objects come from each object's cached PartialObjectMetadata, so a row costs its cells, and
+/// the v1 row kubectl asks for is cached whole for the second its Age cell holds.
+pub struct TableWriter {
+    body: ListBody,
+    now: jiff::Timestamp,
+    include: IncludeObject,
+    version: MetaVersion,
+    /// The first row that could not be encoded, reported by `finish`.
+    error: Option<serde_json::Error>,
+    /// Room for the column definitions in the head, besides the metadata.
+    columns: Vec<u8>,
+}
+
+impl TableWriter {
+    pub fn new<K: ServedResource>(
+        include: IncludeObject,
+        version: MetaVersion,
+        with_columns: bool,
+        expected: Option<usize>,
+    ) -> Self {
+        let mut columns = Vec::new();
+        if with_columns {
+            columns.extend_from_slice(b",\"columnDefinitions\":");
+            // Static column definitions always encode.
+            let _ = serde_json::to_writer(&mut columns, &self::columns::<K>());
+        }
+        Self {
+            body: ListBody::new(METADATA_ROOM + columns.len(), expected),
+            now: jiff::Timestamp::now(),
+            include,
+            version,
+            error: None,
+            columns,
+        }
+    }
+
+    pub fn push<K: ServedResource>(&mut self, object: &crate::store::Object<K>) {
+        let out = self.body.next_item();
+        if (self.include, self.version) == (IncludeObject::Metadata, MetaVersion::V1) {
+            // What kubectl asks for.
+            object.write_table_row_v1(self.now, out);
+            return;
+        }
+        if let Err(error) = write_row(object, self.include, self.version, self.now, out) {
+            self.error.get_or_insert(error);
+        }
+    }
+
+    pub fn finish(self, metadata: &ListMeta) -> serde_json::Result<Bytes> {
+        if let Some(error) = self.error {
+            return Err(error);
+        }
+        let mut head = Vec::with_capacity(256 + self.columns.len());
+        head.extend_from_slice(b"{\"kind\":\"Table\",\"apiVersion\":\"");
+        head.extend_from_slice(self.version.api_version().as_bytes());
+        head.extend_from_slice(b"\",\"metadata\":");
+        serde_json::to_writer(&mut head, metadata)?;
+        head.extend_from_slice(&self.columns);
+        head.extend_from_slice(b",\"rows\":[");
+        Ok(self.body.finish(&head, b"]}"))
+    }
+}
+
+fn write_row<K: ServedResource>(
+    object: &crate::store::Object<K>,
+    include: IncludeObject,
+    version: MetaVersion,
+    now: jiff::Timestamp,
+    out: &mut Vec<u8>,
+) -> serde_json::Result<()> {
+    out.extend_from_slice(b"{\"cells\":[");
+    serde_json::to_writer(&mut *out, object.meta().name.as_deref().unwrap_or(""))?;
+    for cell in object.cells(now) {
+        out.push(b',');
+        serde_json::to_writer(&mut *out, &cell)?;
+    }
+    out.push(b']');
+    match (include, version) {
+        (IncludeObject::None, _) => {}
+        (IncludeObject::Metadata, MetaVersion::V1) => {
+            out.extend_from_slice(b",\"object\":");
+            out.extend_from_slice(object.row_object_v1());
+        }
+        (IncludeObject::Metadata, _) => {
+            out.extend_from_slice(b",\"object\":");
+            serde_json::to_writer(
+                &mut *out,
+                &PartialObjectMetadata::new(object.meta(), version),
+            )?;
+        }
+        (IncludeObject::Object, _) => {
+            out.extend_from_slice(b",\"object\":");
+            out.extend_from_slice(object.json());
+        }
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// A Table of objects already in hand.
 pub fn write<K: ServedResource>(
     objects: &[crate::store::Object<K>],
     metadata: &ListMeta,
     include: IncludeObject,
     version: MetaVersion,
     with_columns: bool,
-) -> serde_json::Result<Vec<u8>> {
-    let now = jiff::Timestamp::now();
-    let mut out = Vec::with_capacity(256 + objects.len() * 320);
-    out.extend_from_slice(b"{\"kind\":\"Table\",\"apiVersion\":\"");
-    out.extend_from_slice(version.api_version().as_bytes());
-    out.extend_from_slice(b"\",\"metadata\":");
-    serde_json::to_writer(&mut out, metadata)?;
-    if with_columns {
-        out.extend_from_slice(b",\"columnDefinitions\":");
-        serde_json::to_writer(&mut out, &columns::<K>())?;
+) -> serde_json::Result<Bytes> {
+    let mut table = TableWriter::new::<K>(include, version, with_columns, Some(objects.len()));
+    for object in objects {
+        table.push(object);
     }
-    out.extend_from_slice(b",\"rows\":[");
-    for (i, object) in objects.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        if (include, version) == (IncludeObject::Metadata, MetaVersion::V1) {
-            // What kubectl asks for: the cached row.
-            object.write_table_row_v1(now, &mut out);
-            continue;
-        }
-        out.extend_from_slice(b"{\"cells\":[");
-        serde_json::to_writer(&mut out, object.meta().name.as_deref().unwrap_or(""))?;
-        for cell in object.cells(now) {
-            out.push(b',');
-            serde_json::to_writer(&mut out, &cell)?;
-        }
-        out.push(b']');
-        match (include, version) {
-            (IncludeObject::None, _) => {}
-            (IncludeObject::Metadata, MetaVersion::V1) => {
-                out.extend_from_slice(b",\"object\":");
-                out.extend_from_slice(object.row_object_v1());
-            }
-            (IncludeObject::Metadata, _) => {
-                out.extend_from_slice(b",\"object\":");
-                serde_json::to_writer(
-                    &mut out,
-                    &PartialObjectMetadata::new(object.meta(), version),
-                )?;
-            }
-            (IncludeObject::Object, _) => {
-                out.extend_from_slice(b",\"object\":");
-                out.extend_from_slice(object.json());
-            }
-        }
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"]}");
-    Ok(out)
+    table.finish(metadata)
 }
 
 /// The Age cell: apimachinery's `duration.HumanDuration` of the time since creation.
@@ -300,9 +361,14 @@ mod tests {
     #[test]
     fn written_tables_equal_the_typed_ones() {
         let objects: Vec<_> = (0..3).map(|i| Stored::new(llama::synthetic(i))).collect();
-        let metadata = ListMeta {
+        let short = ListMeta {
             resource_version: Some("7".into()),
             ..Default::default()
+        };
+        // A head longer than the room left for it is written apart: the same document.
+        let long = ListMeta {
+            continue_: Some("x".repeat(METADATA_ROOM * 2)),
+            ..short.clone()
         };
         for include in [
             IncludeObject::Metadata,
@@ -310,26 +376,29 @@ mod tests {
             IncludeObject::Object,
         ] {
             for version in [MetaVersion::V1, MetaVersion::V1beta1] {
-                let typed = table(
-                    objects.iter().map(|o| o.get()),
-                    metadata.clone(),
-                    include,
-                    version,
-                    true,
-                );
-                let written = write(&objects, &metadata, include, version, true).unwrap();
-                let written: Value = serde_json::from_slice(&written).unwrap();
-                assert_eq!(
-                    written,
-                    serde_json::to_value(&typed).unwrap(),
-                    "{include:?} {version:?}"
-                );
-                // Twice: the second time rows come from the cache.
-                let again: Value = serde_json::from_slice(
-                    &write(&objects, &metadata, include, version, true).unwrap(),
-                )
-                .unwrap();
-                assert_eq!(again, written);
+                for (metadata, with_columns) in [(&short, true), (&short, false), (&long, true)] {
+                    let typed = table(
+                        objects.iter().map(|o| o.get()),
+                        metadata.clone(),
+                        include,
+                        version,
+                        with_columns,
+                    );
+                    let written =
+                        write(&objects, metadata, include, version, with_columns).unwrap();
+                    let written: Value = serde_json::from_slice(&written).unwrap();
+                    assert_eq!(
+                        written,
+                        serde_json::to_value(&typed).unwrap(),
+                        "{include:?} {version:?} columns {with_columns}"
+                    );
+                    // Twice: the second time rows come from the cache.
+                    let again: Value = serde_json::from_slice(
+                        &write(&objects, metadata, include, version, with_columns).unwrap(),
+                    )
+                    .unwrap();
+                    assert_eq!(again, written);
+                }
             }
         }
     }
