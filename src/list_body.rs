@@ -12,8 +12,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
 use crate::{
     error::{Error, Result},
+    negotiate::MetaVersion,
     resource::{GROUP_VERSION, ServedResource},
     store::Object,
+    table::PartialObjectMetadata,
 };
 
 /// Room for a head beyond what the caller knows it needs up front: metadata with a continue
@@ -106,6 +108,52 @@ impl JsonList {
     }
 }
 
+/// `{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/…","metadata":…,"items":[…]}`:
+/// what metadata informers (kube-controller-manager's garbage collector and quota) list. The v1
+/// items are the objects' cached PartialObjectMetadata, as in Table rows.
+pub struct MetadataList {
+    body: ListBody,
+    version: MetaVersion,
+    /// The first item that could not be encoded, reported by `finish`.
+    error: Option<serde_json::Error>,
+}
+
+impl MetadataList {
+    pub fn new(version: MetaVersion, expected: Option<usize>) -> Self {
+        Self {
+            body: ListBody::new(METADATA_ROOM, expected),
+            version,
+            error: None,
+        }
+    }
+
+    pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
+        let out = self.body.next_item();
+        if self.version == MetaVersion::V1 {
+            out.extend_from_slice(object.row_object_v1());
+            return;
+        }
+        let item = PartialObjectMetadata::new(object.meta(), self.version);
+        if let Err(error) = serde_json::to_writer(out, &item) {
+            self.error.get_or_insert(error);
+        }
+    }
+
+    pub fn finish(self, metadata: &ListMeta) -> Result<Bytes> {
+        let encoding = |e: serde_json::Error| Error::Internal(format!("encoding a list: {e}"));
+        if let Some(error) = self.error {
+            return Err(encoding(error));
+        }
+        let mut head = Vec::with_capacity(256);
+        head.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
+        head.extend_from_slice(self.version.api_version().as_bytes());
+        head.extend_from_slice(b"\",\"metadata\":");
+        serde_json::to_writer(&mut head, metadata).map_err(encoding)?;
+        head.extend_from_slice(b",\"items\":[");
+        Ok(self.body.finish(&head, b"]}"))
+    }
+}
+
 /// A JSON list of objects already in hand (a deletecollection's).
 pub fn json_list<K: ServedResource>(items: &[Object<K>], metadata: &ListMeta) -> Result<Bytes> {
     let mut list = JsonList::new(Some(items.len()));
@@ -117,6 +165,7 @@ pub fn json_list<K: ServedResource>(items: &[Object<K>], metadata: &ListMeta) ->
 
 #[cfg(test)]
 mod tests {
+    use kube::Resource;
     use serde_json::Value;
 
     use super::*;
@@ -190,6 +239,30 @@ mod tests {
         let list = parse(json_list::<Llama>(&items, &metadata).unwrap());
         assert_eq!(list["metadata"]["continue"].as_str().unwrap().len(), 2048);
         assert_eq!(list["items"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn metadata_lists_hold_each_objects_partial_object_metadata() {
+        let items = llamas(&["a", "b"]);
+        let metadata = ListMeta {
+            resource_version: Some("7".into()),
+            ..Default::default()
+        };
+        for version in [MetaVersion::V1, MetaVersion::V1beta1] {
+            let mut list = MetadataList::new(version, Some(items.len()));
+            for item in &items {
+                list.push(item);
+            }
+            let list = parse(list.finish(&metadata).unwrap());
+            assert_eq!(list["kind"], "PartialObjectMetadataList");
+            assert_eq!(list["apiVersion"], version.api_version());
+            assert_eq!(list["metadata"]["resourceVersion"], "7");
+            for (item, object) in list["items"].as_array().unwrap().iter().zip(&items) {
+                let expected = PartialObjectMetadata::new(object.meta(), version);
+                assert_eq!(item, &serde_json::to_value(&expected).unwrap());
+            }
+            assert_eq!(list["items"].as_array().unwrap().len(), 2);
+        }
     }
 
     #[test]

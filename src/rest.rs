@@ -18,7 +18,7 @@ use tokio::sync::watch as signal;
 
 use crate::{
     error::{Error, FieldError, Result, Subject},
-    list_body::{self, JsonList},
+    list_body::{self, JsonList, MetadataList},
     metrics::Metrics,
     negotiate::{self, MetaVersion, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
@@ -26,7 +26,7 @@ use crate::{
     store::{
         ListRequest, Object, PageInfo, Preconditions, ReadAt, Store, WatchRequest, WatchStart,
     },
-    table::{self, IncludeObject, PartialObjectMetadata, PartialObjectMetadataList, TableWriter},
+    table::{self, IncludeObject, PartialObjectMetadata, TableWriter},
     validation,
     watch::{self, WatchOptions},
 };
@@ -480,29 +480,6 @@ fn object_response<K: ServedResource>(
     Ok(json_response(code, body))
 }
 
-fn list_response<K: ServedResource>(
-    items: Vec<Object<K>>,
-    metadata: ListMeta,
-    output: Output,
-    include: IncludeObject,
-) -> Result<Response> {
-    let body: Bytes = match output {
-        Output::Json => list_body::json_list::<K>(&items, &metadata)?,
-        Output::PartialObjectMetadata(v) => to_json(&PartialObjectMetadataList {
-            kind: "PartialObjectMetadataList",
-            api_version: v.api_version(),
-            metadata,
-            items: items
-                .iter()
-                .map(|i| PartialObjectMetadata::new(i.meta(), v))
-                .collect(),
-        })?
-        .into(),
-        Output::Table(v) => table_json(&items, &metadata, include, v)?,
-    };
-    Ok(json_response(StatusCode::OK, body))
-}
-
 fn table_json<K: ServedResource>(
     items: &[Object<K>],
     metadata: &ListMeta,
@@ -605,9 +582,13 @@ async fn list_or_watch<K: ServedResource>(
                 .await?;
             table.finish(&list_meta(info)).map_err(table_error)?
         }
-        Output::PartialObjectMetadata(_) => {
-            let page = api.store.list(&request).await?;
-            return list_response(page.items, list_meta(page.info), output, include);
+        Output::PartialObjectMetadata(version) => {
+            let mut list = MetadataList::new(version, expected);
+            let info = api
+                .store
+                .list_each(&request, &mut |object| list.push(object))
+                .await?;
+            list.finish(&list_meta(info))?
         }
     };
     Ok(json_response(StatusCode::OK, body))
@@ -1278,5 +1259,8 @@ async fn delete_collection<K: ServedResource>(
         resource_version: Some(api.store.stats().resource_version.to_string()),
         ..Default::default()
     };
-    list_response(deleted, metadata, Output::Json, IncludeObject::Metadata)
+    Ok(json_response(
+        StatusCode::OK,
+        list_body::json_list::<K>(&deleted, &metadata)?,
+    ))
 }

@@ -116,15 +116,6 @@ impl<'a> PartialObjectMetadata<'a> {
     }
 }
 
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PartialObjectMetadataList<'a> {
-    pub kind: &'static str,
-    pub api_version: &'static str,
-    pub metadata: ListMeta,
-    pub items: Vec<PartialObjectMetadata<'a>>,
-}
-
 pub fn columns<K: ServedResource>() -> Vec<ColumnDefinition> {
     let mut columns = vec![NAME_COLUMN];
     columns.extend(K::columns());
