@@ -12,10 +12,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
 use crate::{
     error::{Error, Result},
-    negotiate::MetaVersion,
+    negotiate::{MetaVersion, Output},
     resource::{GROUP_VERSION, ServedResource},
     store::Object,
-    table::PartialObjectMetadata,
+    table::{IncludeObject, PartialObjectMetadata, TableWriter},
 };
 
 /// Room for a head beyond what the caller knows it needs up front: metadata with a continue
@@ -151,6 +151,47 @@ impl MetadataList {
         serde_json::to_writer(&mut head, metadata).map_err(encoding)?;
         head.extend_from_slice(b",\"items\":[");
         Ok(self.body.finish(&head, b"]}"))
+    }
+}
+
+/// The body of a list in the output the client asked for.
+pub enum ListWriter {
+    Json(JsonList),
+    Table(TableWriter),
+    Metadata(MetadataList),
+}
+
+impl ListWriter {
+    pub fn new<K: ServedResource>(
+        output: Output,
+        include: IncludeObject,
+        expected: Option<usize>,
+    ) -> Self {
+        match output {
+            Output::Json => Self::Json(JsonList::new(expected)),
+            Output::Table(version) => {
+                Self::Table(TableWriter::new::<K>(include, version, true, expected))
+            }
+            Output::PartialObjectMetadata(version) => {
+                Self::Metadata(MetadataList::new(version, expected))
+            }
+        }
+    }
+
+    pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
+        match self {
+            Self::Json(list) => list.push(object),
+            Self::Table(table) => table.push(object),
+            Self::Metadata(list) => list.push(object),
+        }
+    }
+
+    pub fn finish<K: ServedResource>(self, metadata: &ListMeta) -> Result<Bytes> {
+        match self {
+            Self::Json(list) => list.finish::<K>(metadata),
+            Self::Table(table) => table.finish(metadata),
+            Self::Metadata(list) => list.finish(metadata),
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::sync::watch as signal;
 
 use crate::{
     error::{Error, FieldError, Result, Subject},
-    list_body::{self, JsonList, MetadataList},
+    list_body::{self, ListWriter},
     metrics::Metrics,
     negotiate::{self, MetaVersion, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
@@ -26,7 +26,7 @@ use crate::{
     store::{
         ListRequest, Object, PageInfo, Preconditions, ReadAt, Store, WatchRequest, WatchStart,
     },
-    table::{self, IncludeObject, PartialObjectMetadata, TableWriter},
+    table::{self, IncludeObject, PartialObjectMetadata},
     validation,
     watch::{self, WatchOptions},
 };
@@ -486,11 +486,7 @@ fn table_json<K: ServedResource>(
     include: IncludeObject,
     version: MetaVersion,
 ) -> Result<Bytes> {
-    table::write(items, metadata, include, version, true).map_err(table_error)
-}
-
-fn table_error(error: serde_json::Error) -> Error {
-    Error::Internal(format!("encoding a table: {error}"))
+    table::write(items, metadata, include, version, true)
 }
 
 // ---- get, list, watch ----
@@ -559,38 +555,18 @@ async fn list_or_watch<K: ServedResource>(
         continue_token,
         read_at: query.read_at()?,
     };
-    // JSON and Table lists are written as the store lends the objects.
+    // The body is written as the store lends the objects.
     let expected = match request.filter.is_empty() {
         true => api.store.count_now(request.namespace.as_deref()),
         false => None,
     }
     .map(|count| count.min(limit.unwrap_or(usize::MAX)));
-    let body = match output {
-        Output::Json => {
-            let mut list = JsonList::new(expected);
-            let info = api
-                .store
-                .list_each(&request, &mut |object| list.push(object))
-                .await?;
-            list.finish::<K>(&list_meta(info))?
-        }
-        Output::Table(version) => {
-            let mut table = TableWriter::new::<K>(include, version, true, expected);
-            let info = api
-                .store
-                .list_each(&request, &mut |object| table.push(object))
-                .await?;
-            table.finish(&list_meta(info)).map_err(table_error)?
-        }
-        Output::PartialObjectMetadata(version) => {
-            let mut list = MetadataList::new(version, expected);
-            let info = api
-                .store
-                .list_each(&request, &mut |object| list.push(object))
-                .await?;
-            list.finish(&list_meta(info))?
-        }
-    };
+    let mut list = ListWriter::new::<K>(output, include, expected);
+    let info = api
+        .store
+        .list_each(&request, &mut |object| list.push(object))
+        .await?;
+    let body = list.finish::<K>(&list_meta(info))?;
     Ok(json_response(StatusCode::OK, body))
 }
 

@@ -8,6 +8,7 @@ use serde_json::Value;
 use bytes::Bytes;
 
 use crate::{
+    error::{Error, Result},
     list_body::{ListBody, METADATA_ROOM},
     negotiate::MetaVersion,
     resource::ServedResource,
@@ -210,15 +211,16 @@ impl TableWriter {
         }
     }
 
-    pub fn finish(self, metadata: &ListMeta) -> serde_json::Result<Bytes> {
+    pub fn finish(self, metadata: &ListMeta) -> Result<Bytes> {
+        let encoding = |e: serde_json::Error| Error::Internal(format!("encoding a table: {e}"));
         if let Some(error) = self.error {
-            return Err(error);
+            return Err(encoding(error));
         }
         let mut head = Vec::with_capacity(256 + self.columns.len());
         head.extend_from_slice(b"{\"kind\":\"Table\",\"apiVersion\":\"");
         head.extend_from_slice(self.version.api_version().as_bytes());
         head.extend_from_slice(b"\",\"metadata\":");
-        serde_json::to_writer(&mut head, metadata)?;
+        serde_json::to_writer(&mut head, metadata).map_err(encoding)?;
         head.extend_from_slice(&self.columns);
         head.extend_from_slice(b",\"rows\":[");
         Ok(self.body.finish(&head, b"]}"))
@@ -268,7 +270,7 @@ pub fn write<K: ServedResource>(
     include: IncludeObject,
     version: MetaVersion,
     with_columns: bool,
-) -> serde_json::Result<Bytes> {
+) -> Result<Bytes> {
     let mut table = TableWriter::new::<K>(include, version, with_columns, Some(objects.len()));
     for object in objects {
         table.push(object);
