@@ -10,6 +10,7 @@ use axum::{
     http::{HeaderMap, HeaderValue, Method, StatusCode, header},
     response::{IntoResponse, Response},
 };
+use futures::future::Either;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, Time};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -18,14 +19,12 @@ use tokio::sync::watch as signal;
 
 use crate::{
     error::{Error, FieldError, Result, Subject},
-    list_body::{self, ListWriter},
+    list_body::{self, ListWriter, StreamedList},
     metrics::Metrics,
     negotiate::{self, MetaVersion, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
-    store::{
-        ListRequest, Object, PageInfo, Preconditions, ReadAt, Store, WatchRequest, WatchStart,
-    },
+    store::{ListRequest, Object, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
     table::{self, IncludeObject, PartialObjectMetadata},
     validation,
     watch::{self, WatchOptions},
@@ -555,6 +554,14 @@ async fn list_or_watch<K: ServedResource>(
         continue_token,
         read_at: query.read_at()?,
     };
+    // A large unlimited list is sent as it is written, a piece at a time.
+    if let Some(cursor) = api.store.list_cursor(&request).await? {
+        let writer = ListWriter::new::<K>(output, include, None);
+        return Ok(match StreamedList::start(writer, cursor)? {
+            Either::Left(whole) => json_response(StatusCode::OK, whole),
+            Either::Right(streamed) => json_response(StatusCode::OK, Body::new(streamed)),
+        });
+    }
     // The body is written as the store lends the objects.
     let expected = match request.filter.is_empty() {
         true => api.store.count_now(request.namespace.as_deref()),
@@ -566,17 +573,8 @@ async fn list_or_watch<K: ServedResource>(
         .store
         .list_each(&request, &mut |object| list.push(object))
         .await?;
-    let body = list.finish::<K>(&list_meta(info))?;
+    let body = list.finish::<K>(&info.list_meta())?;
     Ok(json_response(StatusCode::OK, body))
-}
-
-fn list_meta(page: PageInfo) -> ListMeta {
-    ListMeta {
-        resource_version: Some(page.resource_version.to_string()),
-        continue_: page.continue_token,
-        remaining_item_count: page.remaining_item_count,
-        ..Default::default()
-    }
 }
 
 async fn start_watch<K: ServedResource>(

@@ -211,20 +211,42 @@ impl TableWriter {
         }
     }
 
-    pub fn finish(self, metadata: &ListMeta) -> Result<Bytes> {
-        let encoding = |e: serde_json::Error| Error::Internal(format!("encoding a table: {e}"));
-        if let Some(error) = self.error {
-            return Err(encoding(error));
-        }
+    /// The first row that could not be encoded, once.
+    fn check(&mut self) -> Result<()> {
+        self.error.take().map_or(Ok(()), |e| Err(encoding_table(e)))
+    }
+
+    pub(crate) fn body(&self) -> &ListBody {
+        &self.body
+    }
+
+    /// The rows' buffer, after any row that could not be encoded was reported.
+    pub(crate) fn checked_body(&mut self) -> Result<&mut ListBody> {
+        self.check()?;
+        Ok(&mut self.body)
+    }
+
+    /// Kind, apiVersion, metadata and the column definitions, up to the first row.
+    pub(crate) fn head(&mut self, metadata: &ListMeta) -> Result<Vec<u8>> {
+        self.check()?;
         let mut head = Vec::with_capacity(256 + self.columns.len());
         head.extend_from_slice(b"{\"kind\":\"Table\",\"apiVersion\":\"");
         head.extend_from_slice(self.version.api_version().as_bytes());
         head.extend_from_slice(b"\",\"metadata\":");
-        serde_json::to_writer(&mut head, metadata).map_err(encoding)?;
+        serde_json::to_writer(&mut head, metadata).map_err(encoding_table)?;
         head.extend_from_slice(&self.columns);
         head.extend_from_slice(b",\"rows\":[");
+        Ok(head)
+    }
+
+    pub fn finish(mut self, metadata: &ListMeta) -> Result<Bytes> {
+        let head = self.head(metadata)?;
         Ok(self.body.finish(&head, b"]}"))
     }
+}
+
+fn encoding_table(e: serde_json::Error) -> Error {
+    Error::Internal(format!("encoding a table: {e}"))
 }
 
 fn write_row<K: ServedResource>(

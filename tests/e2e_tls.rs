@@ -665,3 +665,74 @@ async fn kubectl_get_watch_prints_the_first_event() {
     let cells: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&cells[..4], ["ADDED", "watched", "7", "0.7"], "{line}");
 }
+
+/// A list without `limit` is sent as it is written (chunked over HTTP/1.1, DATA frames over
+/// HTTP/2), not built whole first; every client still reads the whole list, in every output.
+#[tokio::test]
+async fn large_unlimited_lists_are_streamed_and_read_whole_by_every_client() {
+    let server = TestServer::start().await;
+    for i in 0..3_000 {
+        server
+            .state
+            .llamas
+            .create(farm_apiserver::resources::llama::synthetic(i), false)
+            .await
+            .expect("create");
+    }
+    let all = 3_001; // and dolly
+    let path = "/apis/farm.example.com/v1alpha/llamas";
+    let table = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+    let metadata =
+        "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json";
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let raw = server.raw(Some(server.admin_identity()), alpn);
+        for (accept, items) in [
+            ("application/json", "items"),
+            (table, "rows"),
+            (metadata, "items"),
+        ] {
+            let response = raw.get(path, &[("accept", accept)]).await;
+            assert_eq!(response.status, 200, "{alpn:?} {accept}");
+            assert_eq!(response.header("content-length"), None, "{alpn:?} {accept}");
+            if alpn == Alpn::Http1 {
+                assert_eq!(response.header("transfer-encoding"), Some("chunked"));
+            }
+            let list = response.json();
+            assert_eq!(list[items].as_array().map(Vec::len), Some(all), "{accept}");
+            assert!(
+                list["metadata"]["resourceVersion"].is_string(),
+                "{list:.200}"
+            );
+        }
+        // A small list is still sent whole, with its length.
+        let one = raw
+            .get(
+                "/apis/farm.example.com/v1alpha/namespaces/default/llamas",
+                &[],
+            )
+            .await;
+        assert_eq!(one.json()["items"].as_array().map(Vec::len), Some(1));
+        assert!(one.header("content-length").is_some(), "{alpn:?}");
+    }
+
+    let api: Api<Llama> = Api::all(server.kube_client().await);
+    let list = api.list(&ListParams::default()).await.expect("kube list");
+    assert_eq!(list.items.len(), all);
+    assert_eq!(
+        list.items.iter().filter(|l| l.spec.weight == 20.0).count(),
+        30
+    );
+
+    let cache = tempfile::tempdir().unwrap();
+    let Some(mut cmd) = kubectl(&server.kubeconfig(), cache.path()) else {
+        return;
+    };
+    cmd.args(["get", "llamas", "-A", "--chunk-size=0", "--no-headers"]);
+    let (ok, out, err) = run(cmd, None).await;
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), all, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("bench-7") && l.contains("llama-2997 "))
+    );
+}

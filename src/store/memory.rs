@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    ops::Bound,
+    ops::{Bound, ControlFlow},
     sync::{Arc, RwLock},
     time::{Duration, Instant},
 };
@@ -15,9 +15,9 @@ use imbl::{HashMap as PHashMap, OrdMap};
 use tokio::sync::broadcast;
 
 use super::{
-    ContinueToken, Event, EventType, ListRequest, Object, PageInfo, Preconditions, ReadAt, Store,
-    StoreStats, Stored, WatchItem, WatchRequest, WatchStart, WatchStream, expired_continue,
-    too_old,
+    ContinueToken, Event, EventType, LendObjects, ListCursor, ListRequest, Object, PageInfo,
+    Preconditions, ReadAt, Store, StoreStats, Stored, WatchItem, WatchRequest, WatchStart,
+    WatchStream, expired_continue, too_old,
 };
 use crate::{
     error::{Error, Result},
@@ -367,6 +367,69 @@ fn scope_matches(namespace: Option<&str>, key: &ObjectKey) -> bool {
     namespace.is_none_or(|ns| ns == key.namespace)
 }
 
+/// Where a list starts: after a continue token's last item, at a namespace's first key, or at
+/// the first key of all.
+fn lower_bound(token: Option<&ContinueToken>, namespace: Option<&str>) -> Bound<ObjectKey> {
+    match (token, namespace) {
+        (Some(t), _) => Bound::Excluded(ObjectKey::new(t.start.0.clone(), t.start.1.clone())),
+        (None, Some(ns)) => Bound::Included(ObjectKey::new(ns, "")),
+        (None, None) => Bound::Unbounded,
+    }
+}
+
+/// The objects a list looks at from `lower` on, in key order: with an `=` label requirement,
+/// only those carrying that label.
+fn candidates<'s, K>(
+    snapshot: &'s Snapshot<K>,
+    filter: &Filter,
+    lower: Bound<ObjectKey>,
+) -> Box<dyn Iterator<Item = (&'s ObjectKey, &'s Object<K>)> + 's> {
+    match filter.labels.indexed_hash() {
+        Some(hash) => match snapshot.by_label.get(&hash) {
+            Some(labelled) => Box::new(labelled.range((lower, Bound::Unbounded))),
+            None => Box::new(std::iter::empty()),
+        },
+        None => Box::new(snapshot.objects.range((lower, Bound::Unbounded))),
+    }
+}
+
+/// A candidate passes the list's selectors (the label hashes rule most out unread).
+fn selected<K: ServedResource>(filter: &Filter, key: &ObjectKey, object: &Object<K>) -> bool {
+    filter.labels.may_match(&object.label_hashes)
+        && filter.matches(key, object.meta().labels.as_ref())
+}
+
+/// An unlimited list's objects, lent a piece at a time from the snapshot it started on.
+struct SnapshotObjects<K> {
+    snapshot: Snapshot<K>,
+    namespace: Option<String>,
+    filter: Filter,
+    /// Where the next piece starts.
+    lower: Bound<ObjectKey>,
+    done: bool,
+}
+
+impl<K: ServedResource> LendObjects<K> for SnapshotObjects<K> {
+    fn lend(&mut self, visit: &mut dyn FnMut(&Object<K>) -> ControlFlow<()>) -> bool {
+        if self.done {
+            return false;
+        }
+        let namespace = self.namespace.as_deref();
+        let selects_all = self.filter.is_empty();
+        let lower = std::mem::replace(&mut self.lower, Bound::Unbounded);
+        let range = candidates(&self.snapshot, &self.filter, lower)
+            .take_while(|(k, _)| scope_matches(namespace, k));
+        for (key, object) in range {
+            if (selects_all || selected(&self.filter, key, object)) && visit(object).is_break() {
+                self.lower = Bound::Excluded(key.clone());
+                return true;
+            }
+        }
+        self.done = true;
+        false
+    }
+}
+
 fn wanted<K: ServedResource>(namespace: Option<&str>, filter: &Filter, object: &K) -> bool {
     let key = ObjectKey::of(object.meta());
     scope_matches(namespace, &key) && filter.matches(&key, object.meta().labels.as_ref())
@@ -406,21 +469,8 @@ impl<K: ServedResource> MemoryStore<K> {
             });
         }
 
-        let lower = match (&token, namespace) {
-            (Some(t), _) => Bound::Excluded(ObjectKey::new(t.start.0.clone(), t.start.1.clone())),
-            (None, Some(ns)) => Bound::Included(ObjectKey::new(ns, "")),
-            (None, None) => Bound::Unbounded,
-        };
-        // With an `=` label requirement, only the objects carrying that label are visited.
-        let candidates: Box<dyn Iterator<Item = (&ObjectKey, &Object<K>)> + '_> =
-            match filter.labels.indexed_hash() {
-                Some(hash) => match snapshot.by_label.get(&hash) {
-                    Some(labelled) => Box::new(labelled.range((lower, Bound::Unbounded))),
-                    None => Box::new(std::iter::empty()),
-                },
-                None => Box::new(snapshot.objects.range((lower, Bound::Unbounded))),
-            };
-        let mut range = candidates
+        let lower = lower_bound(token.as_ref(), namespace);
+        let mut range = candidates(&snapshot, filter, lower)
             .take_while(|(k, _)| scope_matches(namespace, k))
             .peekable();
         let mut last_key = None;
@@ -428,10 +478,7 @@ impl<K: ServedResource> MemoryStore<K> {
         // An unfiltered list reads nothing of an object but its JSON (each read is a cache miss).
         let selects_all = filter.is_empty();
         for (key, object) in range.by_ref() {
-            if selects_all
-                || (filter.labels.may_match(&object.label_hashes)
-                    && filter.matches(key, object.meta().labels.as_ref()))
-            {
+            if selects_all || selected(filter, key, object) {
                 visit(object);
                 visited += 1;
                 if limit.is_some_and(|l| visited >= l) {
@@ -483,6 +530,32 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
     ) -> Result<PageInfo> {
         self.walk(request, visit)
+    }
+
+    async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<K>>> {
+        let pinned_name = request.namespace.is_some()
+            && request.filter.fields.exact_name().is_some()
+            && request.continue_token.is_none();
+        if request.limit.is_some_and(|l| l > 0) || pinned_name {
+            return Ok(None);
+        }
+        let (snapshot, token) = self.snapshot_for_list(request)?;
+        let info = PageInfo {
+            resource_version: snapshot.resource_version,
+            continue_token: None,
+            remaining_item_count: None,
+        };
+        let lower = lower_bound(token.as_ref(), request.namespace.as_deref());
+        Ok(Some(ListCursor {
+            info,
+            objects: Box::new(SnapshotObjects {
+                snapshot,
+                namespace: request.namespace.clone(),
+                filter: request.filter.clone(),
+                lower,
+                done: false,
+            }),
+        }))
     }
 
     fn count_now(&self, namespace: Option<&str>) -> Option<usize> {

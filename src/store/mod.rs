@@ -5,11 +5,15 @@
 pub mod memory;
 pub mod pod_cache;
 
-use std::sync::{Arc, OnceLock};
+use std::{
+    ops::ControlFlow,
+    sync::{Arc, OnceLock},
+};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::{
@@ -218,6 +222,31 @@ pub struct PageInfo {
     pub remaining_item_count: Option<i64>,
 }
 
+/// A list read a piece at a time: its `metadata` up front, then its objects, in key order, all
+/// from the snapshot the list started on.
+pub struct ListCursor<K> {
+    pub info: PageInfo,
+    pub objects: Box<dyn LendObjects<K>>,
+}
+
+/// The objects behind a [`ListCursor`].
+pub trait LendObjects<K>: Send {
+    /// Lends the next objects to `visit` until it breaks or the list ends; true when the list
+    /// may go on (a later call lends the objects after the last one lent).
+    fn lend(&mut self, visit: &mut dyn FnMut(&Object<K>) -> ControlFlow<()>) -> bool;
+}
+
+impl PageInfo {
+    pub fn list_meta(self) -> ListMeta {
+        ListMeta {
+            resource_version: Some(self.resource_version.to_string()),
+            continue_: self.continue_token,
+            remaining_item_count: self.remaining_item_count,
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchStart {
     /// Synthetic ADDED events for the current state, then changes (resourceVersion unset or 0,
@@ -285,6 +314,13 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
             .list_each(request, &mut |object| items.push(object.clone()))
             .await?;
         Ok(ListPage { items, info })
+    }
+    /// An unlimited list (no `limit`) as a cursor over one snapshot, for a body written a piece
+    /// at a time as the client reads it: a 10,000-object list is then never whole in memory
+    /// (kube-apiserver streams its JSON lists for the same reason). None when the store cannot,
+    /// or the list is better read at once (a page, a lookup by name): [`Store::list_each`] then.
+    async fn list_cursor(&self, _request: &ListRequest) -> Result<Option<ListCursor<K>>> {
+        Ok(None)
     }
     /// How many objects `namespace` (or the whole store) holds, when the store knows without
     /// a walk: an unfiltered list sizes its response with it.

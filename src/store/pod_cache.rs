@@ -13,8 +13,8 @@ use kube::{
 };
 
 use super::{
-    ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store, StoreStats,
-    WatchRequest, WatchStream,
+    ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store,
+    StoreStats, WatchRequest, WatchStream,
 };
 use crate::{
     error::{Error, Result},
@@ -218,6 +218,10 @@ impl Store<FarmPod> for PodCache {
 
     async fn list(&self, request: &ListRequest) -> Result<ListPage<FarmPod>> {
         self.store.list(request).await
+    }
+
+    async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<FarmPod>>> {
+        self.store.list_cursor(request).await
     }
 
     fn count_now(&self, namespace: Option<&str>) -> Option<usize> {
