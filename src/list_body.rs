@@ -6,6 +6,11 @@
 //! remainingItemCount) comes first but is known only after the last item. So the items are
 //! written after room left for the head, and the head goes into that room, ending where the
 //! first item starts.
+//!
+//! A list without `limit` needs no walk to know its head (no continue token, no
+//! remainingItemCount), so it is streamed ([`StreamedList`]): written a piece at a time from
+//! one snapshot, each piece when the connection asks for more. A page (`limit`) is bounded by
+//! its limit and written whole.
 
 use std::{
     ops::ControlFlow,

@@ -474,6 +474,30 @@ impl RawConnection {
     }
 }
 
+impl RawConnection {
+    /// A GET whose body is read only up to `bytes` and then dropped, with the connection: a
+    /// client that goes away in the middle of a response.
+    pub async fn get_and_hang_up(mut self, path: &str, bytes: usize) -> (u16, usize) {
+        let request = Request::builder()
+            .method("GET")
+            .uri(path)
+            .header("Host", format!("localhost:{}", self.port))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let response = self.sender.send_request(request).await.expect("response");
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        let mut read = 0;
+        while read < bytes {
+            match body.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |d| d.len()),
+                _ => break,
+            }
+        }
+        (status, read)
+    }
+}
+
 /// The lines a child process (e.g. `kubectl get -w`) prints, as they come.
 pub fn lines(
     output: impl std::io::Read + Send + 'static,
