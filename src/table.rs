@@ -374,6 +374,50 @@ mod tests {
     use crate::{resources::llama, store::Stored};
 
     #[test]
+    fn cached_rows_show_the_age_of_the_moment() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let now = jiff::Timestamp::now();
+        let mut llama = llama::synthetic(0);
+        llama.metadata.creation_timestamp = Some(Time(now - jiff::SignedDuration::from_secs(30)));
+        let object = Stored::new(llama);
+        let row = |at: jiff::Timestamp| {
+            let mut out = Vec::new();
+            object.write_table_row_v1(at, &mut out);
+            serde_json::from_slice::<Value>(&out).unwrap()
+        };
+        let (first, later) = (row(now), row(now + jiff::SignedDuration::from_hours(3)));
+        assert_eq!(first["cells"][3], "30s");
+        assert_eq!(later["cells"][3], "3h");
+        // The row cached for one second is not the next one's; every other cell, and the
+        // object, as the typed row has them.
+        let typed = serde_json::to_value(
+            table(
+                [object.get()],
+                ListMeta::default(),
+                IncludeObject::Metadata,
+                MetaVersion::V1,
+                true,
+            )
+            .rows,
+        )
+        .unwrap();
+        for row in [&first, &later] {
+            assert_eq!(row["object"], typed[0]["object"]);
+            for cell in [0, 1, 2] {
+                assert_eq!(row["cells"][cell], typed[0]["cells"][cell]);
+            }
+        }
+        // No creation time: kubectl's "<unknown>".
+        let mut unborn = llama::synthetic(1);
+        unborn.metadata.creation_timestamp = None;
+        let unborn = Stored::new(unborn);
+        let mut out = Vec::new();
+        unborn.write_table_row_v1(now, &mut out);
+        let unborn: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(unborn["cells"][3], "<unknown>");
+    }
+
+    #[test]
     fn written_tables_equal_the_typed_ones() {
         let objects: Vec<_> = (0..3).map(|i| Stored::new(llama::synthetic(i))).collect();
         let short = ListMeta {
