@@ -21,7 +21,7 @@ use crate::{
     error::{Error, FieldError, Result, Subject},
     list_body::{self, ListWriter, StreamedList},
     metrics::Metrics,
-    negotiate::{self, MetaVersion, Output},
+    negotiate::{self, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
     store::{ListRequest, Object, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
@@ -466,7 +466,7 @@ fn object_response<K: ServedResource>(
         Output::PartialObjectMetadata(v) => {
             to_json(&PartialObjectMetadata::new(object.meta(), v))?.into()
         }
-        Output::Table(v) => table_json(
+        Output::Table(v) => table::write(
             std::slice::from_ref(object),
             &ListMeta {
                 resource_version: object.meta().resource_version.clone(),
@@ -474,18 +474,10 @@ fn object_response<K: ServedResource>(
             },
             include,
             v,
+            true,
         )?,
     };
     Ok(json_response(code, body))
-}
-
-fn table_json<K: ServedResource>(
-    items: &[Object<K>],
-    metadata: &ListMeta,
-    include: IncludeObject,
-    version: MetaVersion,
-) -> Result<Bytes> {
-    table::write(items, metadata, include, version, true)
 }
 
 // ---- get, list, watch ----

@@ -367,6 +367,17 @@ fn scope_matches(namespace: Option<&str>, key: &ObjectKey) -> bool {
     namespace.is_none_or(|ns| ns == key.namespace)
 }
 
+/// The one key a name-pinning field selector in a namespace names, on a first page: such a
+/// list is one lookup, not a scan.
+fn pinned_key(request: &ListRequest) -> Option<ObjectKey> {
+    match (&request.namespace, request.filter.fields.exact_name()) {
+        (Some(ns), Some(name)) if request.continue_token.is_none() => {
+            Some(ObjectKey::new(ns, name))
+        }
+        _ => None,
+    }
+}
+
 /// Where a list starts: after a continue token's last item, at a namespace's first key, or at
 /// the first key of all.
 fn lower_bound(token: Option<&ContinueToken>, namespace: Option<&str>) -> Bound<ObjectKey> {
@@ -454,9 +465,7 @@ impl<K: ServedResource> MemoryStore<K> {
         let limit = request.limit.filter(|l| *l > 0);
         let offset = token.as_ref().map_or(0, |t| t.offset);
 
-        // A name-pinning field selector in a namespace is one lookup, not a scan.
-        if let (Some(ns), Some(name), None) = (namespace, filter.fields.exact_name(), &token) {
-            let key = ObjectKey::new(ns, name);
+        if let Some(key) = pinned_key(request) {
             if let Some(object) = snapshot.objects.get(&key)
                 && wanted(namespace, filter, object.get())
             {
@@ -533,10 +542,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
     }
 
     async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<K>>> {
-        let pinned_name = request.namespace.is_some()
-            && request.filter.fields.exact_name().is_some()
-            && request.continue_token.is_none();
-        if request.limit.is_some_and(|l| l > 0) || pinned_name {
+        if request.limit.is_some_and(|l| l > 0) || pinned_key(request).is_some() {
             return Ok(None);
         }
         let (snapshot, token) = self.snapshot_for_list(request)?;
