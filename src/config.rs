@@ -3,7 +3,7 @@
 use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::{
@@ -28,6 +28,10 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "farm-apiserver", version, about, long_about)]
 pub struct Args {
+    /// Without a command, serve.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Address and port to serve HTTPS on.
     #[arg(long, env = "FARM_BIND", default_value = "127.0.0.1:8443")]
     pub bind: SocketAddr,
@@ -132,6 +136,44 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Write the certificates `kubectl apply -k manifests/` installs: a CA (kept when present,
+    /// so the APIService's caBundle stays the same), a serving certificate for
+    /// <service>.<namespace>.svc (issued anew), and the APIService caBundle patch.
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CertsArgs {
+    /// Namespace the server runs in.
+    #[arg(long, default_value = "farm-system")]
+    pub namespace: String,
+
+    /// Name of the Service the APIService points at.
+    #[arg(long, default_value = "farm-apiserver")]
+    pub service: String,
+
+    /// Directory to write ca.crt, ca.key, tls.crt, tls.key and apiservice-cabundle.yaml to.
+    #[arg(long, default_value = "manifests/certs")]
+    pub out: PathBuf,
+}
+
+impl CertsArgs {
+    pub fn run(&self) -> anyhow::Result<()> {
+        tls::write_install_certificates(&self.out, &self.service, &self.namespace)
+            .with_context(|| format!("writing certificates to {}", self.out.display()))?;
+        println!(
+            "wrote {dir}/{{ca.crt,ca.key,tls.crt,tls.key,{patch}}}: a serving certificate for {svc}.{ns}.svc and the APIService caBundle; next: kubectl apply -k manifests/",
+            dir = self.out.display(),
+            patch = tls::CA_BUNDLE_PATCH,
+            svc = self.service,
+            ns = self.namespace,
+        );
+        Ok(())
+    }
+}
+
 impl Args {
     pub fn init_logging(&self) -> anyhow::Result<()> {
         let filter = EnvFilter::try_new(&self.log_level)
@@ -185,6 +227,9 @@ impl Args {
     }
 
     pub async fn run(self) -> anyhow::Result<()> {
+        if let Some(Command::Certs(certs)) = &self.command {
+            return certs.run();
+        }
         let started = std::time::Instant::now();
         self.init_logging()?;
         let mut sources = StaticSources {
@@ -289,5 +334,11 @@ mod tests {
     #[test]
     fn verify_cli() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn the_api_service_name_is_version_dot_group() {
+        use crate::resource::{GROUP, VERSION};
+        assert_eq!(crate::tls::API_SERVICE, format!("{VERSION}.{GROUP}"));
     }
 }

@@ -17,7 +17,7 @@ use axum::{
 use tokio::sync::watch as signal;
 
 use crate::{
-    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer, UserInfo},
+    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer, UserInfo, authn::Groups},
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
     health::{self, Health},
@@ -327,6 +327,7 @@ impl Edge {
         tracing::info!(
             target: "farm_apiserver::request",
             user = user.map_or("", |u| u.name.as_str()),
+            groups = %Groups(user.map_or(&[], |u| u.groups.as_slice())),
             verb = %info.verb,
             resource,
             namespace = %info.namespace,

@@ -108,13 +108,13 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
     std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
-fn ca_params() -> Result<CertificateParams> {
+fn ca_params(common_name: &str) -> Result<CertificateParams> {
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name = DistinguishedName::new();
     params
         .distinguished_name
-        .push(DnType::CommonName, "farm-apiserver development CA");
+        .push(DnType::CommonName, common_name);
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -134,7 +134,8 @@ fn rcgen_days(days: i64) -> time::Duration {
     time::Duration::days(days)
 }
 
-/// The development CA: loaded from the cert dir, or created there.
+/// A CA kept in a directory (`ca.crt`, `ca.key`): the development CA of `--cert-dir`, or the
+/// install CA `farm-apiserver certs` writes. Loaded when present, created otherwise.
 pub struct DevCa {
     pub cert_pem: String,
     issuer: Issuer<'static, KeyPair>,
@@ -142,6 +143,10 @@ pub struct DevCa {
 
 impl DevCa {
     pub fn load_or_create(dir: &Path) -> Result<Self> {
+        Self::load_or_create_named(dir, "farm-apiserver development CA")
+    }
+
+    pub fn load_or_create_named(dir: &Path, common_name: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
         if cert_path.exists() && key_path.exists() {
@@ -153,7 +158,7 @@ impl DevCa {
             return Ok(Self { cert_pem, issuer });
         }
         let key = KeyPair::generate()?;
-        let params = ca_params()?;
+        let params = ca_params(common_name)?;
         let cert = params.self_signed(&key)?;
         write_private(&key_path, &key.serialize_pem())?;
         std::fs::write(&cert_path, cert.pem())?;
@@ -219,6 +224,46 @@ pub fn ensure_dev_certificates(dir: &Path, server_url: &str) -> Result<String> {
         &kubeconfig(server_url, &ca.cert_pem, &client_cert, &client_key),
     )?;
     Ok(ca.cert_pem)
+}
+
+/// The APIService that registers this server, and the patch file that gives it its `caBundle`.
+pub const API_SERVICE: &str = "v1alpha.farm.example.com";
+pub const CA_BUNDLE_PATCH: &str = "apiservice-cabundle.yaml";
+
+/// `farm-apiserver certs`: what `kubectl apply -k manifests/` needs to trust the server, written
+/// to `out`: a CA (`ca.crt`, `ca.key`; kept when present, so the APIService's caBundle stays
+/// the same on renewal), a serving certificate (`tls.crt`, `tls.key`, issued anew on every run)
+/// for the names the aggregator dials (`<service>.<namespace>.svc` and its shorter and longer
+/// forms), and [`CA_BUNDLE_PATCH`], a kustomize patch setting the APIService's caBundle.
+pub fn write_install_certificates(out: &Path, service: &str, namespace: &str) -> Result<()> {
+    use base64::Engine;
+    let ca = DevCa::load_or_create_named(out, "farm-apiserver CA")?;
+    let names = [
+        service.to_owned(),
+        format!("{service}.{namespace}"),
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ];
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (cert, key) = ca.issue_serving(&names)?;
+    write_private(&out.join(TLS_KEY), &key)?;
+    let cert_path = out.join(TLS_CERT);
+    std::fs::write(&cert_path, cert).with_context(|| format!("writing {}", cert_path.display()))?;
+    let patch = format!(
+        "# Written by `farm-apiserver certs`: the APIService trusts the CA in ca.crt.
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata:
+  name: {API_SERVICE}
+spec:
+  caBundle: {}
+",
+        base64::engine::general_purpose::STANDARD.encode(&ca.cert_pem)
+    );
+    let patch_path = out.join(CA_BUNDLE_PATCH);
+    std::fs::write(&patch_path, patch)
+        .with_context(|| format!("writing {}", patch_path.display()))?;
+    Ok(())
 }
 
 pub fn kubeconfig(server_url: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {

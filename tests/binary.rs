@@ -3,70 +3,17 @@
 
 mod common;
 
-use std::{
-    io::{BufRead, BufReader},
-    net::SocketAddr,
-    path::Path,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
-use common::{Alpn, RawClient, kubectl, run};
+use common::{Alpn, RawClient, kubectl, process::Running, run};
 use serde_json::Value;
 
-struct Running {
-    child: Child,
-    addr: SocketAddr,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start(cert_dir: &Path, extra: &[&str]) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_farm-apiserver"))
-        .args([
-            "--bind",
-            "127.0.0.1:0",
-            "--log-format",
-            "json",
-            "--cert-dir",
-        ])
-        .arg(cert_dir)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start farm-apiserver");
-    let stdout = child.stdout.take().expect("stdout");
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let addr = loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("server logs that it serves");
-        let Ok(log) = serde_json::from_str::<Value>(&line) else {
-            continue;
-        };
-        if log["message"] == "serving farm.example.com/v1alpha" {
-            break log["addr"]
-                .as_str()
-                .expect("addr")
-                .parse()
-                .expect("socket addr");
-        }
-    };
-    Running { child, addr, lines }
+    Running::start(
+        [std::ffi::OsStr::new("--cert-dir"), cert_dir.as_os_str()]
+            .into_iter()
+            .chain(extra.iter().map(std::ffi::OsStr::new)),
+    )
 }
 
 fn ca_pem(dir: &Path) -> String {

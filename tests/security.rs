@@ -208,6 +208,141 @@ async fn the_front_proxy_identity_comes_from_the_headers() {
     );
 }
 
+/// kube-apiserver's default RBAC for non-resource paths: `system:discovery` and
+/// `system:public-info-viewer` are bound to the group `system:authenticated`, never to a user.
+fn default_rbac(spec: &Value) -> (bool, String) {
+    let authenticated = spec["groups"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|g| g == "system:authenticated"));
+    let path = spec["nonResourceAttributes"]["path"].as_str().unwrap_or("");
+    let discovery = [
+        "/openapi",
+        "/openapi/*",
+        "/apis",
+        "/apis/*",
+        "/api",
+        "/version",
+    ]
+    .iter()
+    .any(|p| match p.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => path == *p,
+    });
+    if authenticated && discovery && spec["nonResourceAttributes"]["verb"] == "get" {
+        (true, String::new())
+    } else {
+        (false, String::new())
+    }
+}
+
+/// The aggregator downloads the OpenAPI as `system:aggregator` with no group at all (recorded
+/// from kube-apiserver v1.36). Every authenticated user is in `system:authenticated`, as
+/// k8s.io/apiserver's AuthenticatedGroupAdder makes it, so the default RBAC lets it through.
+#[tokio::test]
+async fn every_authenticated_user_is_in_system_authenticated() {
+    let s = setup().await;
+    s.fake.set_policy(default_rbac);
+    let proxy = client(
+        &s.server,
+        Some(s.proxy_ca.issue_client("front-proxy-client", &[]).unwrap()),
+    );
+    let recorded: Vec<Value> = include_str!("fixtures/aggregator-requests.jsonl")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["path"].as_str().unwrap_or("").starts_with("/openapi/"))
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        2,
+        "the fixture holds /openapi/v2 and /openapi/v3"
+    );
+    for entry in &recorded {
+        let headers: Vec<(&str, &str)> = entry["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| (h[0].as_str().unwrap(), h[1].as_str().unwrap()))
+            .collect();
+        assert!(!headers.iter().any(|(n, _)| *n == "X-Remote-Group"));
+        let path = entry["path"].as_str().unwrap();
+        let reply = proxy.get(path, &headers).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{path}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    let reviews = s.fake.reviews.lock().unwrap().clone();
+    assert_eq!(reviews.len(), 2, "{reviews:?}");
+    for review in &reviews {
+        assert_eq!(review["user"], "system:aggregator");
+        assert_eq!(
+            review["groups"],
+            serde_json::json!(["system:authenticated"])
+        );
+    }
+
+    // The group is part of the user, so of the review cache's key: naming it again changes
+    // nothing, and the cached answer is reused.
+    let with_group = proxy
+        .get(
+            "/openapi/v2",
+            &[
+                ("X-Remote-User", "system:aggregator"),
+                ("X-Remote-Group", "system:authenticated"),
+            ],
+        )
+        .await;
+    assert_eq!(with_group.status, 200);
+    assert_eq!(s.fake.sar_count(), 2, "answered from the cache");
+
+    // A client certificate whose O already says so is not given the group twice.
+    let (cert, key) = s
+        .server
+        .dev_ca()
+        .issue_client("ivan", &["system:authenticated"])
+        .unwrap();
+    assert_eq!(
+        client(&s.server, Some((cert, key)))
+            .get("/version", &[])
+            .await
+            .status,
+        200
+    );
+    let review = s.fake.reviews.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(review["user"], "ivan");
+    assert_eq!(
+        review["groups"],
+        serde_json::json!(["system:authenticated"])
+    );
+
+    // A bearer token's user gets it too (TokenReview answers with the user's own groups).
+    s.fake
+        .tokens
+        .lock()
+        .unwrap()
+        .insert("judy-token".into(), ("judy".into(), vec!["farmers".into()]));
+    let reply = client(&s.server, None)
+        .get("/openapi/v2", &[("Authorization", "Bearer judy-token")])
+        .await;
+    assert_eq!(reply.status, 200);
+    let review = s.fake.reviews.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(review["user"], "judy");
+    assert_eq!(
+        review["groups"],
+        serde_json::json!(["farmers", "system:authenticated"])
+    );
+
+    // Anonymous callers are never made members: still 401, and no review is sent.
+    let before = s.fake.sar_count();
+    assert_eq!(
+        client(&s.server, None).get("/openapi/v2", &[]).await.status,
+        401
+    );
+    assert_eq!(s.fake.sar_count(), before);
+}
+
 #[tokio::test]
 async fn client_ca_certificates_authenticate_as_cn_and_o() {
     let s = setup().await;

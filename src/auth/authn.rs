@@ -30,9 +30,46 @@ pub struct UserInfo {
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
+/// The group every authenticated user is in, and the ones that rule it out.
+pub const ALL_AUTHENTICATED: &str = "system:authenticated";
+const ALL_UNAUTHENTICATED: &str = "system:unauthenticated";
+const ANONYMOUS: &str = "system:anonymous";
+
 impl UserInfo {
     pub fn is_system_masters(&self) -> bool {
         self.groups.iter().any(|g| g == "system:masters")
+    }
+
+    /// k8s.io/apiserver's AuthenticatedGroupAdder, applied to every way a user authenticates:
+    /// adds `system:authenticated` unless the user is anonymous or already carries it (or
+    /// `system:unauthenticated`). The default RBAC binds discovery and `/openapi` to that
+    /// group, so without it kube-apiserver (`system:aggregator`, sent with no group) could not
+    /// download this server's OpenAPI.
+    pub fn authenticated(mut self) -> Self {
+        if self.name != ANONYMOUS
+            && !self
+                .groups
+                .iter()
+                .any(|g| g == ALL_AUTHENTICATED || g == ALL_UNAUTHENTICATED)
+        {
+            self.groups.push(ALL_AUTHENTICATED.to_owned());
+        }
+        self
+    }
+}
+
+/// A user's groups for a log line, joined with commas only when the line is written.
+pub struct Groups<'a>(pub &'a [String]);
+
+impl std::fmt::Display for Groups<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, group) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(group)?;
+        }
+        Ok(())
     }
 }
 
@@ -258,11 +295,9 @@ pub fn classify(config: &AuthnConfig, chain: &[CertificateDer<'static>]) -> Cert
             .iter()
             .any(|ca| verifies(ca.verifier.as_ref(), chain))
     {
-        let mut groups = orgs;
-        groups.push("system:authenticated".into());
         return CertIdentity::User(UserInfo {
             name: cn,
-            groups,
+            groups: orgs,
             ..Default::default()
         });
     }
@@ -527,7 +562,8 @@ impl Authenticator {
     }
 
     /// The user, or None for anonymous. Identity headers are stripped unless a verified front
-    /// proxy sent them.
+    /// proxy sent them. Every authenticated user is in `system:authenticated`
+    /// ([`UserInfo::authenticated`]), however they authenticated.
     pub async fn authenticate(
         &self,
         peer: Option<&PeerCertificates>,
@@ -537,7 +573,9 @@ impl Authenticator {
             Authenticated::User(user) => Ok(user),
             // Boxed: the TokenReview's future is large and would size every request's future.
             Authenticated::NeedsTokenReview => match (bearer_token(headers), &self.tokens) {
-                (Some(token), Some(reviewer)) => Box::pin(reviewer.review(token)).await,
+                (Some(token), Some(reviewer)) => Ok(Box::pin(reviewer.review(token))
+                    .await?
+                    .map(UserInfo::authenticated)),
                 _ => Ok(None),
             },
         }
@@ -559,14 +597,14 @@ impl Authenticator {
             && let Some(rh) = &config.request_header
         {
             if let Some(user) = user_from_headers(rh, headers) {
-                return Authenticated::User(Some(user));
+                return Authenticated::User(Some(user.authenticated()));
             }
             strip_identity_headers(Some(rh), headers);
         } else {
             strip_identity_headers(config.request_header.as_ref(), headers);
         }
         if let CertIdentity::User(user) = identity {
-            return Authenticated::User(Some(user));
+            return Authenticated::User(Some(user.authenticated()));
         }
         if self.tokens.is_some() && bearer_token(headers).is_some() {
             return Authenticated::NeedsTokenReview;
@@ -629,6 +667,31 @@ mod tests {
         // And back: trusted as a client CA again.
         authn.set_config(as_client_ca());
         assert_eq!(user(&authn).as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn the_authenticated_group_is_added_once_and_never_to_anonymous() {
+        let user = |name: &str, groups: &[&str]| UserInfo {
+            name: name.into(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+            ..Default::default()
+        };
+        assert_eq!(
+            user("system:aggregator", &[]).authenticated().groups,
+            ["system:authenticated"]
+        );
+        assert_eq!(
+            user("alice", &["dev"]).authenticated().groups,
+            ["dev", "system:authenticated"]
+        );
+        for unchanged in [
+            user("bob", &["system:authenticated", "dev"]),
+            user("carol", &["system:unauthenticated"]),
+            user("system:anonymous", &[]),
+        ] {
+            assert_eq!(unchanged.clone().authenticated(), unchanged);
+        }
+        assert_eq!(Groups(&user("d", &["a", "b"]).groups).to_string(), "a,b");
     }
 
     /// kube-apiserver's default header names, trusting a fresh dev CA as the front proxy's.

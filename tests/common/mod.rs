@@ -5,6 +5,8 @@
 #![allow(dead_code)]
 
 pub mod fake_kube;
+pub mod install;
+pub mod process;
 
 use std::{
     net::SocketAddr,

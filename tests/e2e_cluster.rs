@@ -1,0 +1,569 @@
+//! Through a real kube-apiserver: farm-apiserver registered by the shipped manifests (RBAC and
+//! the APIService with its caBundle), reached by the aggregator, used with kubectl and kube-rs
+//! as a cluster's users use it.
+//!
+//! Runs when `FARM_E2E_KUBECONFIG` names a cluster whose kube-apiserver runs on this host (the
+//! lab in `../shared/k8s-lab`, or any other): the server runs here on 127.0.0.1, and the
+//! manifests' Service is replaced by one of type ExternalName (`localhost`, the server's port),
+//! so the aggregator dials this process and verifies its certificate for
+//! `farm-apiserver.farm-system.svc` against the APIService's caBundle. Everything it creates is
+//! removed at the end, the APIService first, on failure too.
+
+mod common;
+
+use std::{
+    io::{BufRead, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{install, process::Running};
+use farm_apiserver::resources::{Llama, LlamaSpec};
+use futures::{StreamExt, TryStreamExt};
+use kube::{
+    Api,
+    api::{ListParams, PostParams, WatchEvent, WatchParams},
+};
+use serde_json::{Value, json};
+
+const API_SERVICE: &str = "v1alpha.farm.example.com";
+
+/// kubectl against the cluster under test.
+struct Cluster {
+    kubeconfig: PathBuf,
+    cache: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn from_env() -> Option<Self> {
+        let Some(kubeconfig) = std::env::var_os("FARM_E2E_KUBECONFIG") else {
+            eprintln!(
+                "SKIPPED: FARM_E2E_KUBECONFIG is not set; it names a cluster whose kube-apiserver runs on this host (see README: 'Against a real kube-apiserver')"
+            );
+            return None;
+        };
+        assert!(
+            install::has_kubectl(),
+            "FARM_E2E_KUBECONFIG is set but kubectl is not on PATH"
+        );
+        Some(Self {
+            kubeconfig: kubeconfig.into(),
+            cache: tempfile::tempdir().unwrap(),
+        })
+    }
+
+    fn kubectl(&self) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.cache.path())
+            .env_remove("KUBECONFIG");
+        cmd
+    }
+
+    /// (success, stdout, stderr) of kubectl with `args` and `stdin`.
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        let mut cmd = self.kubectl();
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("run kubectl");
+        {
+            use std::io::Write;
+            let mut pipe = child.stdin.take().unwrap();
+            if let Some(input) = stdin {
+                pipe.write_all(input.as_bytes()).unwrap();
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// kubectl that must succeed; its stdout.
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (ok, out, err) = self.run(args, stdin);
+        assert!(ok, "kubectl {}: {err}{out}", args.join(" "));
+        out
+    }
+
+    /// Runs kubectl until `check` accepts its (success, stdout, stderr), for up to `within`.
+    async fn eventually(
+        &self,
+        args: &[&str],
+        within: Duration,
+        check: impl Fn(bool, &str, &str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let (ok, out, err) = self.run(args, None);
+            if check(ok, &out, &err) {
+                return out;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kubectl {} did not get there in {within:?}: {err}{out}",
+                args.join(" ")
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    async fn client(&self) -> kube::Client {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+}
+
+/// What the test put into the cluster; removed when dropped, the APIService first (a stale
+/// APIService breaks discovery and namespace deletion cluster-wide).
+struct Installed<'a> {
+    cluster: &'a Cluster,
+    applied: Value,
+    namespace: String,
+}
+
+impl Drop for Installed<'_> {
+    fn drop(&mut self) {
+        let c = self.cluster;
+        let _ = c.run(
+            &["delete", "apiservice", API_SERVICE, "--ignore-not-found"],
+            None,
+        );
+        let _ = c.run(
+            &[
+                "delete",
+                "namespace",
+                &self.namespace,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+        let _ = c.run(
+            &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
+            Some(&self.applied.to_string()),
+        );
+    }
+}
+
+fn llama_yaml(namespace: &str, name: &str, weight: f64, height: f64) -> String {
+    format!(
+        "apiVersion: farm.example.com/v1alpha
+kind: Llama
+metadata:
+  name: {name}
+  namespace: {namespace}
+  labels:
+    herd: e2e
+spec:
+  weight: {weight}
+  height: {height}
+"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_kube_apiserver() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let started = Instant::now();
+    let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+
+    step("certificates and manifests, as a user makes them");
+    let rendered = install::render(None);
+    let certs = rendered.certs();
+    let server = Running::start([
+        "--tls-cert-file".as_ref(),
+        certs.join("tls.crt").as_os_str(),
+        "--tls-private-key-file".as_ref(),
+        certs.join("tls.key").as_os_str(),
+        "--kubeconfig".as_ref(),
+        cluster.kubeconfig.as_os_str(),
+        "--no-sample-data".as_ref(),
+    ]);
+    let port = server.addr.port();
+    step(&format!("farm-apiserver serving on {}", server.addr));
+
+    // The manifests' RBAC, Namespace, ServiceAccount and APIService, as shipped; the
+    // Deployment, its Secret and the ClusterIP Service give way to this process.
+    let mut items: Vec<Value> = rendered
+        .objects
+        .iter()
+        .filter(|o| !["Deployment", "Service", "Secret"].contains(&o["kind"].as_str().unwrap()))
+        .cloned()
+        .collect();
+    let api_service = items
+        .iter_mut()
+        .find(|o| o["kind"] == "APIService")
+        .expect("the manifests hold the APIService");
+    assert!(api_service["spec"]["caBundle"].is_string());
+    assert!(api_service["spec"].get("insecureSkipTLSVerify").is_none());
+    let service = api_service["spec"]["service"].clone();
+    api_service["spec"]["service"]["port"] = json!(port);
+    items.push(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service["name"], "namespace": service["namespace"]},
+        "spec": {
+            "type": "ExternalName",
+            "externalName": "localhost",
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        },
+    }));
+    let namespace = format!("farm-e2e-{}", std::process::id());
+    items.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}));
+    let applied = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    let installed = Installed {
+        cluster: &cluster,
+        applied: applied.clone(),
+        namespace: namespace.clone(),
+    };
+    let ns = installed.namespace.as_str();
+    cluster.ok(&["apply", "-f", "-"], Some(&applied.to_string()));
+
+    step("waiting for the APIService to be Available");
+    cluster
+        .eventually(
+            &[
+                "get",
+                "apiservice",
+                API_SERVICE,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ],
+            Duration::from_secs(90),
+            |_, out, _| out == "True",
+        )
+        .await;
+
+    step("kubectl: apply, get columns, re-apply, patch, delete");
+    let dolly = llama_yaml(ns, "dolly", 31.4, 0.5);
+    let out = cluster.ok(&["apply", "-f", "-"], Some(&dolly));
+    assert!(
+        out.contains("llama.farm.example.com/dolly created"),
+        "{out}"
+    );
+    let out = cluster.ok(&["apply", "-f", "-"], Some(&dolly));
+    assert!(
+        out.contains("llama.farm.example.com/dolly unchanged"),
+        "{out}"
+    );
+    let out = cluster.ok(&["get", "llamas", "-n", ns], None);
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "WEIGHT", "HEIGHT", "AGE"], "{out}");
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], ["dolly", "31.4", "0.5"], "{out}");
+    let out = cluster.ok(
+        &[
+            "patch",
+            "llama",
+            "dolly",
+            "-n",
+            ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"height":0.6}}"#,
+        ],
+        None,
+    );
+    assert!(out.contains("patched"), "{out}");
+    let changed = llama_yaml(ns, "dolly", 32.0, 0.6);
+    let out = cluster.ok(&["apply", "-f", "-"], Some(&changed));
+    assert!(out.contains("configured"), "{out}");
+    let got: Value =
+        serde_json::from_str(&cluster.ok(&["get", "llama", "dolly", "-n", ns, "-o", "json"], None))
+            .unwrap();
+    assert_eq!(got["spec"], json!({"weight": 32.0, "height": 0.6}));
+    let (ok, _, err) = cluster.run(
+        &[
+            "patch",
+            "llama",
+            "dolly",
+            "-n",
+            ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"weight":-1}}"#,
+        ],
+        None,
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("spec.weight: Invalid value: -1: must be a finite number greater than 0"),
+        "{err}"
+    );
+
+    step("kubectl get -w sees a new Llama");
+    let mut watch = cluster
+        .kubectl()
+        .args([
+            "get",
+            "llamas",
+            "-n",
+            ns,
+            "-w",
+            "--output-watch-events",
+            "--no-headers",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (tx, watched) = std::sync::mpsc::channel();
+    let stdout = watch.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let first = watched.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(
+        first.starts_with("ADDED") && first.contains("dolly"),
+        "{first}"
+    );
+    cluster.ok(
+        &["apply", "-f", "-"],
+        Some(&llama_yaml(ns, "kuzco", 120.5, 1.7)),
+    );
+    let next = watched.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(
+        next.starts_with("ADDED") && next.contains("kuzco"),
+        "{next}"
+    );
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let out = cluster.ok(&["delete", "llama", "kuzco", "-n", ns], None);
+    assert!(out.contains("\"kuzco\" deleted"), "{out}");
+    let (ok, _, err) = cluster.run(&["get", "llama", "kuzco", "-n", ns], None);
+    assert!(!ok);
+    assert!(
+        err.contains("llamas.farm.example.com \"kuzco\" not found"),
+        "{err}"
+    );
+
+    step("api-resources");
+    let out = cluster.ok(&["api-resources", "--api-group", "farm.example.com"], None);
+    let llamas = out.lines().find(|l| l.starts_with("llamas")).expect(&out);
+    assert_eq!(
+        llamas.split_whitespace().collect::<Vec<_>>(),
+        ["llamas", "ll", "farm.example.com/v1alpha", "true", "Llama"]
+    );
+    assert!(out.lines().any(|l| l.starts_with("farmpods")), "{out}");
+
+    step("kube-apiserver's aggregated /apis lists farm.example.com");
+    let client = cluster.client().await;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let request = http::Request::get("/apis")
+            .header(
+                "Accept",
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+            )
+            .body(Vec::new())
+            .unwrap();
+        let text = client.request_text(request).await.unwrap();
+        let list: Value = serde_json::from_str(&text).unwrap();
+        let group = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["metadata"]["name"] == "farm.example.com")
+            .cloned();
+        if let Some(group) = group {
+            let version = &group["versions"][0];
+            assert_eq!(version["version"], "v1alpha");
+            let resources: Vec<&str> = version["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["resource"].as_str().unwrap())
+                .collect();
+            assert!(resources.contains(&"llamas") && resources.contains(&"farmpods"));
+            assert_eq!(version["freshness"], "Current");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not in /apis: {text}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    step("kubectl explain llamas.spec (kube-apiserver aggregated our OpenAPI)");
+    let out = cluster
+        .eventually(
+            &["explain", "llamas.spec"],
+            Duration::from_secs(120),
+            |ok, _, _| ok,
+        )
+        .await;
+    assert!(out.contains("KIND:       Llama"), "{out}");
+    assert!(out.contains("weight\t<number> -required-"), "{out}");
+    let out = cluster.ok(&["get", "--raw", "/openapi/v2"], None);
+    assert!(out.contains("com.example.farm.v1alpha.Llama"));
+
+    step("FarmPods follow real Pods");
+    cluster.ok(
+        &[
+            "run",
+            "shepherd",
+            "-n",
+            ns,
+            "--image=registry.invalid/pause:3.10",
+            "--labels=app=shepherd",
+            "--restart=Never",
+        ],
+        None,
+    );
+    let out = cluster
+        .eventually(
+            &[
+                "get",
+                "farmpods",
+                "-n",
+                ns,
+                "-l",
+                "app=shepherd",
+                "-o",
+                "wide",
+            ],
+            Duration::from_secs(30),
+            |ok, out, _| ok && out.contains("farm-shepherd"),
+        )
+        .await;
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "CONTAINERS",
+            "READY",
+            "STATUS",
+            "RESTARTS",
+            "AGE",
+            "NODE",
+            "IP"
+        ],
+        "{out}"
+    );
+    assert!(out.contains("Pending"), "{out}");
+    cluster.ok(
+        &[
+            "delete",
+            "pod",
+            "shepherd",
+            "-n",
+            ns,
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    cluster
+        .eventually(
+            &["get", "farmpods", "-n", ns, "-o", "name"],
+            Duration::from_secs(30),
+            |ok, out, _| ok && !out.contains("farm-shepherd"),
+        )
+        .await;
+
+    step("RBAC: no binding is refused; the built-in view role reads Llamas");
+    let (ok, _, err) = cluster.run(&["get", "llamas", "-n", ns, "--as=e2e-nobody"], None);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!(
+            "llamas.farm.example.com is forbidden: User \"e2e-nobody\" cannot list resource \"llamas\" in API group \"farm.example.com\" in the namespace \"{ns}\""
+        )),
+        "{err}"
+    );
+    cluster.ok(
+        &[
+            "create",
+            "rolebinding",
+            "e2e-viewer",
+            "-n",
+            ns,
+            "--clusterrole=view",
+            "--user=e2e-viewer",
+        ],
+        None,
+    );
+    let out = cluster
+        .eventually(
+            &["get", "llamas", "-n", ns, "--as=e2e-viewer", "-o", "name"],
+            Duration::from_secs(60),
+            |ok, _, _| ok,
+        )
+        .await;
+    assert!(out.contains("llama.farm.example.com/dolly"), "{out}");
+    let (ok, _, err) = cluster.run(
+        &["delete", "llama", "dolly", "-n", ns, "--as=e2e-viewer"],
+        None,
+    );
+    assert!(
+        !ok && err.contains("forbidden"),
+        "view cannot delete: {err}"
+    );
+
+    step("kube-rs through kube-apiserver: create, list, watch");
+    let llamas: Api<Llama> = Api::namespaced(client.clone(), ns);
+    let list = llamas.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let version = list.metadata.resource_version.clone().unwrap();
+    let mut stream = llamas
+        .watch(&WatchParams::default().timeout(30), &version)
+        .await
+        .unwrap()
+        .boxed();
+    llamas
+        .create(
+            &PostParams::default(),
+            &Llama::new(
+                "cuzco",
+                LlamaSpec {
+                    weight: 90.0,
+                    height: 1.5,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(20), stream.try_next())
+        .await
+        .expect("a watch event")
+        .unwrap()
+        .expect("the stream is open");
+    match event {
+        WatchEvent::Added(llama) => assert_eq!(llama.metadata.name.as_deref(), Some("cuzco")),
+        other => panic!("expected ADDED, got {other:?}"),
+    }
+    let names: Vec<String> = llamas
+        .list(&ListParams::default().labels("!herd"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|l| l.metadata.name)
+        .collect();
+    assert_eq!(names, ["cuzco"]);
+
+    step("cleaning up: the APIService first");
+    drop(installed);
+    let (_, out, _) = cluster.run(&["get", "apiservice", API_SERVICE], None);
+    assert!(out.is_empty(), "APIService removed: {out}");
+    drop(server);
+    step("done");
+}
