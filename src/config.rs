@@ -232,6 +232,7 @@ impl Args {
         }
         let started = std::time::Instant::now();
         self.init_logging()?;
+        crate::recovery::install_hook();
         let mut sources = StaticSources {
             requestheader_ca: Self::read(&self.requestheader_client_ca_file)?,
             requestheader_allowed_names: self.requestheader_allowed_names.clone(),

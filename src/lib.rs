@@ -16,6 +16,7 @@ pub mod list_body;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;
+pub mod recovery;
 pub mod request_info;
 pub mod resource;
 pub mod resources;

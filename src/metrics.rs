@@ -75,6 +75,8 @@ pub struct Metrics {
     duration_slots: Vec<OnceLock<Histogram>>,
     pub open_watches: Gauge,
     pub stored_objects: Family<ResourceLabels, Gauge>,
+    /// Requests whose handler panicked (answered 500, see [`crate::recovery`]).
+    pub panics: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -95,6 +97,12 @@ impl Default for Metrics {
         let durations: HistogramFamily = Family::new_with_constructor(latency_histogram);
         let open_watches = Gauge::default();
         let stored_objects = Family::<ResourceLabels, Gauge>::default();
+        let panics = Counter::default();
+        registry.register(
+            "farm_apiserver_request_panics",
+            "Requests whose handler panicked; each was answered 500 and logged",
+            panics.clone(),
+        );
         registry.register(
             "apiserver_request",
             "Requests by verb, resource and HTTP code",
@@ -127,6 +135,7 @@ impl Default for Metrics {
                 .collect(),
             open_watches,
             stored_objects,
+            panics,
         }
     }
 }

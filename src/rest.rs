@@ -859,14 +859,13 @@ fn generate_name(prefix: &str) -> String {
     let suffix: String = (0..5)
         .map(|_| GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())] as char)
         .collect();
-    // kube-apiserver trims the prefix so the result stays a valid name.
-    let max_prefix = 63 - 5;
-    let prefix = if prefix.len() > max_prefix {
-        &prefix[..max_prefix]
-    } else {
-        prefix
-    };
-    format!("{prefix}{suffix}")
+    // kube-apiserver trims the prefix to 58 bytes so the result stays a valid name; here at a
+    // character boundary (a prefix that is not ASCII is refused by validation anyway).
+    let mut end = prefix.len().min(63 - 5);
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", prefix.get(..end).unwrap_or_default())
 }
 
 fn now() -> Time {

@@ -23,6 +23,7 @@ use crate::{
     health::{self, Health},
     metrics::Metrics,
     openapi::{self, OpenApiDocuments},
+    recovery,
     request_info::RequestInfo,
     resource::{ResourceInfo, ServedResource},
     resources::{FarmPod, Llama, llama},
@@ -303,6 +304,13 @@ impl Edge {
         self.finish(&info, user.as_ref(), response, started)
     }
 
+    /// A request whose handler panicked: 500, counted, in the request log like any other.
+    fn panicked(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Response {
+        self.metrics.panics.inc();
+        let info = RequestInfo::parse(method, uri.path(), uri.query());
+        self.finish(&info, None, recovery::response(), Instant::now())
+    }
+
     /// Metrics and the request's log line.
     fn finish(
         &self,
@@ -407,16 +415,29 @@ where
                 from_request.as_ref()
             }
         };
-        let checked = match self.edge.handle_now(peer, &mut request) {
-            Handled::Answered(response) => return Either::Left(std::future::ready(Ok(response))),
-            Handled::Checked(user) => Some(user),
-            Handled::Unchecked => None,
+        let edge = &self.edge;
+        let checked = match recovery::catch_now(|| edge.handle_now(peer, &mut request)) {
+            Some(Handled::Answered(response)) => {
+                return Either::Left(std::future::ready(Ok(response)));
+            }
+            Some(Handled::Checked(user)) => Some(user),
+            Some(Handled::Unchecked) => None,
+            None => {
+                let response = edge.panicked(request.method(), request.uri());
+                return Either::Left(std::future::ready(Ok(response)));
+            }
         };
         let edge = self.edge.clone();
         let peer = peer.cloned();
         let request = request.map(axum::body::Body::new);
+        let (method, uri) = (request.method().clone(), request.uri().clone());
         Either::Right(Box::pin(async move {
-            Ok(edge.handle(peer, request, checked).await)
+            Ok(
+                match recovery::catch(edge.clone().handle(peer, request, checked)).await {
+                    Some(response) => response,
+                    None => edge.panicked(&method, &uri),
+                },
+            )
         }))
     }
 }

@@ -9,18 +9,25 @@ const DNS1123_SUBDOMAIN_MESSAGE: &str = "a lowercase RFC 1123 subdomain must con
 /// Total size of all annotations, as kube-apiserver limits it.
 const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 
-pub fn is_dns1123_label(s: &str) -> bool {
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, of any length.
+fn is_label_shaped(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
+/// apimachinery's `IsDNS1123Label`: at most 63 characters.
+pub fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && is_label_shaped(s)
+}
+
+/// apimachinery's `IsDNS1123Subdomain`: at most 253 characters, dot-separated parts shaped as
+/// labels, with no 63-character limit of their own (its regular expression has none).
 pub fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns1123_label)
+    s.len() <= 253 && s.split('.').all(is_label_shaped)
 }
 
 /// Validates a name a client gave (path segment or metadata.name).

@@ -214,9 +214,15 @@ pub fn response<K: ServedResource>(
     let interval = options.bookmark_interval.max(Duration::from_millis(10));
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Any timeoutSeconds a client sends (up to u64::MAX) ends somewhere: past what an Instant
+    // can hold, the watch lasts until the server stops.
+    let now = tokio::time::Instant::now();
+    let deadline = now
+        .checked_add(options.timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
     let watcher = Watcher {
         stream,
-        deadline: tokio::time::Instant::now() + options.timeout,
+        deadline,
         options,
         last_rv: start_rv,
         bookmarked_rv: start_rv,

@@ -1,126 +1,12 @@
 //! The router driven with `oneshot`: discovery, OpenAPI, Table, lists, writes and every error
 //! shape, without a socket.
 
-use axum::{
-    body::Body,
-    http::{Request, StatusCode},
-};
 mod common;
 
-use common::oneshot_identity as identity;
-use farm_apiserver::{
-    server::{self, AppState},
-    tls::PeerCertificates,
-};
-use http_body_util::BodyExt;
+use axum::http::StatusCode;
+use common::{oneshot::*, oneshot_identity as identity};
+use farm_apiserver::server::{self, AppState};
 use serde_json::{Value, json};
-use tower::ServiceExt;
-
-const BASE: &str = "/apis/farm.example.com/v1alpha";
-const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-
-#[derive(Clone)]
-struct App {
-    router: server::App,
-    peer: PeerCertificates,
-}
-
-fn app() -> App {
-    app_with_state().0
-}
-
-fn app_with_state() -> (App, AppState) {
-    let (options, peer) = identity();
-    let (state, shutdown) = AppState::new(options);
-    std::mem::forget(shutdown); // watches stay open for the test's life
-    (
-        App {
-            router: server::app(state.clone()),
-            peer,
-        },
-        state,
-    )
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: axum::http::HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    /// Asserts a Status body with this code and reason; returns its message.
-    fn status(&self, code: u16, reason: &str) -> String {
-        let body = self.json();
-        assert_eq!(self.status.as_u16(), code, "{body}");
-        assert_eq!(body["kind"], "Status", "{body}");
-        assert_eq!(body["apiVersion"], "v1");
-        assert_eq!(body["status"], "Failure");
-        assert_eq!(body["code"], code);
-        assert_eq!(body["reason"], reason, "{body}");
-        body["message"].as_str().unwrap_or_default().to_owned()
-    }
-}
-
-async fn call(app: &App, method: &str, uri: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .extension(app.peer.clone());
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = app
-        .router
-        .clone()
-        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
-    Reply {
-        status,
-        headers,
-        body,
-    }
-}
-
-async fn get(app: &App, uri: &str) -> Reply {
-    call(app, "GET", uri, &[], "").await
-}
-
-fn llama(name: &str, weight: f64, height: f64) -> String {
-    json!({
-        "apiVersion": "farm.example.com/v1alpha",
-        "kind": "Llama",
-        "metadata": { "name": name },
-        "spec": { "weight": weight, "height": height }
-    })
-    .to_string()
-}
-
-async fn create(app: &App, ns: &str, body: &str) -> Reply {
-    call(
-        app,
-        "POST",
-        &format!("{BASE}/namespaces/{ns}/llamas"),
-        &[("content-type", "application/json")],
-        body,
-    )
-    .await
-}
 
 #[tokio::test]
 async fn resource_list_has_exact_group_version_and_verbs() {

@@ -6,6 +6,7 @@
 
 pub mod fake_kube;
 pub mod install;
+pub mod oneshot;
 pub mod process;
 
 use std::{

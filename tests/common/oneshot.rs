@@ -1,0 +1,128 @@
+//! The whole HTTP surface driven with `oneshot`, no socket: requests carry the dev admin's
+//! certificate chain as the listener would hand it over.
+
+use axum::{
+    body::Body,
+    http::{Request, StatusCode},
+};
+use farm_apiserver::{
+    server::{self, AppState},
+    tls::PeerCertificates,
+};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::oneshot_identity as identity;
+
+pub const BASE: &str = "/apis/farm.example.com/v1alpha";
+pub const TABLE_ACCEPT: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+
+#[derive(Clone)]
+pub struct App {
+    pub router: server::App,
+    pub peer: PeerCertificates,
+}
+
+pub fn app() -> App {
+    app_with_state().0
+}
+
+pub fn app_with_state() -> (App, AppState) {
+    let (options, peer) = identity();
+    let (state, shutdown) = AppState::new(options);
+    std::mem::forget(shutdown); // watches stay open for the test's life
+    (
+        App {
+            router: server::app(state.clone()),
+            peer,
+        },
+        state,
+    )
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    /// Asserts a Status body with this code and reason; returns its message.
+    pub fn status(&self, code: u16, reason: &str) -> String {
+        let body = self.json();
+        assert_eq!(self.status.as_u16(), code, "{body}");
+        assert_eq!(body["kind"], "Status", "{body}");
+        assert_eq!(body["apiVersion"], "v1");
+        assert_eq!(body["status"], "Failure");
+        assert_eq!(body["code"], code);
+        assert_eq!(body["reason"], reason, "{body}");
+        body["message"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+pub async fn call(
+    app: &App,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .extension(app.peer.clone());
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = app
+        .router
+        .clone()
+        .oneshot(request.body(Body::from(body.to_owned())).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+pub async fn get(app: &App, uri: &str) -> Reply {
+    call(app, "GET", uri, &[], "").await
+}
+
+pub fn llama(name: &str, weight: f64, height: f64) -> String {
+    json!({
+        "apiVersion": "farm.example.com/v1alpha",
+        "kind": "Llama",
+        "metadata": { "name": name },
+        "spec": { "weight": weight, "height": height }
+    })
+    .to_string()
+}
+
+pub async fn create(app: &App, ns: &str, body: &str) -> Reply {
+    call(
+        app,
+        "POST",
+        &format!("{BASE}/namespaces/{ns}/llamas"),
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await
+}
