@@ -24,7 +24,7 @@ use crate::{
     negotiate::{self, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
-    store::{ListRequest, Object, Preconditions, ReadAt, Store, WatchRequest, WatchStart},
+    store::{ListRequest, Object, Preconditions, ReadAt, Store, Stored, WatchRequest, WatchStart},
     table::{self, IncludeObject, PartialObjectMetadata},
     validation,
     watch::{self, WatchOptions},
@@ -1049,13 +1049,15 @@ fn patch_type(headers: &HeaderMap) -> Result<PatchType> {
     }
 }
 
+/// Applies a patch to the object as it is served (its JSON), so a JSON patch `test` compares
+/// against the values a GET shows.
 fn apply_patch<K: ServedResource>(
-    current: &K,
+    current: &Stored<K>,
     patch_type: PatchType,
     patch: &[u8],
 ) -> Result<Value> {
-    let mut document = serde_json::to_value(current)
-        .map_err(|e| Error::Internal(format!("encoding the stored object: {e}")))?;
+    let mut document: Value = serde_json::from_slice(current.json())
+        .map_err(|e| Error::Internal(format!("decoding the stored object: {e}")))?;
     match patch_type {
         PatchType::Merge => {
             let patch: Value = serde_json::from_slice(patch)
@@ -1103,7 +1105,7 @@ async fn patch<K: ServedResource>(
     loop {
         attempts += 1;
         let current = api.store.get(&key).await?;
-        let patched = apply_patch(current.get(), patch_type, &body)?;
+        let patched = apply_patch(&current, patch_type, &body)?;
         let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
         check_name(&object, &name)?;
         check_namespace(&object, &namespace)?;

@@ -204,3 +204,38 @@ async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
         "{metrics}"
     );
 }
+
+/// The spec is float64 (Kubernetes' `number`), stored and served as sent: a JSON patch `test`
+/// of the value a GET shows matches (with f32 it was 31.399999618530273 inside and 422).
+#[tokio::test]
+async fn json_patch_test_matches_the_value_get_shows() {
+    let app = app();
+    let shown = get(&app, &format!("{LLAMAS}/dolly")).await.json();
+    assert_eq!(shown["spec"]["weight"], json!(31.4));
+    let patch = json!([
+        {"op": "test", "path": "/spec/weight", "value": shown["spec"]["weight"]},
+        {"op": "replace", "path": "/spec/height", "value": 0.1},
+    ]);
+    let reply = call(
+        &app,
+        "PATCH",
+        &format!("{LLAMAS}/dolly"),
+        &[("content-type", "application/json-patch+json")],
+        &patch.to_string(),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["spec"], json!({"weight": 31.4, "height": 0.1}));
+    // Full float64 precision survives a round trip.
+    let precise = 0.1 + 0.2;
+    let reply = create(&app, "default", &llama("precise", precise, 1e300)).await;
+    assert_eq!(reply.status, 201);
+    let got = get(&app, &format!("{LLAMAS}/precise")).await.json();
+    assert_eq!(got["spec"]["weight"].as_f64(), Some(precise));
+    assert_eq!(got["spec"]["height"].as_f64(), Some(1e300));
+}

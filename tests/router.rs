@@ -449,7 +449,7 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
         ("name not DNS-1123", llama("Bad_Name", 1.0, 1.0), 422, "Invalid"),
         ("negative weight", llama("x", -2.0, 1.0), 422, "Invalid"),
         ("zero height", llama("x", 2.0, 0.0), 422, "Invalid"),
-        ("overflowing f32", llama("x", 1e39, 1.0), 422, "Invalid"),
+        ("beyond float64", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":1e999"), 400, "BadRequest"),
         ("NaN literal", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":NaN"), 400, "BadRequest"),
         ("weight as a string", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":\"heavy\""), 400, "BadRequest"),
         ("missing spec", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x"}}).to_string(), 400, "BadRequest"),

@@ -25,12 +25,14 @@ use crate::{
 )]
 pub struct LlamaSpec {
     /// Weight of the llama in kilograms. Must be a finite number greater than 0.
-    pub weight: f32,
+    pub weight: f64,
     /// Height of the llama at the shoulder, in metres. Must be a finite number greater than 0.
-    pub height: f32,
+    pub height: f64,
 }
 
-fn positive(field: &str, value: f32) -> Option<FieldError> {
+/// Kubernetes' `number` is a float64, stored and served as sent: a JSON patch `test` of the
+/// value a GET showed then matches.
+fn positive(field: &str, value: f64) -> Option<FieldError> {
     if value.is_finite() && value > 0.0 {
         None
     } else {
@@ -42,13 +44,8 @@ fn positive(field: &str, value: f32) -> Option<FieldError> {
     }
 }
 
-/// f32 cells as JSON numbers with the digits a user typed (31.4, not 31.399999618530273).
-fn number(value: f32) -> Value {
-    value
-        .to_string()
-        .parse::<serde_json::Number>()
-        .map(Value::Number)
-        .unwrap_or(Value::Null)
+fn number(value: f64) -> Value {
+    serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number)
 }
 
 impl ServedResource for Llama {
@@ -63,9 +60,9 @@ impl ServedResource for Llama {
     fn columns() -> Vec<ColumnDefinition> {
         vec![
             ColumnDefinition::new("Weight", "number", "Weight of the llama in kilograms.")
-                .format("float"),
+                .format("double"),
             ColumnDefinition::new("Height", "number", "Height of the llama in metres.")
-                .format("float"),
+                .format("double"),
             AGE_COLUMN,
         ]
     }
@@ -116,7 +113,7 @@ pub fn synthetic(i: usize) -> Llama {
     let mut llama = sample();
     llama.metadata.name = Some(format!("llama-{i}"));
     llama.metadata.namespace = Some(format!("bench-{}", i % 10));
-    llama.spec.weight = 20.0 + (i % 100) as f32;
+    llama.spec.weight = 20.0 + (i % 100) as f64;
     llama
 }
 
@@ -129,7 +126,7 @@ mod tests {
         let mut llama = sample();
         assert!(llama.validate().is_empty());
         llama.spec.weight = -1.0;
-        llama.spec.height = f32::INFINITY;
+        llama.spec.height = f64::INFINITY;
         let errors = llama.validate();
         assert_eq!(errors.len(), 2);
         assert_eq!(errors[0].field, "spec.weight");
@@ -148,6 +145,6 @@ mod tests {
         let json = serde_json::to_value(sample()).unwrap();
         assert_eq!(json["apiVersion"], "farm.example.com/v1alpha");
         assert_eq!(json["kind"], "Llama");
-        assert_eq!(json["spec"]["weight"].as_f64().unwrap() as f32, 31.4);
+        assert_eq!(json["spec"]["weight"].as_f64().unwrap(), 31.4);
     }
 }
