@@ -153,3 +153,81 @@ async fn sigterm_fails_readiness_first_then_ends_watches_and_exits_cleanly() {
         status.1
     );
 }
+
+/// A client that resumes a watch from a version the previous process handed out (client-go
+/// does after every disconnect) is told 410 Expired and relists, rather than getting 200 and
+/// never hearing of the Llamas that went with the old process.
+#[tokio::test]
+async fn after_a_restart_old_resource_versions_are_expired_not_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let llamas = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+    let first = start(dir.path(), &[]);
+    let raw = RawClient::new(
+        first.addr,
+        &ca_pem(dir.path()),
+        admin(dir.path()),
+        Alpn::Http1,
+    );
+    let body = r#"{"apiVersion":"farm.example.com/v1alpha","kind":"Llama","metadata":{"name":"ghost"},"spec":{"weight":1,"height":1}}"#;
+    let created = raw
+        .send(
+            "POST",
+            llamas,
+            &[("content-type", "application/json")],
+            Some(body.into()),
+        )
+        .await;
+    assert_eq!(created.status, 201);
+    let list = raw.get(llamas, &[]).await.json();
+    let old_rv: u64 = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    drop(first);
+
+    let second = start(dir.path(), &[]);
+    let raw = RawClient::new(
+        second.addr,
+        &ca_pem(dir.path()),
+        admin(dir.path()),
+        Alpn::Http1,
+    );
+    let list = raw.get(llamas, &[]).await.json();
+    let new_rv: u64 = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        new_rv > old_rv,
+        "versions go on rising: {old_rv} then {new_rv}"
+    );
+    let watch = raw
+        .get(
+            &format!("{llamas}?watch=true&resourceVersion={old_rv}&timeoutSeconds=5"),
+            &[],
+        )
+        .await;
+    assert_eq!(watch.status, 200);
+    let event: Value =
+        serde_json::from_slice(watch.body.split(|b| *b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(event["type"], "ERROR", "{event}");
+    assert_eq!(event["object"]["code"], 410);
+    assert_eq!(event["object"]["reason"], "Expired");
+    // A version from the future (a process whose clock ran ahead) is refused too.
+    let ahead = raw
+        .get(
+            &format!(
+                "{llamas}?resourceVersion={}&resourceVersionMatch=NotOlderThan",
+                new_rv + 1_000_000
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!(ahead.status, 504);
+    assert_eq!(
+        ahead.json()["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+}

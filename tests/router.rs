@@ -576,7 +576,7 @@ async fn list_query_errors() {
         ("sendInitialEvents=true", 422, "Invalid"),
         ("watch=true&sendInitialEvents=true", 422, "Invalid"),
         (
-            "resourceVersion=999999&resourceVersionMatch=NotOlderThan",
+            "resourceVersion=18446744073709551615&resourceVersionMatch=NotOlderThan",
             504,
             "Timeout",
         ),

@@ -34,6 +34,19 @@ pub struct MemoryStoreConfig {
     pub max_snapshots: usize,
     /// Buffer per watcher before a slow watcher is dropped (it then resumes from its last rv).
     pub watch_buffer: usize,
+    /// The store's resourceVersion before its first write; watches from below it are 410.
+    pub first_resource_version: u64,
+}
+
+/// Microseconds since the Unix epoch: where a store's resourceVersions start, so every process
+/// starts above any version an earlier one handed out (unless it wrote faster than a million
+/// times a second). A client resuming a watch from a version of a process that is gone then
+/// gets 410 Expired and relists, instead of never hearing of the Llamas that went with it.
+/// Such numbers stay below 2^53, exact in JavaScript clients too.
+pub fn clock_resource_version() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 impl Default for MemoryStoreConfig {
@@ -43,6 +56,7 @@ impl Default for MemoryStoreConfig {
             snapshot_ttl: Duration::from_secs(300),
             max_snapshots: 64,
             watch_buffer: 4096,
+            first_resource_version: clock_resource_version(),
         }
     }
 }
@@ -122,10 +136,10 @@ impl<K: ServedResource> MemoryStore<K> {
                         objects: OrdMap::new(),
                         per_namespace: PHashMap::new(),
                         by_label: PHashMap::new(),
-                        resource_version: 0,
+                        resource_version: config.first_resource_version,
                     },
                     events: VecDeque::new(),
-                    oldest_watchable: 0,
+                    oldest_watchable: config.first_resource_version,
                     snapshots: BTreeMap::new(),
                 }),
                 events_tx,

@@ -14,7 +14,7 @@ use kube::{
 
 use super::{
     ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store,
-    StoreStats, WatchRequest, WatchStream,
+    StoreStats, WatchRequest, WatchStream, memory::MemoryStoreConfig,
 };
 use crate::{
     error::{Error, Result},
@@ -44,7 +44,11 @@ pub struct PodCache {
 impl PodCache {
     fn with_state(state: CacheState) -> Arc<Self> {
         Arc::new(Self {
-            store: MemoryStore::default(),
+            // Versions are the Pods' own (kube-apiserver's), not this process's.
+            store: MemoryStore::new(MemoryStoreConfig {
+                first_resource_version: 0,
+                ..Default::default()
+            }),
             state: Mutex::new(state),
         })
     }
