@@ -122,6 +122,10 @@ pub struct Args {
     #[arg(long, env = "FARM_MIN_REQUEST_TIMEOUT", default_value_t = 1800)]
     pub min_request_timeout: u64,
 
+    /// Seconds a request other than a watch may take, its response included; past it, 504.
+    #[arg(long, env = "FARM_REQUEST_TIMEOUT", default_value_t = 60)]
+    pub request_timeout: u64,
+
     /// Seconds between BOOKMARK events on watches that allow them.
     #[arg(long, env = "FARM_WATCH_BOOKMARK_INTERVAL", default_value_t = 60)]
     pub watch_bookmark_interval: u64,
@@ -193,6 +197,7 @@ impl Args {
         RestSettings {
             min_request_timeout: Duration::from_secs(self.min_request_timeout),
             bookmark_interval: Duration::from_secs(self.watch_bookmark_interval.max(1)),
+            request_timeout: Duration::from_secs(self.request_timeout.max(1)),
         }
     }
 
@@ -315,6 +320,7 @@ impl Args {
             app,
             serving.config.clone(),
             ServeOptions {
+                limits: crate::connection::Limits::default(),
                 listener,
                 shutdown_delay: Duration::from_secs(self.shutdown_delay),
                 shutdown_grace: Duration::from_secs(self.shutdown_grace),

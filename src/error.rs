@@ -91,6 +91,10 @@ pub enum Error {
     #[error("{0}")]
     TooLargeResourceVersion(String),
 
+    /// The request took longer than it may.
+    #[error("Timeout: {0}")]
+    Timeout(String),
+
     #[error("{0}")]
     Unauthorized(String),
 
@@ -138,7 +142,7 @@ impl Error {
             Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Error::RequestEntityTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Expired(_) | Error::Gone(_) => StatusCode::GONE,
-            Error::TooLargeResourceVersion(_) => StatusCode::GATEWAY_TIMEOUT,
+            Error::TooLargeResourceVersion(_) | Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Error::Forbidden(_) => StatusCode::FORBIDDEN,
             Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -160,7 +164,7 @@ impl Error {
             Error::RequestEntityTooLarge { .. } => "RequestEntityTooLarge",
             Error::Expired(_) => "Expired",
             Error::Gone(_) => "Gone",
-            Error::TooLargeResourceVersion(_) => "Timeout",
+            Error::TooLargeResourceVersion(_) | Error::Timeout(_) => "Timeout",
             Error::Unauthorized(_) => "Unauthorized",
             Error::Forbidden(_) => "Forbidden",
             Error::ServiceUnavailable(_) => "ServiceUnavailable",

@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod connection;
 pub mod discovery;
 pub mod error;
 pub mod health;

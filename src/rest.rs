@@ -40,6 +40,9 @@ pub struct RestSettings {
     /// `--min-request-timeout` does, so clients spread their reconnects.
     pub min_request_timeout: Duration,
     pub bookmark_interval: Duration,
+    /// How long a request that is not a watch may take, response included (kube-apiserver's
+    /// `--request-timeout`): past it, 504.
+    pub request_timeout: Duration,
 }
 
 impl Default for RestSettings {
@@ -47,6 +50,7 @@ impl Default for RestSettings {
         Self {
             min_request_timeout: Duration::from_secs(1800),
             bookmark_interval: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
         }
     }
 }

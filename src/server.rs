@@ -18,6 +18,7 @@ use tokio::sync::watch as signal;
 
 use crate::{
     auth::{self, Auth, Authenticator, AuthnConfig, Authorizer, UserInfo, authn::Groups},
+    connection,
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
     health::{self, Health},
@@ -229,6 +230,8 @@ struct Edge {
     endpoints: rest::Endpoints,
     /// Discovery, OpenAPI, /version, /metrics and the 404 fallback.
     router: Router,
+    /// What a request other than a watch may take (kube-apiserver's `--request-timeout`).
+    request_timeout: Duration,
 }
 
 /// How far [`Edge::handle_now`] got without waiting.
@@ -280,26 +283,43 @@ impl Edge {
         let started = Instant::now();
         let uri = request.uri().clone();
         let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-        let checked = match checked {
-            Some(user) => Ok(user),
-            None => {
-                self.auth
-                    .check(peer.as_ref(), request.headers_mut(), &info)
-                    .await
+        // Who is it, may they, and the answer: a watch is bounded by its own timeout, every
+        // other request by the request timeout (authentication and authorization included).
+        let work = async {
+            let checked = match checked {
+                Some(user) => Ok(user),
+                None => {
+                    self.auth
+                        .check(peer.as_ref(), request.headers_mut(), &info)
+                        .await
+                }
+            };
+            match checked {
+                Ok(user) => {
+                    let response = match self.endpoints.find(uri.path()) {
+                        Some(target) => target.call(request).await,
+                        None => match tower::Service::call(&mut self.router.clone(), request).await
+                        {
+                            Ok(response) => response,
+                            Err(never) => match never {},
+                        },
+                    };
+                    (response, user)
+                }
+                Err((error, user)) => (error.into_response(), user),
             }
         };
-        let (response, user) = match checked {
-            Ok(user) => {
-                let response = match self.endpoints.find(uri.path()) {
-                    Some(target) => target.call(request).await,
-                    None => match tower::Service::call(&mut self.router.clone(), request).await {
-                        Ok(response) => response,
-                        Err(never) => match never {},
-                    },
-                };
-                (response, user)
+        let (response, user) = if info.verb == "watch" {
+            work.await
+        } else {
+            match tokio::time::timeout(self.request_timeout, work).await {
+                Ok(answered) => answered,
+                Err(_) => (
+                    Error::Timeout("request did not complete within the allowed duration".into())
+                        .into_response(),
+                    None,
+                ),
             }
-            Err((error, user)) => (error.into_response(), user),
         };
         self.finish(&info, user.as_ref(), response, started)
     }
@@ -367,11 +387,18 @@ async fn not_found() -> Error {
 pub struct App {
     edge: Arc<Edge>,
     peer: Option<PeerCertificates>,
+    /// The connection's activity, for its idle bound (none in `oneshot` tests).
+    activity: Option<Arc<connection::Activity>>,
 }
 
 impl tls::ConnectionService for App {
-    fn for_peer(mut self, peer: PeerCertificates) -> Self {
+    fn for_connection(
+        mut self,
+        peer: PeerCertificates,
+        activity: Arc<connection::Activity>,
+    ) -> Self {
         self.peer = Some(peer);
+        self.activity = Some(activity);
         self
     }
 }
@@ -383,7 +410,7 @@ type AppFuture = futures::future::Either<
 
 impl<B> tower::Service<axum::http::Request<B>> for App
 where
-    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
     B::Error: Into<axum::BoxError>,
 {
     type Response = Response;
@@ -397,8 +424,11 @@ where
         std::task::Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut request: axum::http::Request<B>) -> Self::Future {
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         use futures::future::Either;
+        // A body nobody reads (an early 401, 413...) is still read, so the client sees the
+        // answer (see `connection`).
+        let mut request = request.map(connection::Drained::new);
         if health::is_probe(request.uri().path()) {
             // Probes: kubelet polls them every few seconds; they are not traffic.
             let request = request.map(axum::body::Body::new);
@@ -418,6 +448,9 @@ where
         let edge = &self.edge;
         let checked = match recovery::catch_now(|| edge.handle_now(peer, &mut request)) {
             Some(Handled::Answered(response)) => {
+                if let Some(activity) = &self.activity {
+                    activity.touch();
+                }
                 return Either::Left(std::future::ready(Ok(response)));
             }
             Some(Handled::Checked(user)) => Some(user),
@@ -431,13 +464,25 @@ where
         let peer = peer.cloned();
         let request = request.map(axum::body::Body::new);
         let (method, uri) = (request.method().clone(), request.uri().clone());
+        let in_flight = self.activity.as_ref().map(|a| a.begin());
         Either::Right(Box::pin(async move {
-            Ok(
-                match recovery::catch(edge.clone().handle(peer, request, checked)).await {
-                    Some(response) => response,
-                    None => edge.panicked(&method, &uri),
-                },
-            )
+            let response = match recovery::catch(edge.clone().handle(peer, request, checked)).await
+            {
+                Some(response) => response,
+                None => edge.panicked(&method, &uri),
+            };
+            // A streamed body (a watch, a large list) keeps the connection busy until it ends.
+            Ok(match in_flight {
+                Some(guard)
+                    if http_body::Body::size_hint(response.body())
+                        .exact()
+                        .is_none() =>
+                {
+                    response
+                        .map(|body| axum::body::Body::new(connection::Holding::new(body, guard)))
+                }
+                _ => response,
+            })
         }))
     }
 }
@@ -459,8 +504,10 @@ pub fn app(state: AppState) -> App {
             metrics: state.metrics.clone(),
             endpoints,
             router,
+            request_timeout: state.rest.settings.request_timeout,
         }),
         peer: None,
+        activity: None,
     }
 }
 
@@ -471,6 +518,37 @@ pub struct ServeOptions {
     pub listener: std::net::TcpListener,
     pub shutdown_delay: Duration,
     pub shutdown_grace: Duration,
+    pub limits: connection::Limits,
+}
+
+/// The HTTPS listener as kube-apiserver's bounds it: request headers within
+/// `limits.header_read` (32 s, also what an HTTP/1.1 connection may wait for its next request),
+/// idle connections closed after `limits.idle`, stalled writes after `limits.write_stall`;
+/// header lists up to 1 MiB (users with many groups behind the aggregator); HTTP/2 pings every
+/// 30 s so a peer that is gone is noticed.
+pub fn https(
+    listener: std::net::TcpListener,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    limits: connection::Limits,
+) -> std::io::Result<axum_server::Server<SocketAddr, tls::Acceptor>> {
+    const MAX_HEADER_BYTES: u32 = 1 << 20;
+    listener.set_nonblocking(true)?;
+    let mut server = axum_server::from_tcp(listener)?.acceptor(tls::Acceptor::new(tls, limits));
+    let builder = server.http_builder();
+    builder
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read)
+        .max_buf_size(MAX_HEADER_BYTES as usize + 64 * 1024)
+        .max_headers(2048);
+    builder
+        .http2()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .max_header_list_size(MAX_HEADER_BYTES)
+        .max_concurrent_streams(250);
+    Ok(server)
 }
 
 /// Serves `app` over TLS until SIGTERM/SIGINT, then: readiness fails, after `shutdown_delay`
@@ -503,9 +581,7 @@ pub async fn serve(
             );
         }
     });
-    options.listener.set_nonblocking(true)?;
-    axum_server::from_tcp(options.listener)?
-        .acceptor(crate::tls::Acceptor::new(tls))
+    https(options.listener, tls, options.limits)?
         .handle(handle)
         .serve(tower::make::Shared::new(app))
         .await?;

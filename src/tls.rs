@@ -25,6 +25,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
 
+use crate::connection;
+
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
 pub const TLS_CERT: &str = "tls.crt";
@@ -431,36 +433,40 @@ impl ServingTls {
 }
 
 /// TLS with `TCP_NODELAY` (no 40 ms delayed-ACK stall on the first response of a connection),
-/// passing the client's certificate chain to handlers as [`PeerCertificates`].
+/// passing the client's certificate chain to handlers as [`PeerCertificates`]; the connection
+/// bounded by [`connection::Limits`].
 #[derive(Clone)]
 pub struct Acceptor {
     inner: RustlsAcceptor<NoDelayAcceptor>,
+    limits: connection::Limits,
 }
 
 impl Acceptor {
-    pub fn new(config: RustlsConfig) -> Self {
+    pub fn new(config: RustlsConfig, limits: connection::Limits) -> Self {
         Self {
             inner: RustlsAcceptor::new(config)
                 .handshake_timeout(Duration::from_secs(10))
                 .acceptor(NoDelayAcceptor::new()),
+            limits,
         }
     }
 }
 
-/// A connection's service, told who is at the other end once the handshake is done. (Not an
-/// `Extension` layer: that inserts into every request's extension map, three allocations a
-/// request.)
+/// A connection's service, told who is at the other end once the handshake is done, and what
+/// its requests tell the connection's bounds. (Not an `Extension` layer: that inserts into
+/// every request's extension map, three allocations a request.)
 pub trait ConnectionService {
-    fn for_peer(self, peer: PeerCertificates) -> Self;
+    fn for_connection(self, peer: PeerCertificates, activity: Arc<connection::Activity>) -> Self;
 }
 
 impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
-    type Stream = tokio_rustls::server::TlsStream<TcpStream>;
+    type Stream = connection::Guarded<tokio_rustls::server::TlsStream<TcpStream>>;
     type Service = S;
     type Future = BoxFuture<'static, io::Result<(Self::Stream, Self::Service)>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
         let inner = self.inner.clone();
+        let limits = self.limits;
         Box::pin(async move {
             let (stream, service) = inner.accept(stream, service).await?;
             let chain = stream
@@ -469,7 +475,9 @@ impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
                 .peer_certificates()
                 .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
                 .unwrap_or_default();
-            Ok((stream, service.for_peer(PeerCertificates::new(chain))))
+            let activity = Arc::new(connection::Activity::default());
+            let service = service.for_connection(PeerCertificates::new(chain), activity.clone());
+            Ok((connection::Guarded::new(stream, limits, activity), service))
         })
     }
 }

@@ -239,3 +239,254 @@ async fn json_patch_test_matches_the_value_get_shows() {
     assert_eq!(got["spec"]["weight"].as_f64(), Some(precise));
     assert_eq!(got["spec"]["height"].as_f64(), Some(1e300));
 }
+
+// ---- connections: timeouts and bodies nobody read ----
+
+use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn short_limits() -> farm_apiserver::connection::Limits {
+    farm_apiserver::connection::Limits {
+        header_read: Duration::from_millis(800),
+        idle: Duration::from_millis(1200),
+        write_stall: Duration::from_millis(800),
+    }
+}
+
+/// Reads until the server closes the connection (EOF or reset); how long that took and what
+/// was read.
+async fn until_closed(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    within: Duration,
+) -> (Duration, Vec<u8>) {
+    let started = Instant::now();
+    let mut read = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match tokio::time::timeout(within, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (started.elapsed(), read),
+            Ok(Ok(n)) => read.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("the connection was still open after {within:?}"),
+        }
+    }
+}
+
+/// An unauthenticated client that finished the handshake and sends nothing, or sends its
+/// headers a byte at a time, is cut off by the header-read timeout (kube-apiserver: 32 s).
+#[tokio::test]
+async fn silent_and_slowloris_connections_are_closed() {
+    let server = TestServer::start_with(Options {
+        limits: short_limits(),
+        ..Default::default()
+    })
+    .await;
+    let anonymous = server.raw(None, Alpn::Http1);
+    let mut silent = anonymous.tls().await;
+    let (after, _) = until_closed(&mut silent, Duration::from_secs(5)).await;
+    assert!(after >= Duration::from_millis(700), "{after:?}");
+
+    let mut slow = anonymous.tls().await;
+    let writer = tokio::spawn(async move {
+        let started = Instant::now();
+        for byte in b"GET /apis HTTP/1.1\r\nHost: localhost\r\nX-Slow: "
+            .iter()
+            .cycle()
+        {
+            if slow.write_all(&[*byte]).await.is_err() || started.elapsed() > Duration::from_secs(5)
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        started.elapsed()
+    });
+    let cut_after = writer.await.unwrap();
+    assert!(
+        cut_after < Duration::from_secs(4),
+        "slowloris was not cut off: {cut_after:?}"
+    );
+    // Normal requests were served throughout.
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http2);
+    assert_eq!(
+        admin
+            .get("/apis/farm.example.com/v1alpha", &[])
+            .await
+            .status,
+        200
+    );
+}
+
+/// An HTTP/2 connection with no request in flight is closed after the idle timeout
+/// (kube-apiserver: 90 s), its pings notwithstanding; one with an open watch is not.
+#[tokio::test]
+async fn idle_http2_connections_are_closed_busy_ones_are_not() {
+    let server = TestServer::start_with(Options {
+        limits: short_limits(),
+        ..Default::default()
+    })
+    .await;
+    let client = server.raw(Some(server.admin_identity()), Alpn::Http2);
+    let connect = || async {
+        let io = hyper_util::rt::TokioIo::new(client.tls().await);
+        let mut builder =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        builder
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_millis(200))
+            .keep_alive_while_idle(true);
+        let (sender, conn) = builder.handshake(io).await.unwrap();
+        (sender, tokio::spawn(conn))
+    };
+    let request = |path: &str| {
+        hyper::Request::get(format!("https://localhost{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let (mut idle, idle_conn) = connect().await;
+    let reply = idle.send_request(request(LLAMAS)).await.unwrap();
+    assert_eq!(reply.status(), 200);
+    drop(reply);
+    let started = Instant::now();
+    let _ = tokio::time::timeout(Duration::from_secs(5), idle_conn)
+        .await
+        .expect("the idle connection was closed");
+    assert!(started.elapsed() >= Duration::from_millis(1000));
+
+    let (mut busy, busy_conn) = connect().await;
+    let watch = busy
+        .send_request(request(&format!("{LLAMAS}?watch=true&timeoutSeconds=3")))
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        !busy_conn.is_finished(),
+        "a connection with a watch is not idle"
+    );
+    drop(watch);
+}
+
+/// A client that asks for a large list and stops reading does not hold its connection, nor
+/// what the list pins, past the write timeout.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off() {
+    let server = TestServer::start_with(Options {
+        limits: short_limits(),
+        farmpods: Some(farm_apiserver::store::PodCache::synthetic(20_000)),
+        ..Default::default()
+    })
+    .await;
+    let client = server.raw(Some(server.admin_identity()), Alpn::Http1);
+    let mut stream = client.tls().await;
+    stream
+        .write_all(
+            b"GET /apis/farm.example.com/v1alpha/farmpods HTTP/1.1\r\nHost: localhost\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    // Not reading: the server's writes stall on the full socket buffers.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, read) = until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(
+        read.len() < 4_000_000,
+        "the list was cut off, not sent whole: {} bytes",
+        read.len()
+    );
+}
+
+/// A request that takes longer than the request timeout (kube-apiserver: 60 s) is answered
+/// 504, here while its SubjectAccessReview is slow.
+#[tokio::test]
+async fn a_request_past_the_request_timeout_is_504() {
+    let fake = FakeKube::start().await;
+    fake.delay_reviews(Duration::from_secs(3));
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    let (cert, key) = server.dev_ca().issue_client("slowpoke", &[]).unwrap();
+    let raw = server.raw(Some((cert, key)), Alpn::Http2);
+    let started = Instant::now();
+    let reply = raw.get(LLAMAS, &[]).await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(reply.status, 504);
+    let status = reply.json();
+    assert_eq!(status["reason"], "Timeout");
+    assert_eq!(status["code"], 504);
+}
+
+/// Sends the request line, headers and the whole body before reading, as Python's
+/// http.client does (the body in 32 KiB pieces, as a network delivers it); returns the status
+/// line the server answered with.
+async fn write_all_then_read(client: &common::RawClient, head: &str, body: &[u8]) -> String {
+    let mut stream = client.tls().await;
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(b"\r\n").await.unwrap();
+    for piece in body.chunks(32 * 1024) {
+        tokio::time::timeout(Duration::from_secs(20), stream.write_all(piece))
+            .await
+            .expect("the server reads the body")
+            .expect("the whole body is written: the server did not close on it");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (_, read) = until_closed(&mut stream, Duration::from_secs(20)).await;
+    let text = String::from_utf8_lossy(&read).into_owned();
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
+/// An early answer (401 before the body is read, 413 after 3 MiB of it) reaches a client that
+/// writes its whole body first: the rest of the body is read and discarded, not left to make
+/// the kernel reset the connection.
+#[tokio::test]
+async fn early_errors_reach_clients_that_write_their_whole_body_first() {
+    let server = TestServer::start().await;
+    let anonymous = server.raw(None, Alpn::Http1);
+    let body = vec![b' '; 200 * 1024];
+    for _ in 0..5 {
+        let line = write_all_then_read(
+            &anonymous,
+            &format!(
+                "POST {LLAMAS} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+                body.len()
+            ),
+            &body,
+        )
+        .await;
+        assert_eq!(line, "HTTP/1.1 401 Unauthorized");
+    }
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
+    let big = vec![b' '; 4 * 1024 * 1024 - 1024];
+    let line = write_all_then_read(
+        &admin,
+        &format!(
+            "POST {LLAMAS} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+            big.len()
+        ),
+        &big,
+    )
+    .await;
+    assert_eq!(line, "HTTP/1.1 413 Payload Too Large");
+}
+
+/// Users with many groups behind the aggregator send large header lists: up to 1 MiB is
+/// read, over HTTP/2 and HTTP/1.1 (kube-apiserver's MaxHeaderBytes).
+#[tokio::test]
+async fn header_lists_up_to_a_mebibyte_are_read() {
+    let server = TestServer::start().await;
+    let padding = "x".repeat(200);
+    let headers: Vec<(String, String)> = (0..1500)
+        .map(|i| (format!("x-padding-{i}"), padding.clone()))
+        .collect();
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    for alpn in [Alpn::Http2, Alpn::Http1] {
+        let raw = server.raw(Some(server.admin_identity()), alpn);
+        let reply = raw.get(LLAMAS, &headers).await;
+        assert_eq!(reply.status, 200, "{alpn:?}");
+    }
+}

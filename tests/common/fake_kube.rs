@@ -48,6 +48,7 @@ pub struct FakeKube {
     /// Bearer tokens TokenReview accepts, with their user.
     pub tokens: Mutex<BTreeMap<String, (String, Vec<String>)>>,
     pub token_reviews: AtomicUsize,
+    review_delay: Mutex<std::time::Duration>,
     requests: AtomicUsize,
     /// The next this-many Pod requests answer 500.
     failures: AtomicUsize,
@@ -118,6 +119,7 @@ impl FakeKube {
             reviews: Mutex::default(),
             tokens: Mutex::default(),
             token_reviews: AtomicUsize::new(0),
+            review_delay: Mutex::default(),
         });
         let app = Router::new()
             .route("/api/v1/pods", get(all_pods))
@@ -158,6 +160,11 @@ impl FakeKube {
     /// Who may do what: called with each SubjectAccessReview's spec.
     pub fn set_policy(&self, policy: impl Fn(&Value) -> (bool, String) + Send + Sync + 'static) {
         *self.policy.lock().unwrap() = Box::new(policy);
+    }
+
+    /// SubjectAccessReviews are answered this much later (a slow kube-apiserver).
+    pub fn delay_reviews(&self, delay: std::time::Duration) {
+        *self.review_delay.lock().unwrap() = delay;
     }
 
     pub fn sar_count(&self) -> usize {
@@ -319,6 +326,8 @@ async fn subject_access_review(
     State(fake): State<Arc<FakeKube>>,
     axum::Json(review): axum::Json<Value>,
 ) -> Response {
+    let delay = *fake.review_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     let spec = review["spec"].clone();
     let (allowed, reason) = (fake.policy.lock().unwrap())(&spec);
     fake.reviews.lock().unwrap().push(spec);

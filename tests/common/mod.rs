@@ -95,6 +95,10 @@ pub struct Options {
     pub follow_configmap: bool,
     /// Trust the dev CA as a client CA (as the server does when it made its own certs).
     pub trust_dev_ca: bool,
+    /// The connections' bounds (timeouts).
+    pub limits: farm_apiserver::connection::Limits,
+    /// What a request other than a watch may take.
+    pub request_timeout: Duration,
 }
 
 impl Default for Options {
@@ -107,6 +111,8 @@ impl Default for Options {
             cluster: None,
             follow_configmap: false,
             trust_dev_ca: true,
+            limits: Default::default(),
+            request_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -154,18 +160,17 @@ impl TestServer {
                 sample_data: options.sample_data,
                 synthetic_llamas: 0,
                 rest: RestSettings {
-                    min_request_timeout: Duration::from_secs(1800),
                     bookmark_interval: options.bookmark_interval,
+                    request_timeout: options.request_timeout,
+                    ..Default::default()
                 },
                 auth,
             },
         );
         let app = server::app(state.clone());
         let handle = axum_server::Handle::<SocketAddr>::new();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let server = axum_server::from_tcp(listener)
-            .expect("from_tcp")
-            .acceptor(tls::Acceptor::new(serving.config.clone()))
+        let server = server::https(listener, serving.config.clone(), options.limits)
+            .expect("listener")
             .handle(handle.clone());
         tokio::spawn(async move {
             let _ = server.serve(tower::make::Shared::new(app)).await;
@@ -414,6 +419,15 @@ pub struct RawConnection {
 }
 
 impl RawClient {
+    /// A TLS connection and nothing else: the test writes and reads the bytes itself.
+    pub async fn tls(&self) -> tokio_rustls::client::TlsStream<TcpStream> {
+        let tcp = TcpStream::connect(self.addr).await.expect("connect");
+        self.connector
+            .connect(ServerName::try_from("localhost").expect("name"), tcp)
+            .await
+            .expect("tls handshake")
+    }
+
     /// Handshakes; the error is what a rejected client certificate looks like to a client.
     pub async fn connect(&self) -> std::io::Result<RawConnection> {
         let tcp = TcpStream::connect(self.addr).await?;
