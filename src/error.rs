@@ -79,8 +79,8 @@ pub enum Error {
     #[error("{0}")]
     UnsupportedMediaType(String),
 
-    #[error("the request is too large: limit is {limit} bytes")]
-    RequestEntityTooLarge { limit: usize },
+    #[error("Request entity too large: {0}")]
+    RequestEntityTooLarge(String),
 
     #[error("{0}")]
     Expired(String),
@@ -140,7 +140,7 @@ impl Error {
             Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Error::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Error::RequestEntityTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Error::RequestEntityTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Expired(_) | Error::Gone(_) => StatusCode::GONE,
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -161,7 +161,7 @@ impl Error {
             Error::MethodNotAllowed(_) => "MethodNotAllowed",
             Error::NotAcceptable(_) => "NotAcceptable",
             Error::UnsupportedMediaType(_) => "UnsupportedMediaType",
-            Error::RequestEntityTooLarge { .. } => "RequestEntityTooLarge",
+            Error::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
             Error::Expired(_) => "Expired",
             Error::Gone(_) => "Gone",
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => "Timeout",

@@ -753,9 +753,7 @@ async fn read_body(body: Body) -> Result<Bytes> {
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
                 || e.to_string().contains("length limit");
             if too_large {
-                Error::RequestEntityTooLarge {
-                    limit: MAX_BODY_BYTES,
-                }
+                Error::RequestEntityTooLarge(format!("limit is {MAX_BODY_BYTES}"))
             } else {
                 Error::BadRequest(format!("failed to read the request body: {e}"))
             }
@@ -1076,17 +1074,78 @@ fn apply_patch<K: ServedResource>(
         PatchType::Json => {
             let patch: json_patch::Patch = serde_json::from_slice(patch)
                 .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?;
-            json_patch::patch(&mut document, &patch).map_err(|e| Error::Invalid {
+            apply_json_patch(&mut document, &patch).map_err(|message| Error::Invalid {
                 subject: K::invalid_subject(current.meta().name.as_deref().unwrap_or("")),
                 causes: vec![FieldError {
-                    field: String::new(),
+                    field: "patch".into(),
                     reason: "FieldValueInvalid",
-                    message: format!("the JSON patch could not be applied: {e}"),
+                    message,
                 }],
             })?;
         }
     }
+    // Bounded either way: a merge patch grows the object by at most its own size (3 MiB), a
+    // JSON patch by its values and at most 3 MiB of copies.
     Ok(document)
+}
+
+/// kube-apiserver's bounds on a JSON patch (CVE-2019-1002100: each `copy` can double the
+/// document): at most 10,000 operations, and at most 3 MiB added by copies in all.
+const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Bytes of `value` as JSON, counted without building the text.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// Applies `patch` an operation at a time, refusing a copy that would take the bytes copied
+/// past [`MAX_JSON_PATCH_COPY_BYTES`] before it is made. The error is the message.
+fn apply_json_patch(
+    document: &mut Value,
+    patch: &json_patch::Patch,
+) -> std::result::Result<(), String> {
+    let mut copied = 0;
+    for (index, operation) in patch.iter().enumerate() {
+        if let json_patch::PatchOperation::Copy(copy) = operation
+            && let Some(value) = document.pointer(copy.from.as_str())
+        {
+            copied += json_len(value);
+            if copied > MAX_JSON_PATCH_COPY_BYTES {
+                return Err(format!(
+                    "Unable to complete the copy, the accumulated size increase of copy is {copied}, exceeding the limit {MAX_JSON_PATCH_COPY_BYTES}"
+                ));
+            }
+        }
+        json_patch::patch(document, std::slice::from_ref(operation))
+            .map_err(|e| format!("operation {index} ({}): {}", op_name(operation), e.kind))?;
+    }
+    Ok(())
+}
+
+fn op_name(operation: &json_patch::PatchOperation) -> String {
+    use json_patch::PatchOperation as Op;
+    let (op, path) = match operation {
+        Op::Add(o) => ("add", &o.path),
+        Op::Remove(o) => ("remove", &o.path),
+        Op::Replace(o) => ("replace", &o.path),
+        Op::Move(o) => ("move", &o.path),
+        Op::Copy(o) => ("copy", &o.path),
+        Op::Test(o) => ("test", &o.path),
+    };
+    format!("{op} {:?}", path.as_str())
 }
 
 async fn patch<K: ServedResource>(
@@ -1103,6 +1162,17 @@ async fn patch<K: ServedResource>(
     let output = negotiate::output(&headers)?;
     let patch_type = patch_type(&headers)?;
     let body = read_body(body).await?;
+    if patch_type == PatchType::Json {
+        // Counted before anything is applied, as kube-apiserver does.
+        let operations = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&body)
+            .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?
+            .len();
+        if operations > MAX_JSON_PATCH_OPERATIONS {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {operations}"
+            )));
+        }
+    }
     let key = ObjectKey::new(&namespace, &name);
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let mut attempts = 0;

@@ -490,3 +490,84 @@ async fn header_lists_up_to_a_mebibyte_are_read() {
         assert_eq!(reply.status, 200, "{alpn:?}");
     }
 }
+
+// ---- patches ----
+
+async fn json_patch(app: &App, name: &str, query: &str, patch: &Value) -> Reply {
+    call(
+        app,
+        "PATCH",
+        &format!("{LLAMAS}/{name}{query}"),
+        &[("content-type", "application/json-patch+json")],
+        &patch.to_string(),
+    )
+    .await
+}
+
+/// A 2 KB JSON patch whose copies each double the document (the class of CVE-2019-1002100)
+/// took 1.7 GB; copies are now capped at 3 MiB in all, as kube-apiserver caps them, dry run
+/// or not, and the Llama is left as it was.
+#[tokio::test]
+async fn json_patch_copies_are_capped() {
+    let app = app();
+    let before = get(&app, &format!("{LLAMAS}/dolly")).await.json();
+    let mut operations =
+        vec![json!({"op": "add", "path": "/zz", "value": {"a": "x".repeat(1024)}})];
+    operations
+        .extend((0..24).map(|i| json!({"op": "copy", "from": "/zz", "path": format!("/zz/b{i}")})));
+    let patch = Value::Array(operations);
+    assert!(patch.to_string().len() < 3000);
+    for query in ["", "?dryRun=All"] {
+        let reply = json_patch(&app, "dolly", query, &patch).await;
+        let message = reply.status(422, "Invalid");
+        assert!(
+            message
+                .contains("Unable to complete the copy, the accumulated size increase of copy is")
+                && message.contains("exceeding the limit 3145728"),
+            "{message}"
+        );
+    }
+    assert_eq!(get(&app, &format!("{LLAMAS}/dolly")).await.json(), before);
+
+    // Copies below the cap are fine.
+    let small = json!([
+        {"op": "add", "path": "/metadata/labels", "value": {"a": "b"}},
+        {"op": "copy", "from": "/metadata/labels/a", "path": "/metadata/labels/c"},
+    ]);
+    let reply = json_patch(&app, "dolly", "", &small).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(
+        reply.json()["metadata"]["labels"],
+        json!({"a": "b", "c": "b"})
+    );
+}
+
+/// More than 10,000 operations is 413 with kube-apiserver's message, before any is applied;
+/// a failed operation names itself (no empty field name).
+#[tokio::test]
+async fn json_patch_operations_are_capped_and_failures_named() {
+    let app = app();
+    let many = Value::Array(vec![
+        json!({"op": "test", "path": "/kind", "value": "Llama"});
+        10_001
+    ]);
+    let reply = json_patch(&app, "dolly", "", &many).await;
+    assert_eq!(
+        reply.status(413, "RequestEntityTooLarge"),
+        "Request entity too large: The allowed maximum operations in a JSON patch is 10000, got 10001"
+    );
+    let failing = json!([{"op": "test", "path": "/spec/weight", "value": 1}]);
+    let message = json_patch(&app, "dolly", "", &failing)
+        .await
+        .status(422, "Invalid");
+    assert!(
+        message.contains("is invalid: patch: operation 0 (test \"/spec/weight\")"),
+        "{message}"
+    );
+    assert!(!message.contains(": :"), "{message}");
+}
