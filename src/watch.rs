@@ -11,12 +11,13 @@ use axum::{
 };
 use bytes::Bytes;
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta};
 use kube::core::{
     TypeMeta,
     watch::{Bookmark, BookmarkMeta},
 };
 use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::watch as signal;
 
 use crate::{
@@ -88,13 +89,38 @@ impl Drop for OpenWatch {
 }
 
 impl<K: ServedResource> Watcher<K> {
-    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+    /// A BOOKMARK in the form the client asked for, as kube-apiserver converts every watch
+    /// event: the kind's own object, a PartialObjectMetadata (metadata informers), or a Table
+    /// whose one row holds the bookmark's PartialObjectMetadata (the row object is always the
+    /// metadata when it carries the initial-events-end annotation). Each carries the
+    /// resourceVersion and, for the end of the initial events, the annotation client-go waits for.
+    fn bookmark(&mut self, rv: u64, initial_end: bool) -> Bytes {
         let mut annotations = std::collections::BTreeMap::new();
         if initial_end {
             annotations.insert(INITIAL_EVENTS_END.to_owned(), "true".to_owned());
         }
+        let metadata = ObjectMeta {
+            resource_version: Some(rv.to_string()),
+            annotations: (!annotations.is_empty()).then(|| annotations.clone()),
+            ..Default::default()
+        };
         match self.options.output {
             Output::Table(version) => {
+                let with_columns = std::mem::take(&mut self.first_table);
+                let mut cells = vec![Value::String(String::new())];
+                cells.extend(K::columns().iter().map(|c| {
+                    if c.name == table::AGE_COLUMN.name {
+                        table::age(&metadata, jiff::Timestamp::now())
+                    } else {
+                        Value::Null
+                    }
+                }));
+                let object = match (self.options.include, initial_end) {
+                    (IncludeObject::None, false) => None,
+                    _ => Some(table::RowObject::Metadata(PartialObjectMetadata::new(
+                        &metadata, version,
+                    ))),
+                };
                 let table = table::Table {
                     kind: "Table",
                     api_version: version.api_version(),
@@ -102,12 +128,15 @@ impl<K: ServedResource> Watcher<K> {
                         resource_version: Some(rv.to_string()),
                         ..Default::default()
                     },
-                    column_definitions: None,
-                    rows: Vec::new(),
+                    column_definitions: with_columns.then(table::columns::<K>),
+                    rows: vec![table::TableRow { cells, object }],
                 };
                 event_line("BOOKMARK", &table)
             }
-            _ => event_line(
+            Output::PartialObjectMetadata(version) => {
+                event_line("BOOKMARK", &PartialObjectMetadata::new(&metadata, version))
+            }
+            Output::Json => event_line(
                 "BOOKMARK",
                 &Bookmark {
                     types: TypeMeta::resource::<K>(),

@@ -571,3 +571,114 @@ async fn json_patch_operations_are_capped_and_failures_named() {
     );
     assert!(!message.contains(": :"), "{message}");
 }
+
+// ---- watch events in the requested form ----
+
+/// The first `n` events of a watch, as JSON.
+async fn watch_events(app: &App, uri: &str, accept: &str, n: usize) -> Vec<Value> {
+    let request = axum::http::Request::get(uri)
+        .header("accept", accept)
+        .extension(app.peer.clone())
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut text = Vec::new();
+    while text.iter().filter(|b| **b == b'\n').count() < n {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("an event in time")
+            .expect("the watch is open")
+            .unwrap();
+        text.extend_from_slice(&frame.into_data().unwrap());
+    }
+    text.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .take(n)
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect()
+}
+
+/// client-go's metadata informer (the garbage collector's and quota's) watches with
+/// sendInitialEvents and a PartialObjectMetadata Accept: the initial-events-end BOOKMARK must
+/// come as a PartialObjectMetadata too, or it gives up on the stream and relists. In Table form
+/// the bookmark is a Table whose one row's object carries the annotation, as kube-apiserver
+/// converts it.
+#[tokio::test]
+async fn bookmarks_come_in_the_form_the_client_asked_for() {
+    let app = app();
+    let uri = format!(
+        "{LLAMAS}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=5"
+    );
+    let metadata_accept = "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json";
+    let events = watch_events(&app, &uri, metadata_accept, 2).await;
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["kind"], "PartialObjectMetadata");
+    let bookmark = &events[1];
+    assert_eq!(bookmark["type"], "BOOKMARK");
+    assert_eq!(bookmark["object"]["kind"], "PartialObjectMetadata");
+    assert_eq!(bookmark["object"]["apiVersion"], "meta.k8s.io/v1");
+    assert_eq!(
+        bookmark["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    assert!(bookmark["object"]["metadata"]["resourceVersion"].is_string());
+
+    let events = watch_events(&app, &uri, TABLE_ACCEPT, 2).await;
+    assert_eq!(events[0]["object"]["kind"], "Table");
+    assert!(events[0]["object"]["columnDefinitions"].is_array());
+    let bookmark = &events[1]["object"];
+    assert_eq!(events[1]["type"], "BOOKMARK");
+    assert_eq!(bookmark["kind"], "Table");
+    assert!(bookmark.get("columnDefinitions").is_none(), "headers once");
+    assert!(bookmark["metadata"]["resourceVersion"].is_string());
+    let row_object = &bookmark["rows"][0]["object"];
+    assert_eq!(row_object["kind"], "PartialObjectMetadata");
+    assert_eq!(
+        row_object["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+    // The kind's own form is unchanged.
+    let events = watch_events(&app, &uri, "application/json", 2).await;
+    assert_eq!(events[1]["object"]["kind"], "Llama");
+}
+
+/// A metadata watcher (kube-rs, as client-go's metadata informer) syncs by watch-list alone:
+/// its initial events and their end bookmark decode as PartialObjectMetadata, and it never
+/// falls back to LIST.
+#[tokio::test]
+async fn a_metadata_watcher_syncs_by_watch_list_alone() {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let server = TestServer::start().await;
+    let client = server.kube_client().await;
+    let api: kube::Api<kube::core::PartialObjectMeta<Llama>> =
+        kube::Api::namespaced(client, "default");
+    let mut stream = watcher::watcher(api, watcher::Config::default().streaming_lists()).boxed();
+    let mut names = Vec::new();
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("the watcher syncs")
+            .expect("the stream goes on")
+            .expect("no error");
+        match event {
+            Event::InitApply(meta) => names.push(meta.metadata.name.unwrap_or_default()),
+            Event::InitDone => break,
+            _ => {}
+        }
+    }
+    assert_eq!(names, ["dolly"]);
+    let metrics = server
+        .raw(Some(server.admin_identity()), Alpn::Http2)
+        .get("/metrics", &[])
+        .await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        !metrics.contains(r#"apiserver_request_total{verb="list",resource="llamas""#),
+        "no LIST: {metrics}"
+    );
+}
