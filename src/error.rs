@@ -88,7 +88,7 @@ pub enum Error {
     #[error("{0}")]
     Gone(String),
 
-    #[error("{0}")]
+    #[error("Timeout: {0}")]
     TooLargeResourceVersion(String),
 
     /// The request took longer than it may.
@@ -239,6 +239,11 @@ impl IntoResponse for Error {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if matches!(self, Error::TooLargeResourceVersion(_)) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         response.extensions_mut().insert(ErrorReason(self.reason()));
         response
     }

@@ -198,18 +198,49 @@ pub fn discovery(headers: &HeaderMap) -> Result<Discovery> {
 }
 
 /// Request bodies: JSON only (what kubectl, client-go and kube-rs send for custom kinds).
+/// RFC 2045 token characters, as Go's `mime` package checks them.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?=".contains(&b))
+}
+
+/// A Content-Type's base type, lower case, when it parses as Go's `mime.ParseMediaType`
+/// parses one (`type/subtype`, then `; name=value` parameters, value a token or a quoted
+/// string); None when it is malformed.
+pub fn media_type_base(content_type: &str) -> Option<String> {
+    let mut parts = content_type.split(';');
+    let base = parts.next()?.trim();
+    let (kind, subtype) = base.split_once('/')?;
+    if !is_token(kind) || !is_token(subtype) {
+        return None;
+    }
+    let params: Vec<&str> = parts.map(str::trim).collect();
+    for (i, param) in params.iter().enumerate() {
+        if param.is_empty() {
+            // Only trailing semicolons are let go.
+            if params[i..].iter().all(|p| p.is_empty()) {
+                break;
+            }
+            return None;
+        }
+        let (name, value) = param.split_once('=')?;
+        let quoted = value.len() >= 2 && value.starts_with('"') && value.ends_with('"');
+        if !is_token(name.trim()) || !(quoted || is_token(value.trim())) {
+            return None;
+        }
+    }
+    Some(base.to_ascii_lowercase())
+}
+
 pub fn require_json_body(headers: &HeaderMap) -> Result<()> {
+    // None is JSON: kube-apiserver accepts a body without a Content-Type, for backwards
+    // compatibility.
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
-    let base = content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    if base == "application/json" {
+    if media_type_base(content_type).as_deref() == Some("application/json") {
         Ok(())
     } else {
         Err(Error::UnsupportedMediaType(format!(

@@ -24,7 +24,9 @@ use crate::{
     negotiate::{self, Output},
     resource::{GROUP_VERSION, ObjectKey, ServedResource},
     selector::{FieldSelector, Filter, LabelSelector},
-    store::{ListRequest, Object, Preconditions, ReadAt, Store, Stored, WatchRequest, WatchStart},
+    store::{
+        self, ListRequest, Object, Preconditions, ReadAt, Store, Stored, WatchRequest, WatchStart,
+    },
     table::{self, IncludeObject, PartialObjectMetadata},
     validation,
     watch::{self, WatchOptions},
@@ -283,14 +285,13 @@ fn method_not_allowed<K: ServedResource>(method: &Method, query: Option<&str>) -
 
 // ---- query parameters ----
 
-/// The query parameters kube-apiserver reads on resource requests, as sent.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// The query parameters kube-apiserver reads on resource requests, as sent. Others are
+/// ignored, as kube-apiserver ignores them.
+#[derive(Debug, Default)]
 struct Query {
     label_selector: Option<String>,
     field_selector: Option<String>,
     limit: Option<String>,
-    #[serde(rename = "continue")]
     continue_: Option<String>,
     resource_version: Option<String>,
     resource_version_match: Option<String>,
@@ -301,22 +302,54 @@ struct Query {
     include_object: Option<String>,
     dry_run: Option<String>,
     field_validation: Option<String>,
-    // Accepted and ignored, as for any server without these features.
-    #[allow(dead_code)]
-    field_manager: Option<String>,
-    #[allow(dead_code)]
-    pretty: Option<String>,
-    #[allow(dead_code)]
-    timeout: Option<String>,
 }
 
+/// Parses a query string; a parameter given twice takes its first value, as kube-apiserver's
+/// parameter conversion does.
 fn parse_query(raw: Option<&str>) -> Result<Query> {
-    match raw {
-        // Most GETs carry no query: no deserializer to run.
-        None | Some("") => Ok(Query::default()),
-        Some(raw) => serde_urlencoded::from_str(raw)
-            .map_err(|e| Error::BadRequest(format!("invalid query parameters: {e}"))),
+    let mut query = Query::default();
+    let raw = match raw {
+        // Most GETs carry no query: no parsing.
+        None | Some("") => return Ok(query),
+        Some(raw) => raw,
+    };
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw)
+        .map_err(|e| Error::BadRequest(format!("invalid query parameters: {e}")))?;
+    for (name, value) in pairs {
+        let slot = match name.as_str() {
+            "labelSelector" => &mut query.label_selector,
+            "fieldSelector" => &mut query.field_selector,
+            "limit" => &mut query.limit,
+            "continue" => &mut query.continue_,
+            "resourceVersion" => &mut query.resource_version,
+            "resourceVersionMatch" => &mut query.resource_version_match,
+            "watch" => &mut query.watch,
+            "allowWatchBookmarks" => &mut query.allow_watch_bookmarks,
+            "timeoutSeconds" => &mut query.timeout_seconds,
+            "sendInitialEvents" => &mut query.send_initial_events,
+            "includeObject" => &mut query.include_object,
+            "dryRun" => &mut query.dry_run,
+            "fieldValidation" => &mut query.field_validation,
+            _ => continue,
+        };
+        if slot.is_none() {
+            *slot = Some(value);
+        }
     }
+    Ok(query)
+}
+
+/// An integer parameter as Go's `strconv.ParseInt` reads it, with its error text.
+fn parse_i64(value: &str) -> Result<i64> {
+    value.parse().map_err(|e: std::num::ParseIntError| {
+        let why = match e.kind() {
+            std::num::IntErrorKind::PosOverflow | std::num::IntErrorKind::NegOverflow => {
+                "value out of range"
+            }
+            _ => "invalid syntax",
+        };
+        Error::BadRequest(format!("strconv.ParseInt: parsing {value:?}: {why}"))
+    })
 }
 
 /// Go's `strconv.ParseBool`, which is what kube-apiserver applies to boolean parameters.
@@ -359,6 +392,25 @@ enum FieldValidation {
 }
 
 impl Query {
+    /// `limit`: at most this many; 0 or less (or none) means all, as in kube-apiserver.
+    fn limit(&self) -> Result<Option<usize>> {
+        match self.limit.as_deref() {
+            None | Some("") => Ok(None),
+            Some(l) => Ok(usize::try_from(parse_i64(l)?).ok().filter(|l| *l > 0)),
+        }
+    }
+
+    /// `timeoutSeconds`, parsed wherever ListOptions are (lists, watches, deletecollection):
+    /// a malformed value is 400 even where it would not be used.
+    fn timeout_seconds(&self) -> Result<Option<Duration>> {
+        match self.timeout_seconds.as_deref() {
+            None | Some("") => Ok(None),
+            Some(s) => Ok(Some(Duration::from_secs(
+                u64::try_from(parse_i64(s)?).unwrap_or(0),
+            ))),
+        }
+    }
+
     fn filter(&self) -> Result<Filter> {
         Ok(Filter {
             labels: LabelSelector::parse(self.label_selector.as_deref().unwrap_or(""))?,
@@ -539,10 +591,8 @@ async fn list_or_watch<K: ServedResource>(
             "specifying resource version is not allowed when using continue".into(),
         ));
     }
-    let limit = match query.limit.as_deref() {
-        None | Some("") => None,
-        Some(l) => Some(usize::try_from(parse_u64("limit", l)?).unwrap_or(usize::MAX)),
-    };
+    let limit = query.limit()?;
+    query.timeout_seconds()?;
     let request = ListRequest {
         namespace,
         filter,
@@ -615,6 +665,33 @@ async fn start_watch<K: ServedResource>(
             message: "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided".into(),
         }]));
     }
+    // kube-apiserver's watch cache lets a plain watch wait for a version it has not reached,
+    // but refuses a watch-list from one (it would hand out a state older than asked for).
+    // (As kube-apiserver, an ERROR event on a 200 stream.)
+    if send_initial_events
+        && let Some(rv) = rv
+        && rv > api.store.stats().resource_version
+    {
+        let refused = store::too_large(rv, api.store.stats().resource_version);
+        let stream =
+            futures::StreamExt::boxed(futures::stream::iter([store::WatchItem::<K>::Error(
+                refused,
+            )]));
+        return Ok(watch::response(
+            stream,
+            WatchOptions {
+                output,
+                include,
+                allow_bookmarks: false,
+                send_initial_events_end: false,
+                timeout: Duration::from_secs(60),
+                bookmark_interval: api.ctx.settings.bookmark_interval,
+            },
+            rv,
+            api.ctx.shutdown.clone(),
+            api.ctx.metrics.clone(),
+        ));
+    }
     let start = match (query.send_initial_events.is_some(), send_initial_events, rv) {
         (true, true, _) => WatchStart::InitialState,
         (true, false, rv) => WatchStart::After(
@@ -624,13 +701,13 @@ async fn start_watch<K: ServedResource>(
         (false, _, None | Some(0)) => WatchStart::InitialState,
         (false, _, Some(rv)) => WatchStart::After(rv),
     };
-    let timeout = match query.timeout_seconds.as_deref() {
-        None | Some("") => {
+    let timeout = match query.timeout_seconds()? {
+        Some(timeout) => timeout,
+        None => {
             let min = api.ctx.settings.min_request_timeout;
             let extra = rand::rng().random_range(0.0..1.0);
             min.mul_f64(1.0 + extra)
         }
-        Some(s) => Duration::from_secs(parse_u64("timeoutSeconds", s)?),
     };
     let start_rv = match start {
         WatchStart::After(rv) => rv,
@@ -1035,8 +1112,8 @@ fn patch_type(headers: &HeaderMap) -> Result<PatchType> {
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let base = content_type.split(';').next().unwrap_or("").trim();
-    match base {
+    let base = negotiate::media_type_base(content_type).unwrap_or_default();
+    match base.as_str() {
         "application/merge-patch+json" => Ok(PatchType::Merge),
         "application/json-patch+json" => Ok(PatchType::Json),
         "application/strategic-merge-patch+json" => Err(Error::UnsupportedMediaType(
@@ -1268,6 +1345,10 @@ async fn delete_collection<K: ServedResource>(
     let (parts, body) = request.into_parts();
     let raw = parts.uri.query();
     let query = parse_query(raw)?;
+    // ListOptions are checked whole before anything is deleted.
+    let filter = query.filter()?;
+    query.timeout_seconds()?;
+    query.limit()?;
     let body = read_body(body).await?;
     let options = parse_delete_options(&body)?;
     let dry_run = dry_run_of(&options, &query)?;
@@ -1275,7 +1356,7 @@ async fn delete_collection<K: ServedResource>(
         .store
         .list(&ListRequest {
             namespace: Some(namespace),
-            filter: query.filter()?,
+            filter,
             ..Default::default()
         })
         .await?;

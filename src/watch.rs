@@ -21,7 +21,6 @@ use serde_json::Value;
 use tokio::sync::watch as signal;
 
 use crate::{
-    error::Error,
     metrics::Metrics,
     negotiate::Output,
     resource::ServedResource,
@@ -217,9 +216,9 @@ impl<K: ServedResource> Watcher<K> {
                     Some(WatchItem::Progress(rv)) => {
                         self.last_rv = self.last_rv.max(rv);
                     }
-                    Some(WatchItem::Expired(message)) => {
+                    Some(WatchItem::Error(error)) => {
                         self.done = true;
-                        return Some(event_line("ERROR", &Error::Expired(message).to_status()));
+                        return Some(event_line("ERROR", &error.to_status()));
                     }
                 },
                 _ = self.ticker.tick(), if self.options.allow_bookmarks => {

@@ -24,28 +24,85 @@ use serde_json::{Value, json};
 
 const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
 
-/// `?watch=true&timeoutSeconds=18446744073709551615` overflowed the deadline and panicked.
+/// `?watch=true&timeoutSeconds=18446744073709551615` overflowed the deadline and panicked. As
+/// in kube-apiserver (Go's ParseInt into an int64) that is now 400, and the largest timeout an
+/// int64 holds is served.
 #[tokio::test]
-async fn a_watch_timeout_of_u64_max_is_served() {
+async fn huge_watch_timeouts_are_400_or_served_never_a_panic() {
     let app = app();
-    let mut request = axum::http::Request::get(format!(
-        "{LLAMAS}?watch=true&timeoutSeconds=18446744073709551615"
-    ))
-    .extension(app.peer.clone())
-    .body(axum::body::Body::empty())
-    .unwrap();
-    request
-        .headers_mut()
-        .insert("accept", "application/json".parse().unwrap());
-    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
+    let message = get(
+        &app,
+        &format!("{LLAMAS}?watch=true&timeoutSeconds=18446744073709551615"),
+    )
+    .await
+    .status(400, "BadRequest");
+    assert_eq!(
+        message,
+        "strconv.ParseInt: parsing \"18446744073709551615\": value out of range"
+    );
+    let events = watch_events(
+        &app,
+        &format!("{LLAMAS}?watch=true&timeoutSeconds={}", i64::MAX),
+        "application/json",
+        1,
+    )
+    .await;
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(events[0]["object"]["metadata"]["name"], "dolly");
+}
+
+/// ListOptions are checked as kube-apiserver checks them: a malformed `timeoutSeconds` is 400
+/// on a list and on a deletecollection (which deleted before), a parameter given twice takes
+/// its first value, and a negative `limit` means no limit.
+#[tokio::test]
+async fn list_options_as_kube_apiserver_reads_them() {
+    let app = app();
+    for _ in 0..3 {
+        create(
+            &app,
+            "default",
+            &llama(&format!("l{}", rand_suffix()), 1.0, 1.0),
+        )
+        .await;
+    }
+    let message = get(&app, &format!("{LLAMAS}?timeoutSeconds=abc"))
         .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let mut body = response.into_body();
-    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    let event: Value = serde_json::from_slice(&first).unwrap();
-    assert_eq!(event["type"], "ADDED");
-    assert_eq!(event["object"]["metadata"]["name"], "dolly");
+        .status(400, "BadRequest");
+    assert_eq!(message, "strconv.ParseInt: parsing \"abc\": invalid syntax");
+    let before = get(&app, LLAMAS).await.json()["items"]
+        .as_array()
+        .unwrap()
+        .len();
+    call(
+        &app,
+        "DELETE",
+        &format!("{LLAMAS}?timeoutSeconds=abc"),
+        &[],
+        "",
+    )
+    .await
+    .status(400, "BadRequest");
+    assert_eq!(
+        get(&app, LLAMAS).await.json()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        before,
+        "nothing was deleted"
+    );
+    let page = get(&app, &format!("{LLAMAS}?limit=1&limit=3")).await.json();
+    assert_eq!(
+        page["items"].as_array().unwrap().len(),
+        1,
+        "the first limit counts"
+    );
+    let all = get(&app, &format!("{LLAMAS}?limit=-1")).await.json();
+    assert_eq!(all["items"].as_array().unwrap().len(), before);
+    assert!(all["metadata"].get("continue").is_none());
+}
+
+fn rand_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..8].to_owned()
 }
 
 /// A non-ASCII `generateName` over 58 bytes was cut inside a character and panicked; it is a
@@ -681,4 +738,133 @@ async fn a_metadata_watcher_syncs_by_watch_list_alone() {
         !metrics.contains(r#"apiserver_request_total{verb="list",resource="llamas""#),
         "no LIST: {metrics}"
     );
+}
+
+/// Versions the store has not reached: a plain watch waits for the events after it (as
+/// kube-apiserver's watch cache lets it); a watch-list or a list from one is refused with
+/// "Too large resource version", and the client relists.
+#[tokio::test]
+async fn versions_from_the_future() {
+    let app = app();
+    let list = get(&app, LLAMAS).await.json();
+    let rv: u64 = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let watcher = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            watch_events(
+                &app,
+                &format!(
+                    "{LLAMAS}?watch=true&resourceVersion={}&timeoutSeconds=5",
+                    rv + 2
+                ),
+                "application/json",
+                1,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for name in ["one", "two", "three"] {
+        assert_eq!(
+            create(&app, "default", &llama(name, 1.0, 1.0)).await.status,
+            201
+        );
+    }
+    let events = watcher.await.unwrap();
+    assert_eq!(events[0]["type"], "ADDED");
+    assert_eq!(
+        events[0]["object"]["metadata"]["name"], "three",
+        "only what came after the version asked for"
+    );
+    // A watch-list: 200 and an ERROR event (as kube-apiserver's watch cache answers it).
+    let events = watch_events(
+        &app,
+        &format!(
+            "{LLAMAS}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion={}",
+            rv + 1000
+        ),
+        "application/json",
+        1,
+    )
+    .await;
+    assert_eq!(events[0]["type"], "ERROR");
+    let status = &events[0]["object"];
+    assert_eq!(status["code"], 504);
+    assert_eq!(status["reason"], "Timeout");
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Timeout: Too large resource version: "),
+        "{status}"
+    );
+    assert_eq!(
+        status["details"]["causes"][0]["reason"],
+        "ResourceVersionTooLarge"
+    );
+    // A list: 504 with Retry-After.
+    let reply = get(
+        &app,
+        &format!(
+            "{LLAMAS}?resourceVersion={}&resourceVersionMatch=NotOlderThan",
+            rv + 1000
+        ),
+    )
+    .await;
+    let message = reply.status(504, "Timeout");
+    assert!(
+        message.starts_with("Timeout: Too large resource version"),
+        "{message}"
+    );
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert_eq!(reply.json()["details"]["retryAfterSeconds"], 1);
+}
+
+/// Content-Type as kube-apiserver reads it: a create without one is JSON (kube-apiserver
+/// accepts it, "for backwards compatibility"), a malformed or unknown one is 415, and a patch
+/// must say which kind of patch it is (415 without).
+#[tokio::test]
+async fn content_types_as_kube_apiserver_reads_them() {
+    let app = app();
+    let reply = call(&app, "POST", LLAMAS, &[], &llama("untyped", 1.0, 1.0)).await;
+    assert_eq!(
+        reply.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    for content_type in [
+        "text/plain",
+        "application/json; charset",
+        "application/json; =utf-8",
+        "not a media type",
+        "application/yaml",
+    ] {
+        let reply = call(
+            &app,
+            "POST",
+            LLAMAS,
+            &[("content-type", content_type)],
+            &llama("typed", 1.0, 1.0),
+        )
+        .await;
+        let message = reply.status(415, "UnsupportedMediaType");
+        assert!(
+            message.starts_with("the body of the request was in an unknown format"),
+            "{content_type}: {message}"
+        );
+    }
+    let reply = call(
+        &app,
+        "PATCH",
+        &format!("{LLAMAS}/dolly"),
+        &[],
+        r#"{"spec":{"weight":2}}"#,
+    )
+    .await;
+    reply.status(415, "UnsupportedMediaType");
 }

@@ -353,9 +353,7 @@ impl<K: ServedResource> MemoryStore<K> {
                 }
             },
             ReadAt::NotOlderThan(rv) | ReadAt::Exact(rv) => {
-                return Err(Error::TooLargeResourceVersion(format!(
-                    "Too large resource version: {rv}, current: {current_rv}"
-                )));
+                return Err(super::too_large(rv, current_rv));
             }
         };
         Ok((snapshot, None))
@@ -697,6 +695,12 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
         let current_rv = state.current.resource_version;
         let mut first: Vec<WatchItem<K>> = Vec::new();
+        // A watch from a version the store has not reached yet waits for the events after it,
+        // as kube-apiserver's watch cache lets it.
+        let after = match start {
+            WatchStart::After(rv) => rv,
+            WatchStart::InitialState => 0,
+        };
         match start {
             WatchStart::InitialState => {
                 for object in state.current.objects.values() {
@@ -717,7 +721,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                 first.push(WatchItem::InitialEventsEnd(current_rv));
             }
             WatchStart::After(rv) if rv < state.oldest_watchable => {
-                let item = WatchItem::Expired(too_old(rv, state.oldest_watchable));
+                let item = WatchItem::Error(Error::Expired(too_old(rv, state.oldest_watchable)));
                 return Ok(futures::stream::iter([item]).boxed());
             }
             WatchStart::After(rv) => {
@@ -746,6 +750,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                 }
                 loop {
                     match rx.recv().await {
+                        Ok(event) if event.resource_version <= after => {}
                         Ok(event) => {
                             if wanted(namespace.as_deref(), &filter, event.object.get()) {
                                 return Some((WatchItem::Event(event), (rx, false)));
@@ -765,9 +770,9 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                                 .map(|s| s.oldest_watchable)
                                 .unwrap_or_default();
                             return Some((
-                                WatchItem::Expired(format!(
+                                WatchItem::Error(Error::Expired(format!(
                                     "watcher fell behind; resume from a newer resourceVersion ({oldest})"
-                                )),
+                                ))),
                                 (rx, true),
                             ));
                         }

@@ -270,8 +270,9 @@ pub enum WatchItem<K> {
     InitialEventsEnd(u64),
     /// Nothing the watcher cares about happened up to this resourceVersion.
     Progress(u64),
-    /// The watch fell too far behind; the client must relist.
-    Expired(String),
+    /// The watch cannot go on (it fell too far behind: 410 Expired; a version not reached:
+    /// Too large resource version): sent as an ERROR event, then the stream ends.
+    Error(Error),
 }
 
 pub type WatchStream<K> = BoxStream<'static, WatchItem<K>>;
@@ -381,6 +382,14 @@ impl ContinueToken {
 /// The 410 for a continue token whose snapshot is gone (kube-apiserver's wording).
 pub fn expired_continue() -> Error {
     Error::Expired("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.".into())
+}
+
+/// kube-apiserver's refusal of a version the store has not reached (504, Retry-After 1, cause
+/// `ResourceVersionTooLarge`): clients relist.
+pub fn too_large(requested: u64, current: u64) -> Error {
+    Error::TooLargeResourceVersion(format!(
+        "Too large resource version: {requested}, current: {current}"
+    ))
 }
 
 pub fn too_old(requested: u64, oldest: u64) -> String {
