@@ -129,17 +129,26 @@ impl<S> Guarded<S> {
         &self.inner
     }
 
-    /// True when the connection has been idle for the whole bound; otherwise the timer is set
-    /// for the moment it would be, and wakes the reader then.
+    /// True when the connection has been idle for the whole bound; otherwise the timer wakes
+    /// the reader by then. The timer is moved only when it fires early (requests came since it
+    /// was set), not on every request: moving a timer is a trip through the timer wheel.
     fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(since) = self.activity.idle_since() else {
             return false;
         };
         let deadline = since + self.limits.idle;
-        if self.idle.deadline() != deadline {
+        if self.idle.deadline() > deadline {
             self.idle.as_mut().reset(deadline);
         }
-        self.idle.as_mut().poll(cx).is_ready()
+        loop {
+            if self.idle.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if Instant::now() >= deadline {
+                return true;
+            }
+            self.idle.as_mut().reset(deadline);
+        }
     }
 
     /// Runs a write; a write that has waited `write_stall` without progress fails.
