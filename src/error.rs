@@ -85,9 +85,6 @@ pub enum Error {
     #[error("{0}")]
     Expired(String),
 
-    #[error("{0}")]
-    Gone(String),
-
     #[error("Timeout: {0}")]
     TooLargeResourceVersion(String),
 
@@ -141,7 +138,7 @@ impl Error {
             Error::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             Error::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Error::RequestEntityTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Error::Expired(_) | Error::Gone(_) => StatusCode::GONE,
+            Error::Expired(_) => StatusCode::GONE,
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Error::Forbidden(_) => StatusCode::FORBIDDEN,
@@ -163,7 +160,6 @@ impl Error {
             Error::UnsupportedMediaType(_) => "UnsupportedMediaType",
             Error::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
             Error::Expired(_) => "Expired",
-            Error::Gone(_) => "Gone",
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => "Timeout",
             Error::Unauthorized(_) => "Unauthorized",
             Error::Forbidden(_) => "Forbidden",

@@ -32,6 +32,7 @@ pub const READ_ONLY_VERBS: &[&str] = &["get", "list", "watch"];
 
 pub trait ServedResource:
     Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + kube::CustomResourceExt
     + Clone
     + Debug
     + Serialize
@@ -43,8 +44,9 @@ pub trait ServedResource:
     /// The type of `.spec`, whose doc comments become `kubectl explain` text.
     type Spec: JsonSchema;
 
+    /// As `#[kube(...)]` names it (a test holds the two together); short names come from the
+    /// derive itself ([`kube::CustomResourceExt::shortnames`]).
     const SINGULAR: &'static str;
-    const SHORT_NAMES: &'static [&'static str];
     const CATEGORIES: &'static [&'static str];
     /// Read-only kinds answer get/list/watch and 405 for everything else.
     const READ_ONLY: bool;
@@ -132,7 +134,7 @@ impl ResourceInfo {
             plural: K::plural_name(),
             singular: K::SINGULAR,
             kind: K::kind_name(),
-            short_names: K::SHORT_NAMES,
+            short_names: K::shortnames(),
             categories: K::CATEGORIES,
             verbs: K::verbs(),
             description: K::DESCRIPTION,
@@ -167,5 +169,32 @@ impl ObjectKey {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::ServedResource;
+    use crate::resources::{FarmPod, Llama};
+
+    /// The names a kind serves are the ones its `#[kube(...)]` derive declares.
+    fn names_agree<K: ServedResource>() {
+        let crd = K::crd();
+        let names = crd.spec.names;
+        assert_eq!(names.singular.as_deref(), Some(K::SINGULAR));
+        assert_eq!(names.categories.unwrap_or_default(), K::CATEGORIES.to_vec());
+        assert_eq!(names.plural, K::plural(&()));
+        assert_eq!(names.kind, K::kind(&()));
+        assert_eq!(crd.spec.group, K::group(&()));
+    }
+
+    #[test]
+    fn served_names_are_the_derives() {
+        names_agree::<Llama>();
+        names_agree::<FarmPod>();
+        assert_eq!(FarmPod::shortnames(), ["fp"]);
+        assert_eq!(Llama::shortnames(), ["ll"]);
     }
 }

@@ -822,19 +822,21 @@ fn get_item_now<K: ServedResource>(
 
 // ---- writes ----
 
+/// The whole body, up to [`MAX_BODY_BYTES`] (413 past it, as kube-apiserver).
 async fn read_body(body: Body) -> Result<Bytes> {
-    axum::body::to_bytes(body, MAX_BODY_BYTES)
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, MAX_BODY_BYTES)
+        .collect()
         .await
-        .map_err(|e| {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
-                || e.to_string().contains("length limit");
-            if too_large {
-                Error::RequestEntityTooLarge(format!("limit is {MAX_BODY_BYTES}"))
-            } else {
-                Error::BadRequest(format!("failed to read the request body: {e}"))
-            }
-        })
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::RequestEntityTooLarge(
+            format!("limit is {MAX_BODY_BYTES}"),
+        )),
+        Err(e) => Err(Error::BadRequest(format!(
+            "failed to read the request body: {e}"
+        ))),
+    }
 }
 
 fn cannot_handle<K: ServedResource>(detail: impl std::fmt::Display) -> Error {

@@ -184,18 +184,16 @@ impl AppState {
 }
 
 async fn version() -> Response {
-    let body = serde_json::json!({
-        "major": "0",
-        "minor": env!("CARGO_PKG_VERSION_MINOR"),
-        "gitVersion": concat!("v", env!("CARGO_PKG_VERSION")),
-        "gitCommit": option_env!("FARM_GIT_COMMIT").unwrap_or(""),
-        "gitTreeState": "",
-        "buildDate": "",
-        "goVersion": "",
-        "compiler": "rustc",
-        "platform": format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
-    });
-    let mut response = axum::Json(body).into_response();
+    let info = k8s_openapi::apimachinery::pkg::version::Info {
+        major: "0".into(),
+        minor: env!("CARGO_PKG_VERSION_MINOR").into(),
+        git_version: concat!("v", env!("CARGO_PKG_VERSION")).into(),
+        git_commit: option_env!("FARM_GIT_COMMIT").unwrap_or("").into(),
+        compiler: "rustc".into(),
+        platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+        ..Default::default()
+    };
+    let mut response = axum::Json(info).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

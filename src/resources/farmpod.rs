@@ -26,6 +26,7 @@ pub const PREFIX: &str = "farm-";
     kind = "FarmPod",
     plural = "farmpods",
     namespaced,
+    shortname = "fp",
     category = "farm",
     status = "FarmPodStatus"
 )]
@@ -191,7 +192,6 @@ impl ServedResource for FarmPod {
     type Spec = FarmPodSpec;
 
     const SINGULAR: &'static str = "farmpod";
-    const SHORT_NAMES: &'static [&'static str] = &["fp"];
     const CATEGORIES: &'static [&'static str] = &["farm"];
     const READ_ONLY: bool = true;
     const DESCRIPTION: &'static str =

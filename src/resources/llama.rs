@@ -52,7 +52,6 @@ impl ServedResource for Llama {
     type Spec = LlamaSpec;
 
     const SINGULAR: &'static str = "llama";
-    const SHORT_NAMES: &'static [&'static str] = &["ll"];
     const CATEGORIES: &'static [&'static str] = &["farm"];
     const READ_ONLY: bool = false;
     const DESCRIPTION: &'static str = "Llama is a llama of the farm, kept by farm-apiserver.";
