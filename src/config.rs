@@ -122,6 +122,20 @@ pub struct Args {
     #[arg(long, env = "FARM_MIN_REQUEST_TIMEOUT", default_value_t = 1800)]
     pub min_request_timeout: u64,
 
+    /// Seconds a client has to send a request's headers (kube-apiserver: 32); also how long an
+    /// HTTP/1.1 connection may wait for its next request.
+    #[arg(long, env = "FARM_HEADER_READ_TIMEOUT", default_value_t = 32)]
+    pub header_read_timeout: u64,
+
+    /// Seconds a connection may stay open with no request in flight (kube-apiserver: 90).
+    #[arg(long, env = "FARM_IDLE_TIMEOUT", default_value_t = 90)]
+    pub idle_timeout: u64,
+
+    /// Seconds a connection's writes may make no progress (a client that stopped reading)
+    /// before it is closed.
+    #[arg(long, env = "FARM_WRITE_TIMEOUT", default_value_t = 60)]
+    pub write_timeout: u64,
+
     /// Seconds a request other than a watch may take, its response included; past it, 504.
     #[arg(long, env = "FARM_REQUEST_TIMEOUT", default_value_t = 60)]
     pub request_timeout: u64,
@@ -320,7 +334,11 @@ impl Args {
             app,
             serving.config.clone(),
             ServeOptions {
-                limits: crate::connection::Limits::default(),
+                limits: crate::connection::Limits {
+                    header_read: Duration::from_secs(self.header_read_timeout.max(1)),
+                    idle: Duration::from_secs(self.idle_timeout.max(1)),
+                    write_stall: Duration::from_secs(self.write_timeout.max(1)),
+                },
                 listener,
                 shutdown_delay: Duration::from_secs(self.shutdown_delay),
                 shutdown_grace: Duration::from_secs(self.shutdown_grace),
