@@ -36,6 +36,8 @@ pub struct Target {
     pub addr: SocketAddr,
     h1: TlsConnector,
     h2: TlsConnector,
+    /// The name the server's certificate is verified for (`localhost` unless set).
+    server_name: ServerName<'static>,
     /// Headers every request carries (the front proxy's identity headers).
     pub headers: Arc<Vec<(String, String)>>,
 }
@@ -66,8 +68,16 @@ impl Target {
             addr,
             h1: connector(ca_pem, identity, b"http/1.1")?,
             h2: connector(ca_pem, identity, b"h2")?,
+            server_name: ServerName::try_from("localhost")?,
             headers: Arc::new(headers),
         })
+    }
+
+    /// Verifies the server's certificate for `name` (a DNS name or an IP address) instead.
+    pub fn with_server_name(mut self, name: &str) -> Result<Self> {
+        self.server_name = ServerName::try_from(name.to_owned())
+            .with_context(|| format!("server name {name:?}"))?;
+        Ok(self)
     }
 
     /// A TLS connection that negotiated `proto` (with the client certificate).
@@ -79,7 +89,7 @@ impl Target {
             Proto::H2 => &self.h2,
         };
         connector
-            .connect(ServerName::try_from("localhost")?, tcp)
+            .connect(self.server_name.clone(), tcp)
             .await
             .context("TLS handshake")
     }

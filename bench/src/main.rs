@@ -2,10 +2,13 @@
 //! interleaved round by round, as a ratio; server CPU time per request from /proc/<pid>/stat.
 //!
 //! `bench/run` builds both binaries with the `dist` profile (release + fat LTO) and runs `farm-bench run`.
+//! Given a cluster (`--cluster <kubeconfig>`), scenario 8 compares the aggregated Llama with the
+//! same Llama as a CustomResourceDefinition, both through that cluster's kube-apiserver.
 
 mod affinity;
 mod ceiling;
 mod client;
+mod cluster;
 mod fake;
 mod load;
 mod procfs;
@@ -78,7 +81,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-7); default all.
+    /// Only these scenarios (1-8); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -108,6 +111,20 @@ struct RunArgs {
     /// Protocols of scenarios 1 and 6 (e.g. `h2` alone while profiling it).
     #[arg(long, value_delimiter = ',', default_values = ["h1", "h2"])]
     protocols: Vec<Proto>,
+    /// The kubeconfig of a cluster whose kube-apiserver can reach this host (e.g. the lab's
+    /// ~/.k8s-lab/kubeconfig; its user authenticates with a client certificate and may install
+    /// an APIService and a CRD). Scenario 8 runs through it; without one it is skipped. The
+    /// cluster is changed while it runs: serialize with other users of farm.example.com on it.
+    #[arg(
+        long = "cluster",
+        env = "FARM_BENCH_KUBECONFIG",
+        value_name = "KUBECONFIG"
+    )]
+    cluster: Option<PathBuf>,
+    /// The manifests scenario 8 installs (rendered with `kubectl kustomize` after
+    /// `farm-apiserver certs` writes their certs/).
+    #[arg(long, default_value = "manifests")]
+    manifests: PathBuf,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -283,6 +300,9 @@ struct Stats {
     /// The share of the machine's CPU time stolen by the hypervisor during the run: the
     /// machine was that much smaller than it looked.
     steal: f64,
+    /// The share of the machine's CPU time used by other processes than the measured ones and
+    /// the load generator during the run (e.g. a build): they competed with the server.
+    others: f64,
     bytes: usize,
     errors: u64,
 }
@@ -302,6 +322,7 @@ fn medians(runs: &[Stats]) -> Stats {
         client_cpu_us_per_request: pick(|s| s.client_cpu_us_per_request),
         load_generator_busy: pick(|s| s.load_generator_busy),
         steal: pick(|s| s.steal),
+        others: pick(|s| s.others),
         bytes: runs.iter().map(|s| s.bytes).max().unwrap_or(0),
         errors: runs.iter().map(|s| s.errors).sum(),
     }
@@ -310,21 +331,27 @@ fn medians(runs: &[Stats]) -> Stats {
 /// CPU time over a measured window.
 #[derive(Default)]
 struct CpuUse {
-    server_seconds: Option<f64>,
+    /// Each measured process's, in the order given.
+    server_seconds: Vec<Option<f64>>,
     load_generator_seconds: Option<f64>,
     /// The share of the machine's CPU time the hypervisor gave to other guests.
     steal: Option<f64>,
+    /// The share of the machine's CPU time other processes used.
+    others: Option<f64>,
 }
 
-/// Samples the server's, this process's and the machine's CPU time at `start` and `end`.
-fn cpu_sampler(pid: u32, start: Instant, end: Instant) -> std::thread::JoinHandle<CpuUse> {
+/// Samples the processes' (`pids`), this process's and the machine's CPU time at `start` and
+/// `end`.
+fn cpu_sampler(pids: Vec<u32>, start: Instant, end: Instant) -> std::thread::JoinHandle<CpuUse> {
     std::thread::spawn(move || {
         let me = std::process::id();
         let sample = || {
             (
-                procfs::cpu_seconds(pid),
+                pids.iter()
+                    .map(|&pid| procfs::cpu_seconds(pid))
+                    .collect::<Vec<_>>(),
                 procfs::cpu_seconds(me),
-                procfs::steal_ticks(),
+                procfs::machine_ticks(),
             )
         };
         std::thread::sleep(start.saturating_duration_since(Instant::now()));
@@ -332,12 +359,33 @@ fn cpu_sampler(pid: u32, start: Instant, end: Instant) -> std::thread::JoinHandl
         std::thread::sleep(end.saturating_duration_since(Instant::now()));
         let after = sample();
         let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+        let server_seconds: Vec<Option<f64>> = after
+            .0
+            .iter()
+            .zip(&before.0)
+            .map(|(a, b)| delta(*a, *b))
+            .collect();
+        let load_generator_seconds = delta(after.1, before.1);
+        let machine = after
+            .2
+            .zip(before.2)
+            .filter(|(a, b)| a.total > b.total)
+            .map(|(a, b)| {
+                (
+                    (a.busy - b.busy) as f64 * procfs::SECONDS_PER_TICK,
+                    (a.steal - b.steal) as f64,
+                    (a.total - b.total) as f64,
+                )
+            });
+        let measured: f64 =
+            server_seconds.iter().flatten().sum::<f64>() + load_generator_seconds.unwrap_or(0.0);
         CpuUse {
-            server_seconds: delta(after.0, before.0),
-            load_generator_seconds: delta(after.1, before.1),
-            steal: after.2.zip(before.2).and_then(|((s1, t1), (s0, t0))| {
-                (t1 > t0).then(|| (s1 - s0) as f64 / (t1 - t0) as f64)
+            steal: machine.map(|(_, steal, total)| steal / total),
+            others: machine.map(|(busy, _, total)| {
+                ((busy - measured) / (total * procfs::SECONDS_PER_TICK)).max(0.0)
             }),
+            server_seconds,
+            load_generator_seconds,
         }
     })
 }
@@ -352,6 +400,25 @@ async fn measure(
     path: &str,
     extra: &[(&str, &str)],
 ) -> Result<Stats> {
+    Ok(
+        measure_processes(args, t, &[pid], proto, connections, path, extra)
+            .await?
+            .0,
+    )
+}
+
+/// One closed-loop run against `t`, with the CPU time of the processes `pids` serving it over
+/// exactly the measured window: `cpu_us_per_request` is their sum, and each one's comes next
+/// (µs per request, NaN when a process could not be read).
+async fn measure_processes(
+    args: &RunArgs,
+    t: &Target,
+    pids: &[u32],
+    proto: Proto,
+    connections: usize,
+    path: &str,
+    extra: &[(&str, &str)],
+) -> Result<(Stats, Vec<f64>)> {
     let measured = Duration::from_secs_f64(args.seconds);
     let window = move || {
         let start = Instant::now() + measured / 4;
@@ -364,7 +431,7 @@ async fn measure(
                 conns.push(t.connect(proto).await?);
             }
             let (start, end) = window();
-            let sampler = cpu_sampler(pid, start, end);
+            let sampler = cpu_sampler(pids.to_vec(), start, end);
             (
                 client::closed_loop(conns, path, extra, start, end).await?,
                 Some(sampler),
@@ -378,12 +445,12 @@ async fn measure(
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
             };
-            let (t, threads) = (t.clone(), client_threads(args));
+            let (t, threads, pids) = (t.clone(), client_threads(args), pids.to_vec());
             tokio::task::spawn_blocking(move || {
                 let mut sampler = None;
                 let load = load::closed_loop(&t, proto, connections, threads, &request, || {
                     let (start, end) = window();
-                    sampler = Some(cpu_sampler(pid, start, end));
+                    sampler = Some(cpu_sampler(pids, start, end));
                     (start, end)
                 })?;
                 Ok::<_, anyhow::Error>((load, sampler))
@@ -395,24 +462,31 @@ async fn measure(
         server_seconds: cpu,
         load_generator_seconds: client_cpu,
         steal,
+        others,
     } = sampler.and_then(|s| s.join().ok()).unwrap_or_default();
     let load_cpus = if args.load_cpus.is_empty() {
         online_cpus()
     } else {
         args.load_cpus.len()
     };
-    Ok(Stats {
+    let per_request =
+        |seconds: Option<f64>| seconds.unwrap_or(f64::NAN) * 1e6 / load.requests.max(1) as f64;
+    let each: Vec<f64> = (0..pids.len())
+        .map(|i| per_request(cpu.get(i).copied().flatten()))
+        .collect();
+    let stats = Stats {
         steal: steal.unwrap_or(f64::NAN),
+        others: others.unwrap_or(f64::NAN),
         load_generator_busy: client_cpu.unwrap_or(f64::NAN) / load.seconds / load_cpus as f64,
         rps: load.rps(),
         p50_us: load.percentile_us(50.0),
         p99_us: load.percentile_us(99.0),
-        cpu_us_per_request: cpu.unwrap_or(f64::NAN) * 1e6 / load.requests.max(1) as f64,
-        client_cpu_us_per_request: client_cpu.unwrap_or(f64::NAN) * 1e6
-            / load.requests.max(1) as f64,
+        cpu_us_per_request: each.iter().sum(),
+        client_cpu_us_per_request: per_request(client_cpu),
         bytes: load.response_bytes,
         errors: load.errors,
-    })
+    };
+    Ok((stats, each))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -452,6 +526,12 @@ struct Report {
     setup: Setup,
     comparisons: Vec<Comparison>,
     metrics: Vec<Metric>,
+    /// Scenario 8: the aggregated Llama vs a CRD's, through kube-apiserver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    through_kube_apiserver: Option<cluster::Summary>,
+    /// Scenarios not run, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    skipped: Vec<String>,
 }
 
 impl Report {
@@ -573,6 +653,12 @@ async fn compare(
             println!(
                 "    note: the load generator was {:.0}% busy during the {name} runs: it may have set the pace",
                 stats.load_generator_busy * 100.0
+            );
+        }
+        if stats.others > 0.1 {
+            println!(
+                "    note: other processes used {:.0}% of the machine's CPU time during the {name} runs",
+                stats.others * 100.0
             );
         }
     }
@@ -1030,6 +1116,10 @@ async fn run(args: RunArgs) -> Result<()> {
             "",
             None,
         );
+    }
+
+    if wants(&args, 8) {
+        cluster::run(&args, &mut report).await?;
     }
 
     if let Some(dir) = args.output.parent() {

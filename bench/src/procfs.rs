@@ -31,9 +31,17 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// The machine's (steal, total) CPU ticks so far, from /proc/stat's `cpu` line: time the
-/// hypervisor gave to other guests is stolen from every figure measured meanwhile.
-pub fn steal_ticks() -> Option<(u64, u64)> {
+/// The machine's CPU ticks so far, from /proc/stat's `cpu` line.
+#[derive(Clone, Copy)]
+pub struct MachineTicks {
+    /// Running processes (user, nice, system).
+    pub busy: u64,
+    /// Time the hypervisor gave to other guests: stolen from every figure measured meanwhile.
+    pub steal: u64,
+    pub total: u64,
+}
+
+pub fn machine_ticks() -> Option<MachineTicks> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     let ticks: Vec<u64> = line
@@ -42,8 +50,16 @@ pub fn steal_ticks() -> Option<(u64, u64)> {
         .filter_map(|t| t.parse().ok())
         .collect();
     // user nice system idle iowait irq softirq steal [guest guest_nice, already in user/nice]
-    Some((*ticks.get(7)?, ticks.iter().take(8).sum()))
+    let field = |i: usize| ticks.get(i).copied();
+    Some(MachineTicks {
+        busy: field(0)? + field(1)? + field(2)?,
+        steal: field(7)?,
+        total: ticks.iter().take(8).sum(),
+    })
 }
+
+/// Seconds per tick of /proc/stat and /proc/<pid>/stat.
+pub const SECONDS_PER_TICK: f64 = 1.0 / TICKS_PER_SECOND;
 
 /// Nanoseconds every thread of the process has run so far (the first field of each
 /// /proc/<pid>/task/<tid>/schedstat): finer than the 10 ms ticks of `cpu_seconds`, for short
@@ -55,4 +71,41 @@ pub fn thread_cpu_ns(pid: u32) -> Option<u64> {
         total += schedstat.split_whitespace().next()?.parse::<u64>().ok()?;
     }
     Some(total)
+}
+
+/// Processes whose command name (/proc/<pid>/comm, 15 characters at most) is `comm`.
+pub fn pids_named(comm: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == comm)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The process's command-line arguments.
+pub fn cmdline(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|bytes| {
+            bytes
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The CPUs the process may run on, as the kernel lists them (e.g. `0-1`).
+pub fn cpus_allowed(pid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("Cpus_allowed_list:"))?;
+    Some(line.split_whitespace().nth(1)?.to_owned())
 }
