@@ -5,6 +5,7 @@
 //! Given a cluster (`--cluster <kubeconfig>`), scenario 8 compares the aggregated Llama with the
 //! same Llama as a CustomResourceDefinition, both through that cluster's kube-apiserver.
 
+mod abuse;
 mod affinity;
 mod ceiling;
 mod client;
@@ -12,6 +13,7 @@ mod cluster;
 mod fake;
 mod load;
 mod procfs;
+mod soak;
 
 // The same allocator as farm-apiserver, so the ceiling is not handicapped by glibc malloc.
 #[global_allocator]
@@ -81,7 +83,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-8); default all.
+    /// Only these scenarios (1-10); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -121,6 +123,15 @@ struct RunArgs {
         value_name = "KUBECONFIG"
     )]
     cluster: Option<PathBuf>,
+    /// Seconds of scenario 9's soak.
+    #[arg(long, default_value_t = 30.0)]
+    soak_seconds: f64,
+    /// Clients of the soak, each writing and reading Llamas of its own.
+    #[arg(long, default_value_t = 8)]
+    soak_clients: usize,
+    /// Watchers of the soak's namespace.
+    #[arg(long, default_value_t = 4)]
+    soak_watchers: usize,
     /// The manifests scenario 8 installs (rendered with `kubectl kustomize` after
     /// `farm-apiserver certs` writes their certs/).
     #[arg(long, default_value = "manifests")]
@@ -529,6 +540,12 @@ struct Report {
     /// Scenario 8: the aggregated Llama vs a CRD's, through kube-apiserver.
     #[serde(skip_serializing_if = "Option::is_none")]
     through_kube_apiserver: Option<cluster::Summary>,
+    /// Scenario 9: the soak.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    soak: Option<soak::Soak>,
+    /// Scenario 10: the abusive connections, and how they fared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    abuse: Option<abuse::Abusers>,
     /// Scenarios not run, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     skipped: Vec<String>,
@@ -1120,6 +1137,159 @@ async fn run(args: RunArgs) -> Result<()> {
 
     if wants(&args, 8) {
         cluster::run(&args, &mut report).await?;
+    }
+
+    if wants(&args, 9) {
+        println!(
+            "9. Soak: {} clients create/update/patch/get/list/delete their own Llamas for {} s, {} watchers",
+            args.soak_clients, args.soak_seconds, args.soak_watchers
+        );
+        let (server, _) = start_server(&args, &pki, &["--no-sample-data"]).await?;
+        let t = target(&pki, server.addr)?;
+        let soak = soak::run(
+            &t,
+            server.pid(),
+            args.soak_seconds,
+            args.soak_clients,
+            args.soak_watchers,
+        )
+        .await?;
+        println!(
+            "  {} requests ({:.0}/s); RSS start {:.1} MiB, after warm-up {:.1}, peak {:.1}, end {:.1}",
+            soak.requests,
+            soak.requests as f64 / args.soak_seconds,
+            soak.rss_start_mib,
+            soak.rss_warm_mib,
+            soak.rss_peak_mib,
+            soak.rss_end_mib
+        );
+        let s = "9-soak";
+        report.metric(
+            s,
+            "errors",
+            soak.errors as f64,
+            "",
+            "0",
+            Some(soak.errors == 0),
+        );
+        report.metric(
+            s,
+            "acknowledged writes not read back",
+            soak.lost_writes as f64,
+            "",
+            "0",
+            Some(soak.lost_writes == 0),
+        );
+        report.metric(
+            s,
+            "objects a watcher ended on a different state",
+            soak.watcher_mismatches as f64,
+            "",
+            "0",
+            Some(soak.watcher_mismatches == 0),
+        );
+        let growth = soak.rss_end_mib / soak.rss_warm_mib - 1.0;
+        report.metric(
+            s,
+            "RSS growth after warm-up",
+            growth * 100.0,
+            "%",
+            "≤ 20",
+            Some(growth <= 0.2),
+        );
+        report.soak = Some(soak);
+    }
+
+    if wants(&args, 10) {
+        println!(
+            "10. Connection abuse: idle, slow-header and non-reading connections during normal load"
+        );
+        let (server, _) = start_server(
+            &args,
+            &pki,
+            &[
+                "--synthetic-pods",
+                "20000",
+                "--header-read-timeout",
+                &abuse::HEADER_READ.to_string(),
+                "--idle-timeout",
+                &abuse::IDLE.to_string(),
+                "--write-timeout",
+                &abuse::WRITE.to_string(),
+            ],
+        )
+        .await?;
+        let t = target(&pki, server.addr)?;
+        let list = "/apis/farm.example.com/v1alpha/farmpods".to_owned();
+        let list_bytes = t
+            .connect(Proto::H2)
+            .await?
+            .get(&list, &[])
+            .await?
+            .body
+            .len();
+        let path = "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly";
+        let fds =
+            || std::fs::read_dir(format!("/proc/{}/fd", server.pid())).map_or(0, |d| d.count());
+        let fds_before = fds();
+        let quiet = measure(&args, &t, server.pid(), Proto::H2, 16, path, &[]).await?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let abusers = tokio::spawn(abuse::run(
+            t.clone(),
+            (200, 50, 20),
+            list,
+            list_bytes,
+            stop.clone(),
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let abused = measure(&args, &t, server.pid(), Proto::H2, 16, path, &[]).await?;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let fared = abusers.await?;
+        tokio::time::sleep(Duration::from_secs(abuse::HEADER_READ + 1)).await;
+        let fds_after = fds();
+        println!(
+            "  GET, 16 h2 connections: quiet {:.0} req/s p99 {:.0}µs; under abuse {:.0} req/s p99 {:.0}µs",
+            quiet.rps, quiet.p99_us, abused.rps, abused.p99_us
+        );
+        println!(
+            "  abusive connections: {} idle, {} slow headers, {} not reading ({} B list); server fds {} before, {} after",
+            fared.idle, fared.slow_headers, fared.not_reading, list_bytes, fds_before, fds_after
+        );
+        let s = "10-abuse";
+        let total = fared.idle + fared.slow_headers + fared.not_reading;
+        report.metric(
+            s,
+            "abusive connections closed by their timeout",
+            fared.closed_in_time as f64 / total.max(1) as f64 * 100.0,
+            "%",
+            "100",
+            Some(fared.closed_in_time == total && total > 0),
+        );
+        report.metric(
+            s,
+            "GET req/s under abuse / quiet",
+            abused.rps / quiet.rps,
+            "×",
+            "≥ 0.8",
+            Some(abused.rps >= 0.8 * quiet.rps),
+        );
+        report.metric(
+            s,
+            "GET p99 under abuse",
+            abused.p99_us / 1000.0,
+            "ms",
+            "≤ 2",
+            Some(abused.p99_us <= 2000.0),
+        );
+        report.metric(
+            s,
+            "server file descriptors left after the abuse",
+            fds_after.saturating_sub(fds_before) as f64,
+            "",
+            "≤ 4",
+            Some(fds_after <= fds_before + 4),
+        );
+        report.abuse = Some(fared);
     }
 
     if let Some(dir) = args.output.parent() {
