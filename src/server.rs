@@ -17,7 +17,10 @@ use axum::{
 use tokio::sync::watch as signal;
 
 use crate::{
-    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer, UserInfo, authn::Groups},
+    auth::{
+        self, Auth, Authenticator, AuthnConfig, Authorizer, PeerCertificates, UserInfo,
+        authn::Groups,
+    },
     connection,
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
@@ -30,7 +33,7 @@ use crate::{
     resources::{FarmPod, Llama, llama},
     rest::{self, RestContext, RestSettings},
     store::{MemoryStore, PodCache, Store},
-    tls::{self, PeerCertificates},
+    tls,
 };
 
 /// Ends watches and tells the health checks the server is going away.
@@ -392,10 +395,10 @@ pub struct App {
 impl tls::ConnectionService for App {
     fn for_connection(
         mut self,
-        peer: PeerCertificates,
+        chain: Vec<rustls_pki_types::CertificateDer<'static>>,
         activity: Arc<connection::Activity>,
     ) -> Self {
-        self.peer = Some(peer);
+        self.peer = Some(PeerCertificates::new(chain));
         self.activity = Some(activity);
         self
     }

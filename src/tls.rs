@@ -55,37 +55,6 @@ pub struct ServingFiles {
     pub key: PathBuf,
 }
 
-/// Verified client certificate chain of a connection (leaf first, empty when none was sent),
-/// with what authentication decided about it, so that is worked out once per connection (and
-/// once per distinct chain across connections: see `Authenticator`).
-///
-/// One `Arc`: the connection's service is cloned for every request (hyper-util's tower glue).
-#[derive(Debug, Clone, Default)]
-pub struct PeerCertificates(Arc<Peer>);
-
-#[derive(Debug, Default)]
-pub struct Peer {
-    pub chain: Vec<CertificateDer<'static>>,
-    pub verdict: std::sync::Mutex<Option<(u64, crate::auth::authn::CertIdentity)>>,
-}
-
-impl PeerCertificates {
-    pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
-        Self(Arc::new(Peer {
-            chain,
-            verdict: std::sync::Mutex::default(),
-        }))
-    }
-}
-
-impl std::ops::Deref for PeerCertificates {
-    type Target = Peer;
-
-    fn deref(&self) -> &Peer {
-        &self.0
-    }
-}
-
 /// Installs ring as the process's rustls provider; a second call is harmless.
 pub fn install_default_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -433,7 +402,7 @@ impl ServingTls {
 }
 
 /// TLS with `TCP_NODELAY` (no 40 ms delayed-ACK stall on the first response of a connection),
-/// passing the client's certificate chain to handlers as [`PeerCertificates`]; the connection
+/// passing the client's verified certificate chain to the connection's service; the connection
 /// bounded by [`connection::Limits`].
 #[derive(Clone)]
 pub struct Acceptor {
@@ -452,11 +421,16 @@ impl Acceptor {
     }
 }
 
-/// A connection's service, told who is at the other end once the handshake is done, and what
-/// its requests tell the connection's bounds. (Not an `Extension` layer: that inserts into
-/// every request's extension map, three allocations a request.)
+/// A connection's service, told the client certificate chain the handshake verified (leaf
+/// first; empty when none was sent) and what its requests tell the connection's bounds. (Not an
+/// `Extension` layer: that inserts into every request's extension map, three allocations a
+/// request.)
 pub trait ConnectionService {
-    fn for_connection(self, peer: PeerCertificates, activity: Arc<connection::Activity>) -> Self;
+    fn for_connection(
+        self,
+        chain: Vec<CertificateDer<'static>>,
+        activity: Arc<connection::Activity>,
+    ) -> Self;
 }
 
 impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
@@ -476,7 +450,7 @@ impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
                 .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
                 .unwrap_or_default();
             let activity = Arc::new(connection::Activity::default());
-            let service = service.for_connection(PeerCertificates::new(chain), activity.clone());
+            let service = service.for_connection(chain, activity.clone());
             Ok((connection::Guarded::new(stream, limits, activity), service))
         })
     }

@@ -19,7 +19,38 @@ use rustls::{
 use rustls_pki_types::{CertificateDer, UnixTime};
 use sha2::{Digest, Sha256};
 
-use crate::{error::Error, tls::PeerCertificates};
+use crate::error::Error;
+
+/// Verified client certificate chain of a connection (leaf first, empty when none was sent),
+/// with what authentication decided about it, so that is worked out once per connection (and
+/// once per distinct chain across connections: see [`Authenticator`]).
+///
+/// One `Arc`: the connection's service is cloned for every request (hyper-util's tower glue).
+#[derive(Debug, Clone, Default)]
+pub struct PeerCertificates(Arc<Peer>);
+
+#[derive(Debug, Default)]
+pub struct Peer {
+    pub chain: Vec<CertificateDer<'static>>,
+    verdict: Mutex<Option<(u64, CertIdentity)>>,
+}
+
+impl PeerCertificates {
+    pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
+        Self(Arc::new(Peer {
+            chain,
+            verdict: Mutex::default(),
+        }))
+    }
+}
+
+impl std::ops::Deref for PeerCertificates {
+    type Target = Peer;
+
+    fn deref(&self) -> &Peer {
+        &self.0
+    }
+}
 
 /// Who made a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]

@@ -8,11 +8,12 @@ pub mod source;
 use axum::http::HeaderMap;
 
 pub use authn::{
-    Authenticated, Authenticator, AuthnConfig, ClientCa, RequestHeaderConfig, UserInfo,
+    Authenticated, Authenticator, AuthnConfig, ClientCa, PeerCertificates, RequestHeaderConfig,
+    UserInfo,
 };
 pub use authz::Authorizer;
 
-use crate::{error::Error, request_info::RequestInfo, tls::PeerCertificates};
+use crate::{error::Error, request_info::RequestInfo};
 
 pub struct Auth {
     pub authn: Authenticator,

@@ -19,11 +19,12 @@ use std::{
 
 use bytes::Bytes;
 use farm_apiserver::{
+    auth::PeerCertificates,
     auth::source::{self, StaticSources},
     rest::RestSettings,
     server::{self, AppState, AuthOptions, Shutdown, StateOptions},
     store::PodCache,
-    tls::{self, DevCa, PeerCertificates, ServingFiles, ServingTls, load_certs},
+    tls::{self, DevCa, ServingFiles, ServingTls, load_certs},
 };
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};

@@ -6,8 +6,8 @@ use axum::{
     http::{Request, StatusCode},
 };
 use farm_apiserver::{
+    auth::PeerCertificates,
     server::{self, AppState},
-    tls::PeerCertificates,
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
