@@ -8,12 +8,14 @@
 //! [`error`] turns every failure into a `meta/v1 Status`.
 
 pub mod auth;
+pub mod columns;
 pub mod config;
 pub mod connection;
 pub mod discovery;
 pub mod error;
 pub mod health;
 pub mod list_body;
+pub mod list_buffer;
 pub mod metrics;
 pub mod negotiate;
 pub mod openapi;

@@ -9,8 +9,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
+    columns::ColumnDefinition,
     error::{FieldError, Subject},
-    table::ColumnDefinition,
 };
 
 pub const GROUP: &str = "farm.example.com";

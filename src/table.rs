@@ -8,58 +8,47 @@ use serde_json::Value;
 use bytes::Bytes;
 
 use crate::{
+    columns::{ColumnDefinition, NAME_COLUMN},
     error::{Error, Result},
-    list_body::{ListBody, METADATA_ROOM},
+    list_buffer::{ListBody, METADATA_ROOM},
     negotiate::MetaVersion,
     resource::ServedResource,
+    store::{Object, Stored},
 };
 
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ColumnDefinition {
-    pub name: &'static str,
-    #[serde(rename = "type")]
-    pub type_: &'static str,
-    pub format: &'static str,
-    pub description: &'static str,
-    pub priority: i32,
+/// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{…}}`, cached
+/// with the object.
+pub fn row_object_v1<K: ServedResource>(object: &Stored<K>) -> &Bytes {
+    object.row_object(|object| {
+        let pom = PartialObjectMetadata::new(object.meta(), MetaVersion::V1);
+        let mut out = Vec::with_capacity(256);
+        // Serializing our own types into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &pom);
+        Bytes::from(out)
+    })
 }
 
-impl ColumnDefinition {
-    pub const fn new(name: &'static str, type_: &'static str, description: &'static str) -> Self {
-        Self {
-            name,
-            type_,
-            format: "",
-            description,
-            priority: 0,
+/// Appends `{"cells":[…],"object":{PartialObjectMetadata}}` as of `now` (to the second): the
+/// Age cell changes at most once a second, so busy lists reuse rows.
+pub fn write_row_v1<K: ServedResource>(
+    object: &Stored<K>,
+    now: jiff::Timestamp,
+    into: &mut Vec<u8>,
+) {
+    object.write_row(now.as_second(), into, |k| {
+        let mut out = Vec::with_capacity(384);
+        out.extend_from_slice(b"{\"cells\":[");
+        let _ = serde_json::to_writer(&mut out, k.meta().name.as_deref().unwrap_or(""));
+        for cell in k.cells(now) {
+            out.push(b',');
+            let _ = serde_json::to_writer(&mut out, &cell);
         }
-    }
-
-    pub const fn format(mut self, format: &'static str) -> Self {
-        self.format = format;
-        self
-    }
-
-    /// Shown only with `kubectl get -o wide`.
-    pub const fn wide(mut self) -> Self {
-        self.priority = 1;
-        self
-    }
+        out.extend_from_slice(b"],\"object\":");
+        out.extend_from_slice(row_object_v1(object));
+        out.push(b'}');
+        out
+    })
 }
-
-pub const NAME_COLUMN: ColumnDefinition = ColumnDefinition::new(
-    "Name",
-    "string",
-    "Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names",
-)
-.format("name");
-
-pub const AGE_COLUMN: ColumnDefinition = ColumnDefinition::new(
-    "Age",
-    "date",
-    "CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.",
-);
 
 /// `includeObject` on a Table request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -199,11 +188,11 @@ impl TableWriter {
         }
     }
 
-    pub fn push<K: ServedResource>(&mut self, object: &crate::store::Object<K>) {
+    pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         let out = self.body.next_item();
         if (self.include, self.version) == (IncludeObject::Metadata, MetaVersion::V1) {
             // What kubectl asks for.
-            object.write_table_row_v1(self.now, out);
+            write_row_v1(object, self.now, out);
             return;
         }
         if let Err(error) = write_row(object, self.include, self.version, self.now, out) {
@@ -250,7 +239,7 @@ fn encoding_table(e: serde_json::Error) -> Error {
 }
 
 fn write_row<K: ServedResource>(
-    object: &crate::store::Object<K>,
+    object: &Object<K>,
     include: IncludeObject,
     version: MetaVersion,
     now: jiff::Timestamp,
@@ -267,7 +256,7 @@ fn write_row<K: ServedResource>(
         (IncludeObject::None, _) => {}
         (IncludeObject::Metadata, MetaVersion::V1) => {
             out.extend_from_slice(b",\"object\":");
-            out.extend_from_slice(object.row_object_v1());
+            out.extend_from_slice(row_object_v1(object));
         }
         (IncludeObject::Metadata, _) => {
             out.extend_from_slice(b",\"object\":");
@@ -287,7 +276,7 @@ fn write_row<K: ServedResource>(
 
 /// A Table of objects already in hand.
 pub fn write<K: ServedResource>(
-    objects: &[crate::store::Object<K>],
+    objects: &[Object<K>],
     metadata: &ListMeta,
     include: IncludeObject,
     version: MetaVersion,
@@ -300,78 +289,10 @@ pub fn write<K: ServedResource>(
     table.finish(metadata)
 }
 
-/// The Age cell: apimachinery's `duration.HumanDuration` of the time since creation.
-pub fn age(meta: &ObjectMeta, now: jiff::Timestamp) -> Value {
-    match &meta.creation_timestamp {
-        Some(created) => {
-            let seconds = now.as_second() - created.0.as_second();
-            Value::String(human_duration(seconds))
-        }
-        None => Value::String("<unknown>".into()),
-    }
-}
-
-/// apimachinery `util/duration.HumanDuration`, to the letter.
-pub fn human_duration(seconds: i64) -> String {
-    if seconds < -1 {
-        return "<invalid>".into();
-    }
-    if seconds < 0 {
-        return "0s".into();
-    }
-    if seconds < 60 * 2 {
-        return format!("{seconds}s");
-    }
-    let minutes = seconds / 60;
-    if minutes < 10 {
-        let s = seconds % 60;
-        return if s == 0 {
-            format!("{minutes}m")
-        } else {
-            format!("{minutes}m{s}s")
-        };
-    }
-    if minutes < 60 * 3 {
-        return format!("{minutes}m");
-    }
-    let hours = seconds / 3600;
-    if hours < 8 {
-        let m = minutes % 60;
-        return if m == 0 {
-            format!("{hours}h")
-        } else {
-            format!("{hours}h{m}m")
-        };
-    }
-    if hours < 48 {
-        return format!("{hours}h");
-    }
-    if hours < 24 * 8 {
-        let h = hours % 24;
-        return if h == 0 {
-            format!("{}d", hours / 24)
-        } else {
-            format!("{}d{h}h", hours / 24)
-        };
-    }
-    if hours < 24 * 365 * 2 {
-        return format!("{}d", hours / 24);
-    }
-    if hours < 24 * 365 * 8 {
-        let dy = (hours / 24) % 365;
-        return if dy == 0 {
-            format!("{}y", hours / 24 / 365)
-        } else {
-            format!("{}y{dy}d", hours / 24 / 365)
-        };
-    }
-    format!("{}y", hours / 24 / 365)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{resources::llama, store::Stored};
+    use crate::resources::llama;
 
     #[test]
     fn cached_rows_show_the_age_of_the_moment() {
@@ -382,7 +303,7 @@ mod tests {
         let object = Stored::new(llama);
         let row = |at: jiff::Timestamp| {
             let mut out = Vec::new();
-            object.write_table_row_v1(at, &mut out);
+            write_row_v1(&object, at, &mut out);
             serde_json::from_slice::<Value>(&out).unwrap()
         };
         let (first, later) = (row(now), row(now + jiff::SignedDuration::from_hours(3)));
@@ -412,7 +333,7 @@ mod tests {
         unborn.metadata.creation_timestamp = None;
         let unborn = Stored::new(unborn);
         let mut out = Vec::new();
-        unborn.write_table_row_v1(now, &mut out);
+        write_row_v1(&unborn, now, &mut out);
         let unborn: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(unborn["cells"][3], "<unknown>");
     }
@@ -459,29 +380,6 @@ mod tests {
                     assert_eq!(again, written);
                 }
             }
-        }
-    }
-
-    #[test]
-    fn ages_read_like_kubectl() {
-        let cases = [
-            (-5, "<invalid>"),
-            (-1, "0s"),
-            (0, "0s"),
-            (119, "119s"),
-            (120, "2m"),
-            (185, "3m5s"),
-            (600, "10m"),
-            (3 * 3600 + 5 * 60, "3h5m"),
-            (8 * 3600, "8h"),
-            (50 * 3600, "2d2h"),
-            (10 * 86400, "10d"),
-            (3 * 365 * 86400, "3y"),
-            (3 * 365 * 86400 + 86400 * 4, "3y4d"),
-            (9 * 365 * 86400, "9y"),
-        ];
-        for (seconds, want) in cases {
-            assert_eq!(human_duration(seconds), want, "{seconds}s");
         }
     }
 }

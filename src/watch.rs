@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio::sync::watch as signal;
 
 use crate::{
+    columns,
     metrics::Metrics,
     negotiate::Output,
     resource::ServedResource,
@@ -108,8 +109,8 @@ impl<K: ServedResource> Watcher<K> {
                 let with_columns = std::mem::take(&mut self.first_table);
                 let mut cells = vec![Value::String(String::new())];
                 cells.extend(K::columns().iter().map(|c| {
-                    if c.name == table::AGE_COLUMN.name {
-                        table::age(&metadata, jiff::Timestamp::now())
+                    if c.name == columns::AGE_COLUMN.name {
+                        columns::age(&metadata, jiff::Timestamp::now())
                     } else {
                         Value::Null
                     }
@@ -151,7 +152,7 @@ impl<K: ServedResource> Watcher<K> {
     fn event(&mut self, event: &Event<K>) -> Bytes {
         let type_ = event.type_.as_str();
         match self.options.output {
-            Output::Json => event.json_line(),
+            Output::Json => event.json_line(|e| event_line(e.type_.as_str(), e.object.as_ref())),
             Output::PartialObjectMetadata(version) => event_line(
                 type_,
                 &PartialObjectMetadata::new(event.object.meta(), version),

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{
+    columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::ServedResource,
-    table::{AGE_COLUMN, ColumnDefinition, age},
 };
 
 /// Name prefix of every FarmPod.

@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::{
+    columns::{AGE_COLUMN, ColumnDefinition, age},
     error::FieldError,
     resource::ServedResource,
-    table::{AGE_COLUMN, ColumnDefinition, age},
 };
 
 /// LlamaSpec describes one llama of the farm.

@@ -95,26 +95,17 @@ impl<K: Serialize> Stored<K> {
     }
 }
 
-impl<K: crate::resource::ServedResource> Stored<K> {
-    /// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{…}}`.
-    pub fn row_object_v1(&self) -> &Bytes {
-        self.row_object.get_or_init(|| {
-            let pom = crate::table::PartialObjectMetadata::new(
-                self.object.meta(),
-                crate::negotiate::MetaVersion::V1,
-            );
-            let mut out = Vec::with_capacity(256);
-            // Serializing our own types into a Vec cannot fail.
-            let _ = serde_json::to_writer(&mut out, &pom);
-            Bytes::from(out)
-        })
+impl<K> Stored<K> {
+    /// The object's cached row object (a Table row's PartialObjectMetadata), made by `render`
+    /// the first time. What it holds is the renderer's ([`crate::table`]); the store only keeps
+    /// it with the object, so it is made once however often the object is listed.
+    pub fn row_object(&self, render: impl FnOnce(&K) -> Bytes) -> &Bytes {
+        self.row_object.get_or_init(|| render(&self.object))
     }
-}
 
-impl<K: crate::resource::ServedResource> Stored<K> {
-    /// Appends `{"cells":[…],"object":{PartialObjectMetadata}}` as of `now` (to the second).
-    pub fn write_table_row_v1(&self, now: jiff::Timestamp, into: &mut Vec<u8>) {
-        let second = now.as_second();
+    /// Appends the object's Table row as of `second`: the cached one when it was rendered in
+    /// that second, else one `render` writes (then cached).
+    pub fn write_row(&self, second: i64, into: &mut Vec<u8>, render: impl FnOnce(&K) -> Vec<u8>) {
         if let Ok(row) = self.row.lock()
             && let Some((at, bytes)) = row.as_ref()
             && *at == second
@@ -122,16 +113,7 @@ impl<K: crate::resource::ServedResource> Stored<K> {
             into.extend_from_slice(bytes);
             return;
         }
-        let mut out = Vec::with_capacity(384);
-        out.extend_from_slice(b"{\"cells\":[");
-        let _ = serde_json::to_writer(&mut out, self.object.meta().name.as_deref().unwrap_or(""));
-        for cell in self.object.cells(now) {
-            out.push(b',');
-            let _ = serde_json::to_writer(&mut out, &cell);
-        }
-        out.extend_from_slice(b"],\"object\":");
-        out.extend_from_slice(self.row_object_v1());
-        out.push(b'}');
+        let out = render(&self.object);
         into.extend_from_slice(&out);
         if let Ok(mut row) = self.row.lock() {
             *row = Some((second, Bytes::from(out)));
@@ -178,11 +160,10 @@ impl<K: ServedResource> Event<K> {
         }
     }
 
-    /// `{"type":"ADDED","object":{...}}\n`
-    pub fn json_line(&self) -> Bytes {
-        self.json_line
-            .get_or_init(|| crate::watch::event_line(self.type_.as_str(), self.object.as_ref()))
-            .clone()
+    /// The event's watch line in the kind's own form, made by `render` once however many
+    /// watchers send it ([`crate::watch`] writes it).
+    pub fn json_line(&self, render: impl FnOnce(&Self) -> Bytes) -> Bytes {
+        self.json_line.get_or_init(|| render(self)).clone()
     }
 }
 
