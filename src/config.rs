@@ -192,6 +192,12 @@ impl CertsArgs {
     }
 }
 
+/// A duration flag: at least a second, at most a year (so deadlines computed from it never
+/// overflow).
+fn seconds(value: u64) -> Duration {
+    Duration::from_secs(value.clamp(1, 365 * 24 * 3600))
+}
+
 impl Args {
     pub fn init_logging(&self) -> anyhow::Result<()> {
         let filter = EnvFilter::try_new(&self.log_level)
@@ -209,9 +215,9 @@ impl Args {
 
     pub fn rest_settings(&self) -> RestSettings {
         RestSettings {
-            min_request_timeout: Duration::from_secs(self.min_request_timeout),
-            bookmark_interval: Duration::from_secs(self.watch_bookmark_interval.max(1)),
-            request_timeout: Duration::from_secs(self.request_timeout.max(1)),
+            min_request_timeout: seconds(self.min_request_timeout),
+            bookmark_interval: seconds(self.watch_bookmark_interval),
+            request_timeout: seconds(self.request_timeout),
         }
     }
 
@@ -335,9 +341,9 @@ impl Args {
             serving.config.clone(),
             ServeOptions {
                 limits: crate::connection::Limits {
-                    header_read: Duration::from_secs(self.header_read_timeout.max(1)),
-                    idle: Duration::from_secs(self.idle_timeout.max(1)),
-                    write_stall: Duration::from_secs(self.write_timeout.max(1)),
+                    header_read: seconds(self.header_read_timeout),
+                    idle: seconds(self.idle_timeout),
+                    write_stall: seconds(self.write_timeout),
                 },
                 listener,
                 shutdown_delay: Duration::from_secs(self.shutdown_delay),

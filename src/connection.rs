@@ -75,22 +75,21 @@ impl Activity {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A request answered at once.
-    pub fn touch(&self) {
+    fn touch(&self) {
         self.last_request.store(self.millis(), Ordering::Relaxed);
     }
 
     /// A request that takes a while (its response body included): the connection is not idle
-    /// until the guard is dropped.
+    /// until the guard is dropped. (A request answered at once needs none: its response's
+    /// writes count as activity.)
     pub fn begin(self: &Arc<Self>) -> InFlight {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.touch();
+        self.in_flight.fetch_add(1, Ordering::Acquire);
         InFlight(self.clone())
     }
 
     /// When the connection became idle, or None while a request is in flight.
     fn idle_since(&self) -> Option<Instant> {
-        (self.in_flight.load(Ordering::Relaxed) == 0)
+        (self.in_flight.load(Ordering::Acquire) == 0)
             .then(|| self.epoch + Duration::from_millis(self.last_request.load(Ordering::Relaxed)))
     }
 }
@@ -100,9 +99,14 @@ pub struct InFlight(Arc<Activity>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.touch();
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::Release);
     }
 }
+
+/// Writes this small are HTTP/2 control frames (PING acks, WINDOW_UPDATE, SETTINGS acks): a
+/// client's keep-alive pings are not activity, a response is (Go's http2 server counts streams,
+/// not pings).
+const CONTROL_WRITE: usize = 32;
 
 /// A connection's stream with the idle and stalled-write bounds of [`Limits`].
 pub struct Guarded<S> {
@@ -111,6 +115,9 @@ pub struct Guarded<S> {
     activity: Arc<Activity>,
     idle: Pin<Box<Sleep>>,
     stalled: Option<Pin<Box<Sleep>>>,
+    /// A response was written since the idle timer was last looked at: a cached GET answered
+    /// at once, or a large body still going out, keeps the connection from being idle.
+    wrote: bool,
 }
 
 impl<S> Guarded<S> {
@@ -122,6 +129,7 @@ impl<S> Guarded<S> {
             activity,
             idle,
             stalled: None,
+            wrote: false,
         }
     }
 
@@ -144,10 +152,24 @@ impl<S> Guarded<S> {
             if self.idle.as_mut().poll(cx).is_pending() {
                 return false;
             }
+            if std::mem::take(&mut self.wrote) {
+                // Responses went out meanwhile: idle from now, at the earliest.
+                self.activity.touch();
+                self.idle.as_mut().reset(Instant::now() + self.limits.idle);
+                continue;
+            }
             if Instant::now() >= deadline {
                 return true;
             }
             self.idle.as_mut().reset(deadline);
+        }
+    }
+
+    fn note_write(&mut self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(n)) = written
+            && *n > CONTROL_WRITE
+        {
+            self.wrote = true;
         }
     }
 
@@ -204,8 +226,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut()
-            .write_with_deadline(cx, |s, cx| s.poll_write(cx, buf))
+        let this = self.get_mut();
+        let written = this.write_with_deadline(cx, |s, cx| s.poll_write(cx, buf));
+        this.note_write(&written);
+        written
     }
 
     fn poll_write_vectored(
@@ -213,8 +237,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.get_mut()
-            .write_with_deadline(cx, |s, cx| s.poll_write_vectored(cx, bufs))
+        let this = self.get_mut();
+        let written = this.write_with_deadline(cx, |s, cx| s.poll_write_vectored(cx, bufs));
+        this.note_write(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -280,15 +306,17 @@ impl<B: Body + Unpin> Body for Holding<B> {
 pub struct Drained<B: Body + Send + Unpin + 'static> {
     inner: Option<B>,
     read: u64,
+    /// Finished, or not to be drained: HTTP/2 resets a stream whose response ended first
+    /// (RFC 9113 8.1), and a client waiting for `100 Continue` sends nothing until asked.
     done: bool,
 }
 
 impl<B: Body + Send + Unpin + 'static> Drained<B> {
-    pub fn new(inner: B) -> Self {
+    pub fn new(inner: B, drain: bool) -> Self {
         Self {
             inner: Some(inner),
             read: 0,
-            done: false,
+            done: !drain,
         }
     }
 }

@@ -421,25 +421,24 @@ mod tests {
         for output in outputs {
             let writer = ListWriter::new::<Llama>(output, IncludeObject::Metadata, None);
             let cursor = store.list_cursor(request).await.unwrap().unwrap();
-            let (frames, streamed) =
-                match StreamedList::start(writer, cursor).unwrap() {
-                    Either::Left(whole) => (1, whole.to_vec()),
-                    Either::Right(mut body) => {
-                        let (mut sizes, mut bytes) = (Vec::new(), Vec::new());
-                        while let Some(frame) = body.frame().await {
-                            let data = frame.unwrap().into_data().unwrap();
-                            sizes.push(data.len());
-                            bytes.extend_from_slice(&data);
-                        }
-                        assert!(http_body::Body::is_end_stream(&body));
-                        // Every piece but the last is whole HTTP/2 frames.
-                        let (_, pieces) = sizes.split_last().unwrap();
-                        assert!(pieces.iter().all(
+            let (frames, streamed) = match StreamedList::start(writer, cursor).unwrap() {
+                Either::Left(whole) => (1, whole.to_vec()),
+                Either::Right(mut body) => {
+                    let (mut sizes, mut bytes) = (Vec::new(), Vec::new());
+                    while let Some(frame) = body.frame().await {
+                        let data = frame.unwrap().into_data().unwrap();
+                        sizes.push(data.len());
+                        bytes.extend_from_slice(&data);
+                    }
+                    assert!(http_body::Body::is_end_stream(&body));
+                    // Every piece but the last is whole HTTP/2 frames.
+                    let (_, pieces) = sizes.split_last().unwrap();
+                    assert!(pieces.iter().all(
                             |n| *n >= STREAM_PIECE && n % crate::list_buffer::FRAME_BYTES == 0
                         ));
-                        (sizes.len(), bytes)
-                    }
-                };
+                    (sizes.len(), bytes)
+                }
+            };
             let mut whole = ListWriter::new::<Llama>(output, IncludeObject::Metadata, None);
             let info = store
                 .list_each(request, &mut |object| whole.push(object))

@@ -17,13 +17,20 @@ pub struct RequestInfo<'a> {
     pub path: &'a str,
 }
 
+/// Whether the query asks for a watch, read exactly as the handler reads it (the first
+/// `watch` parameter, percent-decoded; Go's ParseBool true values): authorization must judge
+/// the verb that is served.
 fn is_watch(query: Option<&str>) -> bool {
-    query.is_some_and(|q| {
-        q.split('&').any(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            k == "watch" && matches!(v, "true" | "1" | "t" | "T" | "TRUE" | "True")
-        })
-    })
+    let Some(query) = query else {
+        return false;
+    };
+    // Most queries name no watch (a name spelled with escapes has a '%').
+    if !query.contains("watch") && !query.contains('%') {
+        return false;
+    }
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == "watch")
+        .is_some_and(|(_, value)| matches!(&*value, "true" | "1" | "t" | "T" | "TRUE" | "True"))
 }
 
 /// Non-resource verbs: the lower-cased method, as k8s.io/apiserver names them.

@@ -701,7 +701,8 @@ async fn start_watch<K: ServedResource>(
         (false, _, None | Some(0)) => WatchStart::InitialState,
         (false, _, Some(rv)) => WatchStart::After(rv),
     };
-    let timeout = match query.timeout_seconds()? {
+    // 0, as none, is the server's choice (kube-apiserver's ListResource).
+    let timeout = match query.timeout_seconds()?.filter(|t| !t.is_zero()) {
         Some(timeout) => timeout,
         None => {
             let min = api.ctx.settings.min_request_timeout;

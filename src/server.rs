@@ -429,7 +429,9 @@ where
         use futures::future::Either;
         // A body nobody reads (an early 401, 413...) is still read, so the client sees the
         // answer (see `connection`).
-        let mut request = request.map(connection::Drained::new);
+        let drain = request.version() <= axum::http::Version::HTTP_11
+            && !request.headers().contains_key(axum::http::header::EXPECT);
+        let mut request = request.map(|body| connection::Drained::new(body, drain));
         if health::is_probe(request.uri().path()) {
             // Probes: kubelet polls them every few seconds; they are not traffic.
             let request = request.map(axum::body::Body::new);
@@ -449,9 +451,6 @@ where
         let edge = &self.edge;
         let checked = match recovery::catch_now(|| edge.handle_now(peer, &mut request)) {
             Some(Handled::Answered(response)) => {
-                if let Some(activity) = &self.activity {
-                    activity.touch();
-                }
                 return Either::Left(std::future::ready(Ok(response)));
             }
             Some(Handled::Checked(user)) => Some(user),
@@ -525,14 +524,17 @@ pub struct ServeOptions {
 /// The HTTPS listener as kube-apiserver's bounds it: request headers within
 /// `limits.header_read` (32 s, also what an HTTP/1.1 connection may wait for its next request),
 /// idle connections closed after `limits.idle`, stalled writes after `limits.write_stall`;
-/// header lists up to 1 MiB (users with many groups behind the aggregator); HTTP/2 pings every
-/// 30 s so a peer that is gone is noticed.
+/// header lists up to 1 MiB (users with many groups behind the aggregator). No server pings, as
+/// kube-apiserver sends none: a peer that is gone is noticed by the idle and write bounds.
 pub fn https(
     listener: std::net::TcpListener,
     tls: axum_server::tls_rustls::RustlsConfig,
     limits: connection::Limits,
 ) -> std::io::Result<axum_server::Server<SocketAddr, tls::Acceptor>> {
     const MAX_HEADER_BYTES: u32 = 1 << 20;
+    // Above hyper's 100 (a user with many groups sends an X-Remote-Group each); every header
+    // slot is allocated for each request's parse, so not more.
+    const MAX_HTTP1_HEADERS: usize = 512;
     listener.set_nonblocking(true)?;
     let mut server = axum_server::from_tcp(listener)?.acceptor(tls::Acceptor::new(tls, limits));
     let builder = server.http_builder();
@@ -541,12 +543,9 @@ pub fn https(
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_read)
         .max_buf_size(MAX_HEADER_BYTES as usize + 64 * 1024)
-        .max_headers(2048);
+        .max_headers(MAX_HTTP1_HEADERS);
     builder
         .http2()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(Duration::from_secs(20))
         .max_header_list_size(MAX_HEADER_BYTES)
         .max_concurrent_streams(250);
     Ok(server)

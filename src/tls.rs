@@ -120,6 +120,12 @@ impl DevCa {
     pub fn load_or_create_named(dir: &Path, common_name: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
+        // Half a CA is never replaced silently: a new one would change every trust in it.
+        anyhow::ensure!(
+            cert_path.exists() == key_path.exists(),
+            "{} holds one of {CA_CERT} and {CA_KEY} but not the other: restore it, or remove both to make a new CA",
+            dir.display()
+        );
         if cert_path.exists() && key_path.exists() {
             let cert_pem = std::fs::read_to_string(&cert_path)?;
             let key = KeyPair::from_pem(&std::fs::read_to_string(&key_path)?)

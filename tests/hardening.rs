@@ -410,6 +410,21 @@ async fn idle_http2_connections_are_closed_busy_ones_are_not() {
         .expect("the idle connection was closed");
     assert!(started.elapsed() >= Duration::from_millis(1000));
 
+    // Busy with requests answered at once (a cached GET): not idle either.
+    let (mut chatty, chatty_conn) = connect().await;
+    for _ in 0..10 {
+        let reply = chatty
+            .send_request(request(&format!("{LLAMAS}/dolly")))
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        !chatty_conn.is_finished(),
+        "a connection in use is not idle"
+    );
+
     let (mut busy, busy_conn) = connect().await;
     let watch = busy
         .send_request(request(&format!("{LLAMAS}?watch=true&timeoutSeconds=3")))
@@ -533,15 +548,16 @@ async fn early_errors_reach_clients_that_write_their_whole_body_first() {
 #[tokio::test]
 async fn header_lists_up_to_a_mebibyte_are_read() {
     let server = TestServer::start().await;
-    let padding = "x".repeat(200);
-    let headers: Vec<(String, String)> = (0..1500)
-        .map(|i| (format!("x-padding-{i}"), padding.clone()))
-        .collect();
-    let headers: Vec<(&str, &str)> = headers
-        .iter()
-        .map(|(n, v)| (n.as_str(), v.as_str()))
-        .collect();
-    for alpn in [Alpn::Http2, Alpn::Http1] {
+    // HTTP/2: 1,500 headers, 300 KB; HTTP/1.1: 400 headers (its count is bounded), 800 KB.
+    for (alpn, count, size) in [(Alpn::Http2, 1500, 200), (Alpn::Http1, 400, 2000)] {
+        let padding = "x".repeat(size);
+        let headers: Vec<(String, String)> = (0..count)
+            .map(|i| (format!("x-padding-{i}"), padding.clone()))
+            .collect();
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
         let raw = server.raw(Some(server.admin_identity()), alpn);
         let reply = raw.get(LLAMAS, &headers).await;
         assert_eq!(reply.status, 200, "{alpn:?}");
@@ -867,4 +883,43 @@ async fn content_types_as_kube_apiserver_reads_them() {
     )
     .await;
     reply.status(415, "UnsupportedMediaType");
+}
+
+/// Authorization judges the verb that is served: the watch parameter is read as the handler
+/// reads it (the first one, percent-decoded), so a user allowed to list cannot open a watch by
+/// spelling it differently, nor be refused a list by repeating it.
+#[tokio::test]
+async fn the_verb_authorized_is_the_verb_served() {
+    let fake = FakeKube::start().await;
+    fake.set_policy(|spec| {
+        let verb = spec["resourceAttributes"]["verb"].as_str().unwrap_or("");
+        (verb == "list", String::new())
+    });
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        ..Default::default()
+    })
+    .await;
+    let (cert, key) = server.dev_ca().issue_client("lister", &[]).unwrap();
+    let raw = server.raw(Some((cert, key)), Alpn::Http2);
+    // Served as a list (the first value counts): allowed.
+    let reply = raw
+        .get(&format!("{LLAMAS}?watch=false&watch=true"), &[])
+        .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["kind"], "LlamaList");
+    // Served as a watch (the name escaped): refused, as a watch.
+    for query in ["wat%63h=true", "watch=%31"] {
+        let reply = raw
+            .get(&format!("{LLAMAS}?{query}&timeoutSeconds=1"), &[])
+            .await;
+        assert_eq!(reply.status, 403, "{query}");
+        assert!(
+            reply.json()["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot watch resource \"llamas\""),
+            "{query}"
+        );
+    }
 }

@@ -125,6 +125,35 @@ fn json_soup() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A GET's status, and its body only when it is an error (a watch's body never ends).
+async fn head_of(app: &App, uri: &str) -> Reply {
+    use http_body_util::BodyExt;
+    let request = axum::http::Request::get(uri)
+        .extension(app.peer.clone())
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
+        .await
+        .unwrap();
+    let (status, headers) = (response.status(), response.headers().clone());
+    let body = if status.as_u16() >= 400 {
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    } else {
+        Vec::new()
+    };
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -168,8 +197,8 @@ proptest! {
     #[test]
     fn list_and_watch_queries_are_answered_or_refused(query in query_soup(), watch in any::<bool>()) {
         let app = app();
-        let query = if watch { format!("{query}&watch=true&timeoutSeconds=0") } else { query };
-        let reply = runtime().block_on(get(&app, &format!("{LLAMAS}?{query}")));
+        let query = if watch { format!("{query}&watch=true") } else { query };
+        let reply = runtime().block_on(head_of(&app, &format!("{LLAMAS}?{query}")));
         client_error_or_success(&reply)?;
     }
 

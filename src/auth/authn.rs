@@ -326,11 +326,15 @@ pub fn classify(config: &AuthnConfig, chain: &[CertificateDer<'static>]) -> Cert
             .iter()
             .any(|ca| verifies(ca.verifier.as_ref(), chain))
     {
-        return CertIdentity::User(UserInfo {
-            name: cn,
-            groups: orgs,
-            ..Default::default()
-        });
+        // In system:authenticated once, here, rather than on every request's copy.
+        return CertIdentity::User(
+            UserInfo {
+                name: cn,
+                groups: orgs,
+                ..Default::default()
+            }
+            .authenticated(),
+        );
     }
     CertIdentity::None
 }
@@ -635,7 +639,7 @@ impl Authenticator {
             strip_identity_headers(config.request_header.as_ref(), headers);
         }
         if let CertIdentity::User(user) = identity {
-            return Authenticated::User(Some(user.authenticated()));
+            return Authenticated::User(Some(user));
         }
         if self.tokens.is_some() && bearer_token(headers).is_some() {
             return Authenticated::NeedsTokenReview;
