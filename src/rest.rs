@@ -1164,8 +1164,9 @@ fn apply_patch<K: ServedResource>(
             })?;
         }
     }
-    // Bounded either way: a merge patch grows the object by at most its own size (3 MiB), a
-    // JSON patch by its values and at most 3 MiB of copies.
+    // Bounded for one request: a merge patch grows the object by at most its own size (3 MiB),
+    // a JSON patch by its values and at most 3 MiB of copies; the object that results is
+    // bounded by the caller.
     Ok(document)
 }
 
@@ -1175,7 +1176,7 @@ const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
 
 /// Bytes of `value` as JSON, counted without building the text.
-fn json_len(value: &Value) -> usize {
+fn json_len<T: Serialize>(value: &T) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -1261,6 +1262,13 @@ async fn patch<K: ServedResource>(
         let current = api.store.get(&key).await?;
         let patched = apply_patch(&current, patch_type, &body)?;
         let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
+        // Patch after patch must not grow an object past what one request may send.
+        let size = json_len(&object);
+        if size > MAX_BODY_BYTES {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+            )));
+        }
         check_name(&object, &name)?;
         check_namespace(&object, &namespace)?;
         let pinned = object.meta().resource_version != current.meta().resource_version;

@@ -923,3 +923,41 @@ async fn the_verb_authorized_is_the_verb_served() {
         );
     }
 }
+
+/// Patch after patch cannot grow a Llama past what one request may send (3 MiB): each patch
+/// is within every bound, the object it would make is not.
+#[tokio::test]
+async fn patches_cannot_grow_an_object_without_bound() {
+    let app = app();
+    let big = "v".repeat(250 * 1024);
+    let mut refused = None;
+    for i in 0..16 {
+        let value = format!("{big}{i}");
+        let operation = if i == 0 {
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [value]})
+        } else {
+            json!({"op": "add", "path": "/metadata/finalizers/-", "value": value})
+        };
+        let reply = call(
+            &app,
+            "PATCH",
+            &format!("{LLAMAS}/dolly"),
+            &[("content-type", "application/json-patch+json")],
+            &json!([operation]).to_string(),
+        )
+        .await;
+        if reply.status == 413 {
+            refused = Some((i, reply.status(413, "RequestEntityTooLarge")));
+            break;
+        }
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    let (i, message) = refused.expect("refused before it grew past 3 MiB");
+    assert!(i >= 11, "{i}");
+    assert!(message.contains("limit is 3145728"), "{message}");
+}
