@@ -36,6 +36,11 @@ pub struct MemoryStoreConfig {
     pub watch_buffer: usize,
     /// The store's resourceVersion before its first write; watches from below it are 410.
     pub first_resource_version: u64,
+    /// The store is the objects' source of truth (not a cache of another server's): a version
+    /// above its own can only come from an earlier process (whose clock ran ahead), so a watch
+    /// from one is 410 Expired and the client relists, rather than waiting for events that
+    /// would never tell it what that process held.
+    pub authoritative: bool,
 }
 
 /// Microseconds since the Unix epoch: where a store's resourceVersions start, so every process
@@ -57,6 +62,7 @@ impl Default for MemoryStoreConfig {
             max_snapshots: 64,
             watch_buffer: 4096,
             first_resource_version: clock_resource_version(),
+            authoritative: true,
         }
     }
 }
@@ -719,6 +725,12 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                     }
                 }
                 first.push(WatchItem::InitialEventsEnd(current_rv));
+            }
+            WatchStart::After(rv) if self.shared.config.authoritative && rv > current_rv => {
+                let item = WatchItem::Error(Error::Expired(format!(
+                    "too new resource version: {rv} (current: {current_rv}): it is not from this server's history; relist"
+                )));
+                return Ok(futures::stream::iter([item]).boxed());
             }
             WatchStart::After(rv) if rv < state.oldest_watchable => {
                 let item = WatchItem::Error(Error::Expired(too_old(rv, state.oldest_watchable)));

@@ -47,6 +47,7 @@ impl PodCache {
             // Versions are the Pods' own (kube-apiserver's), not this process's.
             store: MemoryStore::new(MemoryStoreConfig {
                 first_resource_version: 0,
+                authoritative: false,
                 ..Default::default()
             }),
             state: Mutex::new(state),
