@@ -205,30 +205,63 @@ fn is_token(s: &str) -> bool {
             .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?=".contains(&b))
 }
 
+/// The longest RFC 2045 token at the start of `s`, and the rest.
+fn token_prefix(s: &str) -> (&str, &str) {
+    let end = s
+        .bytes()
+        .position(|b| !b.is_ascii_graphic() || b"()<>@,;:\\\"/[]?=".contains(&b))
+        .unwrap_or(s.len());
+    s.split_at(end)
+}
+
+/// A parameter value at the start of `s` (a token, or a quoted string with backslash
+/// escapes), and the rest; None when there is none.
+fn value_prefix(s: &str) -> Option<&str> {
+    let Some(quoted) = s.strip_prefix('"') else {
+        let (value, rest) = token_prefix(s);
+        return (!value.is_empty()).then_some(rest);
+    };
+    let mut escaped = false;
+    for (i, c) in quoted.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return quoted.get(i + 1..),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// A Content-Type's base type, lower case, when it parses as Go's `mime.ParseMediaType`
-/// parses one (`type/subtype`, then `; name=value` parameters, value a token or a quoted
-/// string); None when it is malformed.
+/// parses one (`type/subtype`, then `; name=value` parameters with optional spaces around the
+/// `=`, a value a token or a quoted string; trailing semicolons let go); None when it is
+/// malformed.
 pub fn media_type_base(content_type: &str) -> Option<String> {
-    let mut parts = content_type.split(';');
-    let base = parts.next()?.trim();
+    let (base, mut rest) = match content_type.find(';') {
+        Some(i) => content_type.split_at(i),
+        None => (content_type, ""),
+    };
+    let base = base.trim();
     let (kind, subtype) = base.split_once('/')?;
     if !is_token(kind) || !is_token(subtype) {
         return None;
     }
-    let params: Vec<&str> = parts.map(str::trim).collect();
-    for (i, param) in params.iter().enumerate() {
-        if param.is_empty() {
-            // Only trailing semicolons are let go.
-            if params[i..].iter().all(|p| p.is_empty()) {
-                break;
-            }
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        rest = rest.strip_prefix(';')?.trim_start();
+        if rest.is_empty() || rest.trim_start_matches([';', ' ', '\t']).is_empty() {
+            break;
+        }
+        let (name, after) = token_prefix(rest);
+        if name.is_empty() {
             return None;
         }
-        let (name, value) = param.split_once('=')?;
-        let quoted = value.len() >= 2 && value.starts_with('"') && value.ends_with('"');
-        if !is_token(name.trim()) || !(quoted || is_token(value.trim())) {
-            return None;
-        }
+        let after = after.trim_start().strip_prefix('=')?.trim_start();
+        rest = value_prefix(after)?;
     }
     Some(base.to_ascii_lowercase())
 }
@@ -258,6 +291,42 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::ACCEPT, HeaderValue::from_str(accept).unwrap());
         h
+    }
+
+    #[test]
+    fn media_types_parse_as_go_parses_them() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "application/json;charset=utf-8;",
+            "application/json; charset= \"utf-8\"",
+            "application/json; charset=\"a;b\"",
+            "application/json; x=\"q\\\"uote\"",
+            "Application/JSON ;;",
+        ] {
+            assert_eq!(
+                media_type_base(ok).as_deref(),
+                Some(
+                    ok.split(';')
+                        .next()
+                        .unwrap()
+                        .trim()
+                        .to_ascii_lowercase()
+                        .as_str()
+                ),
+                "{ok}"
+            );
+        }
+        for bad in [
+            "application",
+            "application/json; charset",
+            "application/json; =utf-8",
+            "application/json; charset=\"open",
+            "application/json; a=b c",
+            "not a/type",
+        ] {
+            assert_eq!(media_type_base(bad), None, "{bad}");
+        }
     }
 
     #[test]
