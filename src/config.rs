@@ -9,7 +9,7 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 use crate::{
     auth::source::{self, StaticSources},
     rest::RestSettings,
-    server::{self, AppState, AuthOptions, ServeOptions, StateOptions},
+    server::{self, AppState, AuthOptions, ShutdownTiming, StateOptions},
     store::PodCache,
     tls::{self, ServingFiles, ServingTls},
 };
@@ -326,30 +326,30 @@ impl Args {
                 serving.clone(),
             ));
         }
-        let (state, shutdown) = AppState::with_farmpods(
+        let llamas = crate::group::memory_llamas(!self.no_sample_data, self.synthetic_llamas);
+        let (state, shutdown) = AppState::farm(
+            llamas,
             farmpods,
             StateOptions {
-                sample_data: !self.no_sample_data,
-                synthetic_llamas: self.synthetic_llamas,
                 rest: self.rest_settings(),
                 auth,
             },
         );
         let app = server::app(state);
+        let limits = crate::connection::Limits {
+            header_read: seconds(self.header_read_timeout),
+            idle: seconds(self.idle_timeout),
+            write_stall: seconds(self.write_timeout),
+        };
+        let bound = server::bind(listener, serving.config.clone(), limits)?;
         server::serve(
+            bound,
             app,
-            serving.config.clone(),
-            ServeOptions {
-                limits: crate::connection::Limits {
-                    header_read: seconds(self.header_read_timeout),
-                    idle: seconds(self.idle_timeout),
-                    write_stall: seconds(self.write_timeout),
-                },
-                listener,
-                shutdown_delay: Duration::from_secs(self.shutdown_delay),
-                shutdown_grace: Duration::from_secs(self.shutdown_grace),
-            },
             shutdown,
+            ShutdownTiming {
+                delay: Duration::from_secs(self.shutdown_delay),
+                grace: Duration::from_secs(self.shutdown_grace),
+            },
             started,
         )
         .await

@@ -71,9 +71,9 @@ struct Typed<'a, T: Serialize> {
 
 fn api_resource(info: &ResourceInfo) -> APIResource {
     APIResource {
-        name: info.plural.clone(),
+        name: info.plural.to_owned(),
         singular_name: info.singular.to_owned(),
-        namespaced: true,
+        namespaced: info.namespaced,
         kind: info.kind.clone(),
         verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
         short_names: (!info.short_names.is_empty())
@@ -113,13 +113,20 @@ fn aggregated(resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
                 resources: resources
                     .iter()
                     .map(|info| APIResourceDiscovery {
-                        resource: Some(info.plural.clone()),
+                        resource: Some(info.plural.to_owned()),
                         response_kind: Some(GroupVersionKind {
                             group: Some(GROUP.into()),
                             version: Some(VERSION.into()),
                             kind: Some(info.kind.clone()),
                         }),
-                        scope: Some("Namespaced".into()),
+                        scope: Some(
+                            if info.namespaced {
+                                "Namespaced"
+                            } else {
+                                "Cluster"
+                            }
+                            .into(),
+                        ),
                         singular_resource: Some(info.singular.into()),
                         verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
                         short_names: info.short_names.iter().map(|s| (*s).to_owned()).collect(),

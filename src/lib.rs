@@ -13,6 +13,7 @@ pub mod config;
 pub mod connection;
 pub mod discovery;
 pub mod error;
+pub mod group;
 pub mod health;
 pub mod list_body;
 pub mod list_buffer;

@@ -209,8 +209,12 @@ impl ListWriter {
     }
 
     /// Writes the objects `objects` lends until they make a piece; true when the list goes on.
-    fn write_piece<K: ServedResource>(&mut self, objects: &mut dyn LendObjects<K>) -> bool {
-        objects.lend(&mut |object| {
+    fn poll_piece<K: ServedResource>(
+        &mut self,
+        cx: &mut Context<'_>,
+        objects: &mut dyn LendObjects<K>,
+    ) -> Poll<Result<bool>> {
+        objects.poll_lend(cx, &mut |object| {
             self.push(object);
             if self.piece_ready() {
                 ControlFlow::Break(())
@@ -234,9 +238,12 @@ pub struct StreamedList<K> {
 impl<K: ServedResource> StreamedList<K> {
     /// Writes the list from `cursor`: the whole body when it fits in one piece, else the
     /// first piece (its head included) and a body that writes the rest as it is read.
-    pub fn start(mut writer: ListWriter, cursor: ListCursor<K>) -> Result<Either<Bytes, Self>> {
+    pub async fn start(
+        mut writer: ListWriter,
+        cursor: ListCursor<K>,
+    ) -> Result<Either<Bytes, Self>> {
         let ListCursor { info, mut objects } = cursor;
-        let more = writer.write_piece(objects.as_mut());
+        let more = std::future::poll_fn(|cx| writer.poll_piece(cx, objects.as_mut())).await?;
         let metadata = info.list_meta();
         if !more {
             return writer.finish::<K>(&metadata).map(Either::Left);
@@ -256,7 +263,7 @@ impl<K: ServedResource> http_body::Body for StreamedList<K> {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>>>> {
         let this = &mut *self;
         if let Some(first) = this.first.take() {
@@ -265,7 +272,15 @@ impl<K: ServedResource> http_body::Body for StreamedList<K> {
         let Some(writer) = this.writer.as_mut() else {
             return Poll::Ready(None);
         };
-        let piece = if writer.write_piece(this.objects.as_mut()) {
+        let more = match writer.poll_piece(cx, this.objects.as_mut()) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Err(error)) => {
+                this.writer = None;
+                return Poll::Ready(Some(Err(error)));
+            }
+            Poll::Ready(Ok(more)) => more,
+        };
+        let piece = if more {
             writer.take()
         } else {
             let last = writer.take_last();
@@ -421,7 +436,7 @@ mod tests {
         for output in outputs {
             let writer = ListWriter::new::<Llama>(output, IncludeObject::Metadata, None);
             let cursor = store.list_cursor(request).await.unwrap().unwrap();
-            let (frames, streamed) = match StreamedList::start(writer, cursor).unwrap() {
+            let (frames, streamed) = match StreamedList::start(writer, cursor).await.unwrap() {
                 Either::Left(whole) => (1, whole.to_vec()),
                 Either::Right(mut body) => {
                     let (mut sizes, mut bytes) = (Vec::new(), Vec::new());
@@ -463,10 +478,7 @@ mod tests {
         use crate::store::{ListRequest, Store};
         let store = crate::store::MemoryStore::<Llama>::default();
         for i in 0..2_000 {
-            store
-                .create(crate::resources::llama::synthetic(i), false)
-                .await
-                .unwrap();
+            store.insert(crate::resources::llama::synthetic(i)).unwrap();
         }
         let all = ListRequest::default();
         for (frames, streamed, whole) in streamed_and_whole(&store, &all).await {

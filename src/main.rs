@@ -1,9 +1,7 @@
 use clap::Parser;
 use farm_apiserver::config::Args;
 
-// glibc malloc spent ~10% of the CPU of a GET under load (fastbin consolidation, cross-thread
-// frees); mimalloc about half that. `no_thp` keeps its arenas off huge pages, so idle RSS stays
-// small.
+// mimalloc, arenas off huge pages (see PERFORMANCE.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -45,7 +45,6 @@ const VERBS: [&str; 13] = [
     "options",
     "other",
 ];
-const RESOURCES: [&str; 4] = ["", "llamas", "farmpods", "other"];
 /// The codes this server answers with; others are counted through the family's map.
 const CODES: [u16; 15] = [
     200, 201, 304, 400, 401, 403, 404, 405, 406, 409, 410, 415, 422, 500, 503,
@@ -67,6 +66,9 @@ type HistogramFamily = Family<DurationLabels, Histogram, fn() -> Histogram>;
 
 pub struct Metrics {
     registry: Registry,
+    /// Resource label values: "" (not a resource request), the served kinds' plurals, and
+    /// `other`.
+    resources: Vec<&'static str>,
     pub requests: Family<RequestLabels, Counter>,
     pub durations: HistogramFamily,
     // Each series' handle, resolved on first use: the families' maps hash the labels on every
@@ -90,8 +92,17 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.00005, 2.0, 22))
 }
 
-impl Default for Metrics {
-    fn default() -> Self {
+impl Metrics {
+    /// Metrics for a server of the resources `plurals`.
+    pub fn new(plurals: &[&'static str]) -> Arc<Self> {
+        Arc::new(Self::with_resources(plurals))
+    }
+
+    fn with_resources(plurals: &[&'static str]) -> Self {
+        let resources: Vec<&'static str> = std::iter::once("")
+            .chain(plurals.iter().copied())
+            .chain(std::iter::once("other"))
+            .collect();
         let mut registry = Registry::default();
         let requests = Family::<RequestLabels, Counter>::default();
         let durations: HistogramFamily = Family::new_with_constructor(latency_histogram);
@@ -125,30 +136,25 @@ impl Default for Metrics {
         );
         Self {
             registry,
+            request_slots: (0..VERBS.len() * resources.len() * CODES.len())
+                .map(|_| OnceLock::new())
+                .collect(),
+            duration_slots: (0..VERBS.len() * resources.len())
+                .map(|_| OnceLock::new())
+                .collect(),
+            resources,
             requests,
             durations,
-            request_slots: (0..VERBS.len() * RESOURCES.len() * CODES.len())
-                .map(|_| OnceLock::new())
-                .collect(),
-            duration_slots: (0..VERBS.len() * RESOURCES.len())
-                .map(|_| OnceLock::new())
-                .collect(),
             open_watches,
             stored_objects,
             panics,
         }
     }
-}
-
-impl Metrics {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
-    }
 
     pub fn observe(&self, verb: &str, resource: &str, code: u16, seconds: f64) {
-        let (v, r) = (index_of(&VERBS, verb), index_of(&RESOURCES, resource));
-        let (verb, resource) = (VERBS[v], RESOURCES[r]);
-        let series = v * RESOURCES.len() + r;
+        let (v, r) = (index_of(&VERBS, verb), index_of(&self.resources, resource));
+        let (verb, resource) = (VERBS[v], self.resources[r]);
+        let series = v * self.resources.len() + r;
         let labels = || RequestLabels {
             verb,
             resource,

@@ -120,7 +120,7 @@ const KUBECTL_TABLE: &[u8] = b"application/json;as=Table;v=v1;g=meta.k8s.io,appl
 
 /// Picks the response shape for a get, list or watch.
 pub fn output(headers: &HeaderMap) -> Result<Output> {
-    // The common cases, without parsing (parsing kubectl's Table Accept costs ~9k instructions).
+    // The common cases, without parsing (see PERFORMANCE.md).
     let mut values = headers.get_all(header::ACCEPT).iter();
     match (values.next().map(|v| v.as_bytes()), values.next()) {
         (None, _) => return Ok(Output::Json),

@@ -319,7 +319,9 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
         let list = format!("{prefix}.{kind}List");
         let status = format!("{META}.Status");
         let base = format!("/apis/{GROUP_VERSION}");
-        let plural = &info.plural;
+        let plural = info.plural;
+        // kube-apiserver's operation ids: `listNamespacedLlama`, `listPasture`.
+        let scope = if info.namespaced { "Namespaced" } else { "" };
         let list_params = || query_params(flavor, LIST_PARAMS);
         let write_params = || query_params(flavor, WRITE_PARAMS);
         let ns_param = || {
@@ -332,20 +334,22 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
         let name_param = || path_param(flavor, "name", &format!("name of the {kind}"));
 
         // All namespaces: list and watch.
-        paths.insert(
-            format!("{base}/{plural}"),
-            json!({
-                "get": operation(flavor, Op {
-                    id: format!("list{kind}ForAllNamespaces"),
-                    description: format!("list or watch objects of kind {kind}"),
-                    action: "list",
-                    kind,
-                    params: list_params(),
-                    body: None,
-                    responses: vec![("200", response(flavor, "OK", &list))],
+        if info.namespaced {
+            paths.insert(
+                format!("{base}/{plural}"),
+                json!({
+                    "get": operation(flavor, Op {
+                        id: format!("list{kind}ForAllNamespaces"),
+                        description: format!("list or watch objects of kind {kind}"),
+                        action: "list",
+                        kind,
+                        params: list_params(),
+                        body: None,
+                        responses: vec![("200", response(flavor, "OK", &list))],
+                    }),
                 }),
-            }),
-        );
+            );
+        }
 
         let mut collection = Map::new();
         collection.insert(
@@ -353,7 +357,7 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
             operation(
                 flavor,
                 Op {
-                    id: format!("listNamespaced{kind}"),
+                    id: format!("list{scope}{kind}"),
                     description: format!("list or watch objects of kind {kind}"),
                     action: "list",
                     kind,
@@ -369,7 +373,7 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
             operation(
                 flavor,
                 Op {
-                    id: format!("readNamespaced{kind}"),
+                    id: format!("read{scope}{kind}"),
                     description: format!("read the specified {kind}"),
                     action: "get",
                     kind,
@@ -379,13 +383,13 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 },
             ),
         );
-        if !info.read_only {
+        if info.writable {
             collection.insert(
                 "post".into(),
                 operation(
                     flavor,
                     Op {
-                        id: format!("createNamespaced{kind}"),
+                        id: format!("create{scope}{kind}"),
                         description: format!("create a {kind}"),
                         action: "post",
                         kind,
@@ -403,7 +407,7 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 operation(
                     flavor,
                     Op {
-                        id: format!("deleteCollectionNamespaced{kind}"),
+                        id: format!("deleteCollection{scope}{kind}"),
                         description: format!("delete collection of {kind}"),
                         action: "deletecollection",
                         kind,
@@ -418,7 +422,7 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 operation(
                     flavor,
                     Op {
-                        id: format!("replaceNamespaced{kind}"),
+                        id: format!("replace{scope}{kind}"),
                         description: format!("replace the specified {kind}"),
                         action: "put",
                         kind,
@@ -434,7 +438,7 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 operation(
                     flavor,
                     Op {
-                        id: format!("patchNamespaced{kind}"),
+                        id: format!("patch{scope}{kind}"),
                         description: format!("partially update the specified {kind}"),
                         action: "patch",
                         kind,
@@ -455,7 +459,7 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 operation(
                     flavor,
                     Op {
-                        id: format!("deleteNamespaced{kind}"),
+                        id: format!("delete{scope}{kind}"),
                         description: format!("delete a {kind}"),
                         action: "delete",
                         kind,
@@ -469,16 +473,16 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 ),
             );
         }
-        collection.insert("parameters".into(), json!([ns_param()]));
-        item.insert("parameters".into(), json!([name_param(), ns_param()]));
-        paths.insert(
-            format!("{base}/namespaces/{{namespace}}/{plural}"),
-            Value::Object(collection),
-        );
-        paths.insert(
-            format!("{base}/namespaces/{{namespace}}/{plural}/{{name}}"),
-            Value::Object(item),
-        );
+        let collection_path = if info.namespaced {
+            collection.insert("parameters".into(), json!([ns_param()]));
+            item.insert("parameters".into(), json!([name_param(), ns_param()]));
+            format!("{base}/namespaces/{{namespace}}/{plural}")
+        } else {
+            item.insert("parameters".into(), json!([name_param()]));
+            format!("{base}/{plural}")
+        };
+        paths.insert(format!("{collection_path}/{{name}}"), Value::Object(item));
+        paths.insert(collection_path, Value::Object(collection));
     }
     paths
 }

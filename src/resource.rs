@@ -30,8 +30,12 @@ pub const READ_WRITE_VERBS: &[&str] = &[
 ];
 pub const READ_ONLY_VERBS: &[&str] = &["get", "list", "watch"];
 
+/// A kind this server serves: its names come from kube's `#[derive(CustomResource)]`, the rest
+/// is declared here once. The defaults of the strategy hooks (`prepare_for_*`, `validate*`,
+/// `warnings`, selectable fields) are those of a kind with no rules of its own, as
+/// sample-apiserver's strategies are.
 pub trait ServedResource:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    Resource<DynamicType = ()>
     + kube::CustomResourceExt
     + Clone
     + Debug
@@ -48,8 +52,6 @@ pub trait ServedResource:
     /// derive itself ([`kube::CustomResourceExt::shortnames`]).
     const SINGULAR: &'static str;
     const CATEGORIES: &'static [&'static str];
-    /// Read-only kinds answer get/list/watch and 405 for everything else.
-    const READ_ONLY: bool;
     /// One line for the OpenAPI description of the kind.
     const DESCRIPTION: &'static str;
 
@@ -63,6 +65,40 @@ pub trait ServedResource:
         Vec::new()
     }
 
+    /// Field errors of an update beyond [`ServedResource::validate`] (a field that may not
+    /// change, say); `old` is the stored object.
+    fn validate_update(&self, _old: &Self) -> Vec<FieldError> {
+        Vec::new()
+    }
+
+    /// A new object, after the server set its metadata and before validation: defaults, or a
+    /// status a client may not set.
+    fn prepare_for_create(&mut self) {}
+
+    /// A replacement of `old` (update or patch) before validation: keep what the request may
+    /// not change (a status, for a kind with a status subresource).
+    fn prepare_for_update(&mut self, _old: &Self) {}
+
+    /// Warnings for the client (HTTP `Warning` headers) about a valid object being created
+    /// (`old` None) or updated.
+    fn warnings(&self, _old: Option<&Self>) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Fields a `fieldSelector` may name besides `metadata.name` and `metadata.namespace`.
+    const SELECTABLE_FIELDS: &'static [&'static str] = &[];
+
+    /// The value of one of [`ServedResource::SELECTABLE_FIELDS`] on this object.
+    fn field(&self, _name: &str) -> Option<String> {
+        None
+    }
+
+    /// Namespaced (`namespaces/<ns>/<plural>`) or cluster-scoped (`<plural>`), as the derive's
+    /// `namespaced` says.
+    fn namespaced() -> bool {
+        std::any::TypeId::of::<Self::Scope>() == std::any::TypeId::of::<NamespaceResourceScope>()
+    }
+
     /// Whether a change from `old` to `self` bumps `metadata.generation` (a spec change).
     fn spec_changed(&self, _old: &Self) -> bool {
         false
@@ -71,14 +107,6 @@ pub trait ServedResource:
     /// A status subtree for OpenAPI, when the kind has one.
     fn status_schema(_generator: &mut SchemaGenerator) -> Option<Schema> {
         None
-    }
-
-    fn verbs() -> &'static [&'static str] {
-        if Self::READ_ONLY {
-            READ_ONLY_VERBS
-        } else {
-            READ_WRITE_VERBS
-        }
     }
 
     fn plural_name() -> String {
@@ -113,32 +141,49 @@ pub trait ServedResource:
     }
 }
 
-/// The static facts of a kind, for discovery and OpenAPI (which are not generic).
+/// The static facts of a kind, for discovery, OpenAPI and metrics (which are not generic).
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
-    pub plural: String,
+    pub plural: &'static str,
     pub singular: &'static str,
     pub kind: String,
     pub short_names: &'static [&'static str],
     pub categories: &'static [&'static str],
     pub verbs: &'static [&'static str],
     pub description: &'static str,
-    pub read_only: bool,
+    /// Whether its store takes writes: discovery's verbs and OpenAPI's operations follow.
+    pub writable: bool,
+    pub namespaced: bool,
     /// Builds the OpenAPI schema of `.spec` (and `.status`) in a given generator.
     pub schema: fn(&mut SchemaGenerator) -> (Schema, Option<Schema>),
 }
 
+/// A name as `&'static str`: the derive's names are static already, others are kept for the
+/// process (one per served kind).
+fn leak(name: std::borrow::Cow<'static, str>) -> &'static str {
+    match name {
+        std::borrow::Cow::Borrowed(name) => name,
+        std::borrow::Cow::Owned(name) => Box::leak(name.into_boxed_str()),
+    }
+}
+
 impl ResourceInfo {
-    pub fn of<K: ServedResource>() -> Self {
+    /// `K` served from a store that takes writes or not.
+    pub fn of<K: ServedResource>(writable: bool) -> Self {
         Self {
-            plural: K::plural_name(),
+            plural: leak(K::plural(&())),
             singular: K::SINGULAR,
             kind: K::kind_name(),
             short_names: K::shortnames(),
             categories: K::CATEGORIES,
-            verbs: K::verbs(),
+            verbs: if writable {
+                READ_WRITE_VERBS
+            } else {
+                READ_ONLY_VERBS
+            },
             description: K::DESCRIPTION,
-            read_only: K::READ_ONLY,
+            writable,
+            namespaced: K::namespaced(),
             schema: |generator| {
                 (
                     generator.subschema_for::<K::Spec>(),

@@ -10,7 +10,7 @@ use kube::core::{Expression, Selector, SelectorExt};
 
 use crate::{
     error::{Error, Result},
-    resource::ObjectKey,
+    resource::{ObjectKey, ServedResource},
 };
 
 /// A parsed `labelSelector`. Empty matches everything.
@@ -348,7 +348,8 @@ fn validate_value(value: &str) -> Result<(), String> {
     }
 }
 
-/// A parsed `fieldSelector`: every kind supports `metadata.name` and `metadata.namespace`.
+/// A parsed `fieldSelector`: every kind supports `metadata.name` and `metadata.namespace`, and
+/// each kind may add its own ([`ServedResource::SELECTABLE_FIELDS`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldSelector {
     requirements: Vec<FieldRequirement>,
@@ -365,10 +366,29 @@ struct FieldRequirement {
 enum Field {
     Name,
     Namespace,
+    /// One of the kind's own selectable fields.
+    Other(&'static str),
 }
 
 impl FieldSelector {
+    /// A selector of the metadata fields only.
     pub fn parse(input: &str) -> Result<Self> {
+        Self::parse_for(input, &[])
+    }
+
+    /// `metadata.name=<name>`, built rather than parsed (a name is not escaped).
+    pub fn name(name: &str) -> Self {
+        Self {
+            requirements: vec![FieldRequirement {
+                field: Field::Name,
+                value: name.to_owned(),
+                equals: true,
+            }],
+        }
+    }
+
+    /// A selector of the metadata fields and `fields`, a kind's selectable fields.
+    pub fn parse_for(input: &str, fields: &'static [&'static str]) -> Result<Self> {
         let mut requirements = Vec::new();
         for term in split_unescaped(input, ',') {
             let term = term.trim();
@@ -389,11 +409,14 @@ impl FieldSelector {
             let field = match field.trim() {
                 "metadata.name" => Field::Name,
                 "metadata.namespace" => Field::Namespace,
-                other => {
-                    return Err(Error::BadRequest(format!(
-                        "field label not supported: {other} (only \"metadata.name\" and \"metadata.namespace\" are)"
-                    )));
-                }
+                other => match fields.iter().find(|f| **f == other) {
+                    Some(field) => Field::Other(field),
+                    None => {
+                        return Err(Error::BadRequest(format!(
+                            "field label not supported: {other}"
+                        )));
+                    }
+                },
             };
             requirements.push(FieldRequirement {
                 field,
@@ -404,13 +427,15 @@ impl FieldSelector {
         Ok(Self { requirements })
     }
 
-    pub fn matches(&self, key: &ObjectKey) -> bool {
+    /// Whether the object at `key` matches; `field` gives the value of a kind's own field.
+    pub fn matches(&self, key: &ObjectKey, field: impl Fn(&str) -> Option<String>) -> bool {
         self.requirements.iter().all(|r| {
-            let actual = match r.field {
-                Field::Name => &key.name,
-                Field::Namespace => &key.namespace,
+            let equal = match r.field {
+                Field::Name => key.name == r.value,
+                Field::Namespace => key.namespace == r.value,
+                Field::Other(name) => field(name).unwrap_or_default() == r.value,
             };
-            (actual == &r.value) == r.equals
+            equal == r.equals
         })
     }
 
@@ -470,8 +495,10 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn matches(&self, key: &ObjectKey, labels: Option<&BTreeMap<String, String>>) -> bool {
-        self.fields.matches(key) && self.labels.matches(labels)
+    /// Whether `object`, stored at `key`, passes both selectors.
+    pub fn matches<K: ServedResource>(&self, key: &ObjectKey, object: &K) -> bool {
+        self.fields.matches(key, |name| object.field(name))
+            && self.labels.matches(object.meta().labels.as_ref())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -543,8 +570,8 @@ mod tests {
     fn field_selector_supports_name_and_namespace_only() {
         let sel =
             FieldSelector::parse("metadata.name=dolly,metadata.namespace!=kube-system").unwrap();
-        assert!(sel.matches(&ObjectKey::new("default", "dolly")));
-        assert!(!sel.matches(&ObjectKey::new("kube-system", "dolly")));
+        assert!(sel.matches(&ObjectKey::new("default", "dolly"), |_| None));
+        assert!(!sel.matches(&ObjectKey::new("kube-system", "dolly"), |_| None));
         assert_eq!(sel.exact_name(), Some("dolly"));
         let err = FieldSelector::parse("spec.weight=1").unwrap_err();
         assert_eq!(err.code(), 400);

@@ -14,7 +14,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use tokio::sync::watch as signal;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     auth::{
@@ -24,22 +24,23 @@ use crate::{
     connection,
     discovery::{self, DiscoveryDocuments},
     error::{Error, ErrorReason},
+    group::{self, ApiGroup},
     health::{self, Health},
     metrics::Metrics,
     openapi::{self, OpenApiDocuments},
     recovery,
     request_info::RequestInfo,
-    resource::{ResourceInfo, ServedResource},
-    resources::{FarmPod, Llama, llama},
+    resources::Llama,
     rest::{self, RestContext, RestSettings},
-    store::{MemoryStore, PodCache, Store},
+    store::{PodCache, Store},
     tls,
 };
 
-/// Ends watches and tells the health checks the server is going away.
+/// Ends watches and tells the health checks the server is going away. Dropping it does
+/// neither: only [`Shutdown::end_watches`] ends watches.
 #[derive(Clone)]
 pub struct Shutdown {
-    tx: Arc<signal::Sender<bool>>,
+    watches: CancellationToken,
     health: Arc<Health>,
 }
 
@@ -51,26 +52,21 @@ impl Shutdown {
 
     /// Open watches end cleanly (their streams close).
     pub fn end_watches(&self) {
-        let _ = self.tx.send(true);
+        self.watches.cancel();
     }
 }
 
 /// Everything the handlers share. Cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
-    pub llamas: Arc<dyn Store<Llama>>,
-    pub farmpods: Arc<dyn Store<FarmPod>>,
+    /// The served kinds' REST endpoints.
+    pub endpoints: Arc<rest::Endpoints>,
     pub auth: Arc<Auth>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub discovery: Arc<DiscoveryDocuments>,
     pub openapi: Arc<OpenApiDocuments>,
     pub rest: RestContext,
-}
-
-/// The kinds this server serves, in discovery order.
-pub fn resources() -> Vec<ResourceInfo> {
-    vec![ResourceInfo::of::<Llama>(), ResourceInfo::of::<FarmPod>()]
 }
 
 /// Who is trusted, and the cluster that reviews tokens and access.
@@ -111,10 +107,6 @@ impl AuthOptions {
 
 #[derive(Clone)]
 pub struct StateOptions {
-    /// Start with the sample Llama `default/dolly`.
-    pub sample_data: bool,
-    /// Also start with this many generated Llamas (benchmarks).
-    pub synthetic_llamas: usize,
     pub rest: RestSettings,
     pub auth: Arc<Auth>,
 }
@@ -123,8 +115,6 @@ impl Default for StateOptions {
     /// Nobody can authenticate: tests and callers set `auth`.
     fn default() -> Self {
         Self {
-            sample_data: true,
-            synthetic_llamas: 0,
             rest: RestSettings::default(),
             auth: AuthOptions::default().build(),
         }
@@ -132,56 +122,42 @@ impl Default for StateOptions {
 }
 
 impl AppState {
-    /// The embedded default: Llamas in memory, no cluster (FarmPods answer 503).
-    pub fn new(options: StateOptions) -> (Self, Shutdown) {
-        Self::with_farmpods(PodCache::without_cluster(), options)
-    }
-
-    /// In-memory Llamas and the given FarmPod cache.
-    pub fn with_farmpods(farmpods: Arc<PodCache>, options: StateOptions) -> (Self, Shutdown) {
-        let llamas = MemoryStore::<Llama>::default();
-        // A fresh store cannot refuse these: the names are distinct. (The memory store's
-        // futures complete without waiting.)
-        if options.sample_data {
-            let _ = futures::executor::block_on(llamas.create(llama::sample(), false));
-        }
-        for i in 0..options.synthetic_llamas {
-            let _ = futures::executor::block_on(llamas.create(llama::synthetic(i), false));
-        }
-        let (state, shutdown) = Self::from_stores(Arc::new(llamas), farmpods.clone(), options);
+    /// farm-apiserver's kinds: Llamas from `llamas`, FarmPods from `farmpods` (whose sync
+    /// readiness joins `/readyz`).
+    pub fn farm(
+        llamas: Arc<dyn Store<Llama>>,
+        farmpods: Arc<PodCache>,
+        options: StateOptions,
+    ) -> (Self, Shutdown) {
+        let (state, shutdown) = Self::new(group::farm(llamas, farmpods.clone()), options);
         for check in farmpods.readiness_checks() {
             state.health.add_readiness_check(check);
         }
         (state, shutdown)
     }
 
-    pub fn from_stores(
-        llamas: Arc<dyn Store<Llama>>,
-        farmpods: Arc<dyn Store<FarmPod>>,
-        options: StateOptions,
-    ) -> (Self, Shutdown) {
-        let (tx, rx) = signal::channel(false);
+    /// Serves the kinds of `group`.
+    pub fn new(group: ApiGroup, options: StateOptions) -> (Self, Shutdown) {
+        let watches = CancellationToken::new();
         let health = Health::new();
-        let metrics = Metrics::new();
-        let resources = resources();
-        let state = Self {
-            llamas,
-            farmpods,
-            auth: options.auth,
+        let plurals: Vec<&'static str> = group.resources().iter().map(|r| r.plural).collect();
+        let metrics = Metrics::new(&plurals);
+        let rest = RestContext {
             metrics: metrics.clone(),
+            shutdown: watches.clone(),
+            settings: Arc::new(options.rest),
+        };
+        let (resources, endpoints) = group.endpoints(&rest);
+        let state = Self {
+            endpoints: Arc::new(endpoints),
+            auth: options.auth,
+            metrics,
             health: health.clone(),
             discovery: Arc::new(DiscoveryDocuments::new(&resources)),
             openapi: Arc::new(OpenApiDocuments::new(&resources)),
-            rest: RestContext {
-                metrics,
-                shutdown: rx,
-                settings: Arc::new(options.rest),
-            },
+            rest,
         };
-        let shutdown = Shutdown {
-            tx: Arc::new(tx),
-            health,
-        };
+        let shutdown = Shutdown { watches, health };
         (state, shutdown)
     }
 }
@@ -204,13 +180,10 @@ async fn version() -> Response {
     response
 }
 
-fn store_metric<K: ServedResource>(metrics: &Metrics, store: &dyn Store<K>) {
-    metrics.set_stored(&K::qualified_resource(), store.stats().objects);
-}
-
 async fn metrics_handler(State(state): State<AppState>) -> Response {
-    store_metric(&state.metrics, state.llamas.as_ref());
-    store_metric(&state.metrics, state.farmpods.as_ref());
+    for (resource, objects) in state.endpoints.stored_objects().await {
+        state.metrics.set_stored(&resource, objects);
+    }
     let mut response = (StatusCode::OK, state.metrics.render()).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -228,7 +201,7 @@ struct Edge {
     probes: Router,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
-    endpoints: rest::Endpoints,
+    endpoints: Arc<rest::Endpoints>,
     /// Discovery, OpenAPI, /version, /metrics and the 404 fallback.
     router: Router,
     /// What a request other than a watch may take (kube-apiserver's `--request-timeout`).
@@ -263,7 +236,7 @@ impl Edge {
         let (response, user) = match checked {
             Ok(user) => {
                 let answered = self.endpoints.find(uri.path()).and_then(|target| {
-                    target.call_now(request.method(), uri.query(), request.headers())
+                    target.call_sync(request.method(), uri.query(), request.headers())
                 });
                 match answered {
                     Some(response) => (response, user),
@@ -377,8 +350,7 @@ async fn not_found() -> Error {
 
 /// The whole HTTP surface as one service, for the TLS listener and for `oneshot` tests alike:
 /// the probes go straight to [`health`], everything else through the edge. Not an axum
-/// `Router` with the edge as fallback: that costs a catch-all route match, its URL parameters and
-/// a boxed future per request (callgrind).
+/// `Router` with the edge as fallback (see PERFORMANCE.md).
 ///
 /// The listener makes one per connection, told the connection's verified client certificates
 /// ([`tls::ConnectionService`]); requests without them (tests) may carry them as an extension.
@@ -494,9 +466,7 @@ pub fn app(state: AppState) -> App {
         .route("/version", get(version))
         .route("/metrics", get(metrics_handler).with_state(state.clone()))
         .fallback(not_found);
-    let endpoints = rest::Endpoints::default()
-        .with::<Llama>(state.llamas.clone(), state.rest.clone())
-        .with::<FarmPod>(state.farmpods.clone(), state.rest.clone());
+    let endpoints = state.endpoints.clone();
     App {
         edge: Arc::new(Edge {
             probes: health::router(state.health.clone()),
@@ -511,78 +481,126 @@ pub fn app(state: AppState) -> App {
     }
 }
 
-/// Listener settings.
-#[derive(Debug)]
-pub struct ServeOptions {
-    /// Bound before the certificates are made, so the kubeconfig names the real port.
-    pub listener: std::net::TcpListener,
-    pub shutdown_delay: Duration,
-    pub shutdown_grace: Duration,
-    pub limits: connection::Limits,
+/// The HTTPS listener, bound and configured, not serving yet (as kubert's `Bound`).
+pub struct Bound {
+    addr: SocketAddr,
+    server: axum_server::Server<SocketAddr, tls::Acceptor>,
 }
 
-/// The HTTPS listener as kube-apiserver's bounds it: request headers within
+/// A listener serving in the background.
+pub struct Running {
+    pub addr: SocketAddr,
+    handle: axum_server::Handle<SocketAddr>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Binds the HTTPS listener as kube-apiserver bounds it: request headers within
 /// `limits.header_read` (32 s, also what an HTTP/1.1 connection may wait for its next request),
 /// idle connections closed after `limits.idle`, stalled writes after `limits.write_stall`;
 /// header lists up to 1 MiB (users with many groups behind the aggregator). No server pings, as
 /// kube-apiserver sends none: a peer that is gone is noticed by the idle and write bounds.
-pub fn https(
+pub fn bind(
     listener: std::net::TcpListener,
     tls: axum_server::tls_rustls::RustlsConfig,
     limits: connection::Limits,
-) -> std::io::Result<axum_server::Server<SocketAddr, tls::Acceptor>> {
+) -> std::io::Result<Bound> {
     const MAX_HEADER_BYTES: u32 = 1 << 20;
     listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
     let mut server = axum_server::from_tcp(listener)?.acceptor(tls::Acceptor::new(tls, limits));
     let builder = server.http_builder();
     builder
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(limits.header_read)
-        // hyper's 100 headers stay: more are allocated (and zeroed) for every request's parse,
-        // ~10% of an HTTP/1.1 GET at 512 (callgrind). The aggregator speaks HTTP/2 to us.
+        // hyper's 100 headers stay (see PERFORMANCE.md); the aggregator speaks HTTP/2 to us.
         .max_buf_size(MAX_HEADER_BYTES as usize + 64 * 1024);
     builder
         .http2()
         .max_header_list_size(MAX_HEADER_BYTES)
         .max_concurrent_streams(250);
-    Ok(server)
+    Ok(Bound { addr, server })
 }
 
-/// Serves `app` over TLS until SIGTERM/SIGINT, then: readiness fails, after `shutdown_delay`
-/// watches end and the listener stops accepting, in-flight requests get `shutdown_grace` to
+impl Bound {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves `app` until `stop` completes; then the listener stops accepting and requests in
+    /// flight get `grace` to finish.
+    pub fn spawn(
+        self,
+        app: App,
+        stop: impl std::future::Future<Output = ()> + Send + 'static,
+        grace: Duration,
+    ) -> Running {
+        let handle = axum_server::Handle::<SocketAddr>::new();
+        let stopping = handle.clone();
+        tokio::spawn(async move {
+            stop.await;
+            stopping.graceful_shutdown(Some(grace));
+        });
+        let server = self.server.handle(handle.clone());
+        let task = tokio::spawn(async move { server.serve(tower::make::Shared::new(app)).await });
+        Running {
+            addr: self.addr,
+            handle,
+            task,
+        }
+    }
+}
+
+impl Running {
+    /// Waits until the listener accepts connections.
+    pub async fn listening(&self) {
+        let _ = self.handle.listening().await;
+    }
+
+    /// Stops accepting and closes connections now.
+    pub fn stop(&self) {
+        self.handle.shutdown();
+    }
+
+    /// Waits until the server has stopped.
+    pub async fn stopped(self) -> anyhow::Result<()> {
+        self.task.await??;
+        Ok(())
+    }
+}
+
+/// Shutdown timing: see [`serve`].
+#[derive(Debug, Clone, Copy)]
+pub struct ShutdownTiming {
+    pub delay: Duration,
+    pub grace: Duration,
+}
+
+/// Serves `app` on `bound` until SIGTERM/SIGINT, then: readiness fails, after `timing.delay`
+/// watches end and the listener stops accepting, in-flight requests get `timing.grace` to
 /// finish.
 pub async fn serve(
+    bound: Bound,
     app: App,
-    tls: axum_server::tls_rustls::RustlsConfig,
-    options: ServeOptions,
     shutdown: Shutdown,
+    timing: ShutdownTiming,
     started: Instant,
 ) -> anyhow::Result<()> {
-    let handle = axum_server::Handle::<SocketAddr>::new();
-    let signal_handle = handle.clone();
-    tokio::spawn(async move {
+    let stop = async move {
         wait_for_signal().await;
         tracing::info!("shutting down: readiness now fails");
         shutdown.begin();
-        tokio::time::sleep(options.shutdown_delay).await;
+        tokio::time::sleep(timing.delay).await;
         shutdown.end_watches();
-        signal_handle.graceful_shutdown(Some(options.shutdown_grace));
-    });
-    let listening = handle.clone();
-    tokio::spawn(async move {
-        if let Some(addr) = listening.listening().await {
-            tracing::info!(
-                %addr,
-                startup_ms = started.elapsed().as_millis() as u64,
-                "serving farm.example.com/v1alpha"
-            );
-        }
-    });
-    https(options.listener, tls, options.limits)?
-        .handle(handle)
-        .serve(tower::make::Shared::new(app))
-        .await?;
+    };
+    let running = bound.spawn(app, stop, timing.grace);
+    running.listening().await;
+    tracing::info!(
+        addr = %running.addr,
+        startup_ms = started.elapsed().as_millis() as u64,
+        "serving farm.example.com/v1alpha"
+    );
+    running.stopped().await?;
     tracing::info!("stopped");
     Ok(())
 }

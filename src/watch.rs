@@ -18,7 +18,7 @@ use kube::core::{
 };
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::watch as signal;
+use tokio_util::sync::CancellationToken;
 
 use crate::{
     columns,
@@ -65,7 +65,7 @@ struct Watcher<K> {
     last_rv: u64,
     bookmarked_rv: u64,
     first_table: bool,
-    shutdown: signal::Receiver<bool>,
+    shutdown: CancellationToken,
     deadline: tokio::time::Instant,
     ticker: tokio::time::Interval,
     done: bool,
@@ -190,7 +190,7 @@ impl<K: ServedResource> Watcher<K> {
             }
             tokio::select! {
                 biased;
-                _ = self.shutdown.changed() => {
+                _ = self.shutdown.cancelled() => {
                     self.done = true;
                     return None;
                 }
@@ -237,7 +237,7 @@ pub fn response<K: ServedResource>(
     stream: WatchStream<K>,
     options: WatchOptions,
     start_rv: u64,
-    shutdown: signal::Receiver<bool>,
+    shutdown: CancellationToken,
     metrics: Arc<Metrics>,
 ) -> Response {
     let interval = options.bookmark_interval.max(Duration::from_millis(10));

@@ -183,7 +183,7 @@ async fn too_old_resource_version_is_410_error_event() {
         ..Default::default()
     });
     let (options, peer) = common::oneshot_identity();
-    let (state, _shutdown) = farm_apiserver::server::AppState::from_stores(
+    let (state, _shutdown) = farm_apiserver::server::AppState::farm(
         std::sync::Arc::new(store.clone()),
         farm_apiserver::store::PodCache::without_cluster(),
         options,
@@ -673,10 +673,8 @@ async fn large_unlimited_lists_are_streamed_and_read_whole_by_every_client() {
     let server = TestServer::start().await;
     for i in 0..3_000 {
         server
-            .state
             .llamas
-            .create(farm_apiserver::resources::llama::synthetic(i), false)
-            .await
+            .insert(farm_apiserver::resources::llama::synthetic(i))
             .expect("create");
     }
     let all = 3_001; // and dolly

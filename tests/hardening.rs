@@ -12,11 +12,11 @@ use common::{oneshot::*, oneshot_identity};
 use farm_apiserver::{
     Result, recovery,
     resource::ObjectKey,
-    resources::{FarmPod, Llama},
+    resources::Llama,
     server::{self, AppState},
     store::{
         ListRequest, MemoryStore, Object, PageInfo, PodCache, Preconditions, Store, StoreStats,
-        WatchRequest, WatchStream,
+        WatchRequest, WatchStream, WritableStore,
     },
 };
 use http_body_util::BodyExt;
@@ -186,9 +186,9 @@ impl Store<Llama> for Panicky {
         boom(&key.name);
         self.0.get(key).await
     }
-    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<Llama>>> {
+    fn get_sync(&self, key: &ObjectKey) -> Option<Result<Object<Llama>>> {
         boom(&key.name);
-        self.0.get_now(key)
+        self.0.get_sync(key)
     }
     async fn list_each(
         &self,
@@ -198,6 +198,19 @@ impl Store<Llama> for Panicky {
         boom(request.namespace.as_deref().unwrap_or(""));
         self.0.list_each(request, visit).await
     }
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<Llama>> {
+        self.0.watch(request).await
+    }
+    async fn stats(&self) -> Result<StoreStats> {
+        Store::stats(&self.0).await
+    }
+    fn writable(&self) -> Option<&dyn WritableStore<Llama>> {
+        Some(self)
+    }
+}
+
+#[async_trait::async_trait]
+impl WritableStore<Llama> for Panicky {
     async fn create(&self, object: Llama, dry_run: bool) -> Result<Object<Llama>> {
         self.0.create(object, dry_run).await
     }
@@ -212,12 +225,6 @@ impl Store<Llama> for Panicky {
     ) -> Result<Object<Llama>> {
         self.0.delete(key, preconditions, dry_run).await
     }
-    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<Llama>> {
-        self.0.watch(request).await
-    }
-    fn stats(&self) -> StoreStats {
-        self.0.stats()
-    }
 }
 
 /// A panic in a handler is a 500 Status (kube-apiserver's words), counted, and the server goes
@@ -225,10 +232,11 @@ impl Store<Llama> for Panicky {
 #[tokio::test]
 async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
     let (options, peer) = oneshot_identity();
-    let farmpods: Arc<dyn Store<FarmPod>> = PodCache::without_cluster();
-    let (state, shutdown) =
-        AppState::from_stores(Arc::new(Panicky(MemoryStore::default())), farmpods, options);
-    std::mem::forget(shutdown);
+    let (state, _shutdown) = AppState::farm(
+        Arc::new(Panicky(MemoryStore::default())),
+        PodCache::without_cluster(),
+        options,
+    );
     let app = App {
         router: server::app(state.clone()),
         peer,

@@ -159,7 +159,11 @@ fn quantity(value: &Value) -> f64 {
 /// Status of `GET path` as kubelet sends a probe: no client certificate, no credentials.
 async fn probe(path: &str) -> u16 {
     let (options, _admin) = common::oneshot_identity();
-    let (state, shutdown) = AppState::new(options);
+    let (state, shutdown) = AppState::farm(
+        farm_apiserver::group::memory_llamas(true, 0),
+        farm_apiserver::store::PodCache::without_cluster(),
+        options,
+    );
     let response = server::app(state)
         .oneshot(Request::get(path).body(Body::empty()).unwrap())
         .await

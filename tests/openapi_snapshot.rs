@@ -4,7 +4,11 @@
 
 use std::path::Path;
 
-use farm_apiserver::{openapi::OpenApiDocuments, server::resources};
+use farm_apiserver::{
+    group::{self, memory_llamas},
+    openapi::OpenApiDocuments,
+    store::PodCache,
+};
 
 fn check(path: &str, generated: &[u8]) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
@@ -22,7 +26,8 @@ fn check(path: &str, generated: &[u8]) {
 
 #[test]
 fn openapi_documents_match_the_committed_snapshots() {
-    let docs = OpenApiDocuments::new(&resources());
+    let group = group::farm(memory_llamas(false, 0), PodCache::without_cluster());
+    let docs = OpenApiDocuments::new(group.resources());
     check("api/openapi-spec/swagger.json", &docs.v2);
     check(
         "api/openapi-spec/v3/apis__farm.example.com__v1alpha_openapi.json",

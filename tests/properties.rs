@@ -8,7 +8,7 @@ mod common;
 use common::oneshot::*;
 use farm_apiserver::{
     selector::{FieldSelector, LabelSelector},
-    store::ContinueToken,
+    store::memory::ContinueToken,
     validation,
 };
 use proptest::prelude::*;

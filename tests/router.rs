@@ -438,7 +438,7 @@ async fn generate_name_dry_run_and_already_exists() {
 #[tokio::test]
 async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     let (app, state) = app_with_state();
-    let before = state.llamas.stats();
+    let before = state.counts();
     let ns = format!("{BASE}/namespaces/default/llamas");
     let json_ct = [("content-type", "application/json")];
     let cases: Vec<(&str, String, u16, &str)> = vec![
@@ -518,7 +518,7 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     .await
     .status(400, "BadRequest");
     assert_eq!(
-        state.llamas.stats(),
+        state.counts(),
         before,
         "rejected writes must not touch the store"
     );
@@ -754,7 +754,7 @@ async fn a_continue_token_whose_snapshot_is_gone_is_410_expired() {
         create(&app, "default", &llama(&format!("c{i}"), 1.0, 1.0)).await;
     }
     // A well-formed token for a resourceVersion no snapshot is kept for.
-    let token = farm_apiserver::store::ContinueToken {
+    let token = farm_apiserver::store::memory::ContinueToken {
         v: "meta.k8s.io/v1".into(),
         rv: 2,
         start: ("default".into(), "c0".into()),
@@ -810,7 +810,11 @@ async fn deletecollection_honours_selectors() {
 #[tokio::test]
 async fn health_endpoints() {
     let (options, peer) = identity();
-    let (state, shutdown) = AppState::new(options);
+    let (state, shutdown) = AppState::farm(
+        farm_apiserver::group::memory_llamas(true, 0),
+        farm_apiserver::store::PodCache::without_cluster(),
+        options,
+    );
     let app = App {
         router: server::app(state),
         peer,

@@ -54,8 +54,7 @@ pub struct Authorizer {
 const CACHE_LIMIT: usize = 10_000;
 
 /// Keyed by [`Authorizer::cache_key`], hashed on every authorized request: foldhash, randomly
-/// seeded per process, hashes such a key in a fraction of SipHash's time (callgrind: ~300
-/// instructions a request), and the size limit bounds what crafted keys could cost.
+/// seeded per process (see PERFORMANCE.md); the size limit bounds what crafted keys could cost.
 type DecisionCache = HashMap<String, Arc<OnceCell<Decision>>, foldhash::fast::RandomState>;
 
 fn without_cluster(user: &UserInfo, info: &RequestInfo<'_>) -> Error {
@@ -243,7 +242,7 @@ impl Authorizer {
         };
         // The cached decision without an await; the review itself is boxed because its future
         // (a kube client request) is kilobytes, and every request's future would otherwise be
-        // that large and be copied on the way (callgrind: ~1k instructions a request).
+        // that large and be copied on the way.
         let decision = match cell.get() {
             Some(decision) => decision,
             None => {

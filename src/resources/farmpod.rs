@@ -193,7 +193,6 @@ impl ServedResource for FarmPod {
 
     const SINGULAR: &'static str = "farmpod";
     const CATEGORIES: &'static [&'static str] = &["farm"];
-    const READ_ONLY: bool = true;
     const DESCRIPTION: &'static str =
         "FarmPod is a read-only view of a Pod of the cluster, named farm-<pod name>.";
 

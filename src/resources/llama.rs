@@ -53,7 +53,6 @@ impl ServedResource for Llama {
 
     const SINGULAR: &'static str = "llama";
     const CATEGORIES: &'static [&'static str] = &["farm"];
-    const READ_ONLY: bool = false;
     const DESCRIPTION: &'static str = "Llama is a llama of the farm, kept by farm-apiserver.";
 
     fn columns() -> Vec<ColumnDefinition> {

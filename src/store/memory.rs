@@ -6,6 +6,7 @@ use std::{
     collections::{BTreeMap, VecDeque},
     ops::{Bound, ControlFlow},
     sync::{Arc, RwLock},
+    task::{Context, Poll},
     time::{Duration, Instant},
 };
 
@@ -14,16 +15,51 @@ use futures::StreamExt;
 use imbl::{HashMap as PHashMap, OrdMap};
 use tokio::sync::broadcast;
 
+use serde::{Deserialize, Serialize};
+
 use super::{
-    ContinueToken, Event, EventType, LendObjects, ListCursor, ListRequest, Object, PageInfo,
-    Preconditions, ReadAt, Store, StoreStats, Stored, WatchItem, WatchRequest, WatchStart,
-    WatchStream, expired_continue, too_old,
+    Event, EventType, LendObjects, ListCursor, ListRequest, Object, PageInfo, Preconditions,
+    ReadAt, Store, StoreStats, Stored, WatchItem, WatchRequest, WatchStart, WatchStream,
+    WritableStore, expired_continue, too_old,
 };
 use crate::{
     error::{Error, Result},
     resource::{ObjectKey, ServedResource},
     selector::Filter,
 };
+
+/// The opaque `continue` token: where the next page starts, in which snapshot.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContinueToken {
+    /// Always `meta.k8s.io/v1`, as kube-apiserver's tokens say.
+    pub v: String,
+    pub rv: u64,
+    /// Namespace and name of the last item returned.
+    pub start: (String, String),
+    /// Items already returned, for `remainingItemCount`.
+    pub offset: usize,
+}
+
+impl ContinueToken {
+    pub fn encode(&self) -> String {
+        use base64::Engine;
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+    }
+
+    pub fn decode(token: &str) -> Result<Self> {
+        use base64::Engine;
+        let bad = || Error::BadRequest(format!("continue key is not valid: {token:?}"));
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .map_err(|_| bad())?;
+        let token: Self = serde_json::from_slice(&json).map_err(|_| bad())?;
+        if token.v != "meta.k8s.io/v1" {
+            return Err(bad());
+        }
+        Ok(token)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct MemoryStoreConfig {
@@ -73,7 +109,7 @@ struct Snapshot<K> {
     per_namespace: PHashMap<String, usize>,
     /// The objects carrying each `key=value` label (by pair hash): a `-l app=x` list visits
     /// its candidates, not every object, and reads them here rather than looking each one up
-    /// again in `objects` (callgrind: that lookup was most of a selective list's cost).
+    /// again in `objects`.
     by_label: PHashMap<u64, OrdMap<ObjectKey, Object<K>>>,
     resource_version: u64,
 }
@@ -424,8 +460,7 @@ fn candidates<'s, K>(
 
 /// A candidate passes the list's selectors (the label hashes rule most out unread).
 fn selected<K: ServedResource>(filter: &Filter, key: &ObjectKey, object: &Object<K>) -> bool {
-    filter.labels.may_match(&object.label_hashes)
-        && filter.matches(key, object.meta().labels.as_ref())
+    filter.labels.may_match(&object.label_hashes) && filter.matches(key, object.get())
 }
 
 /// An unlimited list's objects, lent a piece at a time from the snapshot it started on.
@@ -439,6 +474,17 @@ struct SnapshotObjects<K> {
 }
 
 impl<K: ServedResource> LendObjects<K> for SnapshotObjects<K> {
+    /// Never waits: the snapshot is in memory.
+    fn poll_lend(
+        &mut self,
+        _: &mut Context<'_>,
+        visit: &mut dyn FnMut(&Object<K>) -> ControlFlow<()>,
+    ) -> Poll<Result<bool>> {
+        Poll::Ready(Ok(self.lend(visit)))
+    }
+}
+
+impl<K: ServedResource> SnapshotObjects<K> {
     fn lend(&mut self, visit: &mut dyn FnMut(&Object<K>) -> ControlFlow<()>) -> bool {
         if self.done {
             return false;
@@ -461,10 +507,47 @@ impl<K: ServedResource> LendObjects<K> for SnapshotObjects<K> {
 
 fn wanted<K: ServedResource>(namespace: Option<&str>, filter: &Filter, object: &K) -> bool {
     let key = ObjectKey::of(object.meta());
-    scope_matches(namespace, &key) && filter.matches(&key, object.meta().labels.as_ref())
+    scope_matches(namespace, &key) && filter.matches(&key, object)
 }
 
 impl<K: ServedResource> MemoryStore<K> {
+    /// Stores a new object without waiting (seeding a store).
+    pub fn insert(&self, object: K) -> Result<Object<K>> {
+        self.create_sync(object, false)
+    }
+
+    fn create_sync(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
+        let key = ObjectKey::of(object.meta());
+        let mut state = self.write()?;
+        if state.current.objects.contains_key(&key) {
+            return Err(Error::AlreadyExists(K::subject(&key.name)));
+        }
+        if dry_run {
+            return Ok(Stored::new(object));
+        }
+        let rv = state.current.resource_version + 1;
+        set_resource_version(&mut object, rv);
+        let object = Stored::new(object);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Added,
+            object.clone(),
+        );
+        Ok(object)
+    }
+
+    /// The current revision and object count, without waiting.
+    pub fn counts(&self) -> StoreStats {
+        self.snapshot()
+            .map(|s| StoreStats {
+                objects: s.objects.len(),
+                resource_version: s.resource_version,
+            })
+            .unwrap_or_default()
+    }
+
     fn lookup(&self, key: &ObjectKey) -> Result<Object<K>> {
         let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
         state
@@ -547,7 +630,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         self.lookup(key)
     }
 
-    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<K>>> {
+    fn get_sync(&self, key: &ObjectKey) -> Option<Result<Object<K>>> {
         Some(self.lookup(key))
     }
 
@@ -582,114 +665,9 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         }))
     }
 
-    fn count_now(&self, namespace: Option<&str>) -> Option<usize> {
+    fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
         let state = self.shared.state.read().ok()?;
         Some(state.current.count_in(namespace))
-    }
-
-    async fn create(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
-        let key = ObjectKey::of(object.meta());
-        let mut state = self.write()?;
-        if state.current.objects.contains_key(&key) {
-            return Err(Error::AlreadyExists(K::subject(&key.name)));
-        }
-        if dry_run {
-            return Ok(Stored::new(object));
-        }
-        let rv = state.current.resource_version + 1;
-        set_resource_version(&mut object, rv);
-        let object = Stored::new(object);
-        Self::commit(
-            &mut state,
-            &self.shared,
-            rv,
-            EventType::Added,
-            object.clone(),
-        );
-        Ok(object)
-    }
-
-    async fn update(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
-        let key = ObjectKey::of(object.meta());
-        let mut state = self.write()?;
-        let current = state
-            .current
-            .objects
-            .get(&key)
-            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
-        if current.meta().resource_version != object.meta().resource_version {
-            return Err(Error::Conflict {
-                subject: K::subject(&key.name),
-                message: "the object has been modified; please apply your changes to the latest version and try again".into(),
-            });
-        }
-        if dry_run {
-            return Ok(Stored::new(object));
-        }
-        let rv = state.current.resource_version + 1;
-        set_resource_version(&mut object, rv);
-        let object = Stored::new(object);
-        Self::commit(
-            &mut state,
-            &self.shared,
-            rv,
-            EventType::Modified,
-            object.clone(),
-        );
-        Ok(object)
-    }
-
-    async fn delete(
-        &self,
-        key: &ObjectKey,
-        preconditions: &Preconditions,
-        dry_run: bool,
-    ) -> Result<Object<K>> {
-        let mut state = self.write()?;
-        let current = state
-            .current
-            .objects
-            .get(key)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
-        let meta = current.meta();
-        if let Some(uid) = &preconditions.uid
-            && meta.uid.as_ref() != Some(uid)
-        {
-            return Err(Error::Conflict {
-                subject: K::subject(&key.name),
-                message: format!(
-                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                    meta.uid.as_deref().unwrap_or("")
-                ),
-            });
-        }
-        if let Some(rv) = &preconditions.resource_version
-            && meta.resource_version.as_ref() != Some(rv)
-        {
-            return Err(Error::Conflict {
-                subject: K::subject(&key.name),
-                message: format!(
-                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                    meta.resource_version.as_deref().unwrap_or("")
-                ),
-            });
-        }
-        if dry_run {
-            return Ok(current);
-        }
-        let rv = state.current.resource_version + 1;
-        let mut deleted = (*current).clone();
-        set_resource_version(&mut deleted, rv);
-        let deleted = Stored::new(deleted);
-        Self::commit(
-            &mut state,
-            &self.shared,
-            rv,
-            EventType::Deleted,
-            deleted.clone(),
-        );
-        Ok(deleted)
     }
 
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>> {
@@ -796,12 +774,101 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         Ok(futures::stream::iter(first).chain(live).boxed())
     }
 
-    fn stats(&self) -> StoreStats {
-        self.snapshot()
-            .map(|s| StoreStats {
-                objects: s.objects.len(),
-                resource_version: s.resource_version,
-            })
-            .unwrap_or_default()
+    async fn stats(&self) -> Result<StoreStats> {
+        Ok(self.counts())
+    }
+
+    fn writable(&self) -> Option<&dyn WritableStore<K>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl<K: ServedResource> WritableStore<K> for MemoryStore<K> {
+    async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>> {
+        self.create_sync(object, dry_run)
+    }
+
+    async fn update(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
+        let key = ObjectKey::of(object.meta());
+        let mut state = self.write()?;
+        let current = state
+            .current
+            .objects
+            .get(&key)
+            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
+        if current.meta().resource_version != object.meta().resource_version {
+            return Err(Error::Conflict {
+                subject: K::subject(&key.name),
+                message: "the object has been modified; please apply your changes to the latest version and try again".into(),
+            });
+        }
+        if dry_run {
+            return Ok(Stored::new(object));
+        }
+        let rv = state.current.resource_version + 1;
+        set_resource_version(&mut object, rv);
+        let object = Stored::new(object);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Modified,
+            object.clone(),
+        );
+        Ok(object)
+    }
+
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Object<K>> {
+        let mut state = self.write()?;
+        let current = state
+            .current
+            .objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
+        let meta = current.meta();
+        if let Some(uid) = &preconditions.uid
+            && meta.uid.as_ref() != Some(uid)
+        {
+            return Err(Error::Conflict {
+                subject: K::subject(&key.name),
+                message: format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta.uid.as_deref().unwrap_or("")
+                ),
+            });
+        }
+        if let Some(rv) = &preconditions.resource_version
+            && meta.resource_version.as_ref() != Some(rv)
+        {
+            return Err(Error::Conflict {
+                subject: K::subject(&key.name),
+                message: format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta.resource_version.as_deref().unwrap_or("")
+                ),
+            });
+        }
+        if dry_run {
+            return Ok(current);
+        }
+        let rv = state.current.resource_version + 1;
+        let mut deleted = (*current).clone();
+        set_resource_version(&mut deleted, rv);
+        let deleted = Stored::new(deleted);
+        Self::commit(
+            &mut state,
+            &self.shared,
+            rv,
+            EventType::Deleted,
+            deleted.clone(),
+        );
+        Ok(deleted)
     }
 }

@@ -1,6 +1,9 @@
-//! Storage behind the REST handlers. Handlers talk to [`Store`] only: the in-memory store is the
-//! embedded default, the FarmPod watch cache is another user of the same engine, and a durable
-//! store can implement the trait with the same resourceVersion, list and watch semantics.
+//! Storage behind the REST handlers. Handlers talk to [`Store`] (reads) and [`WritableStore`]
+//! (writes) only: the in-memory store is the embedded default, and the FarmPod watch cache is a
+//! read-only user of the same engine. The contract assumes nothing of memory: revisions and
+//! stats are asked for asynchronously, a list cursor may wait for its next page, objects can be
+//! made from JSON already encoded, and continue tokens belong to each store. What every store
+//! must do is checked by one conformance suite (`tests/it/store_conformance.rs`).
 
 pub mod memory;
 pub mod pod_cache;
@@ -8,13 +11,14 @@ pub mod pod_cache;
 use std::{
     ops::ControlFlow,
     sync::{Arc, OnceLock},
+    task::{Context, Poll},
 };
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::{
     error::{Error, Result},
@@ -46,8 +50,7 @@ impl EventType {
 /// list, and every watcher of its event).
 ///
 /// `repr(C)` with the JSON first: behind an `Arc`, the JSON's pointer and length are on the
-/// first cache line a list touches, so finding them costs no further miss (a 10,000-item list
-/// is bound by such misses, not by instructions).
+/// first cache line a list touches (see PERFORMANCE.md).
 #[repr(C)]
 pub struct Stored<K> {
     json: OnceLock<Bytes>,
@@ -76,6 +79,16 @@ impl<K: kube::Resource> Stored<K> {
     }
 }
 
+impl<K: kube::Resource> Stored<K> {
+    /// An object whose JSON is already at hand (as a durable store reads it): it is not
+    /// encoded again. `json` must be `object` as JSON, apiVersion and kind included.
+    pub fn from_encoded(object: K, json: Bytes) -> Object<K> {
+        let stored = Self::new(object);
+        let _ = stored.json.set(json);
+        stored
+    }
+}
+
 impl<K> Stored<K> {
     pub fn get(&self) -> &K {
         &self.object
@@ -83,8 +96,8 @@ impl<K> Stored<K> {
 }
 
 impl<K: Serialize> Stored<K> {
-    /// The object's JSON (apiVersion and kind included). Borrowed: a list copies 10k of these,
-    /// and a refcount bump and drop on each (a cache miss apiece) was a sixth of its time (perf).
+    /// The object's JSON (apiVersion and kind included), encoded on first use. Borrowed, not
+    /// shared: a list copies it without touching a reference count.
     pub fn json(&self) -> &Bytes {
         self.json.get_or_init(|| {
             let mut out = Vec::with_capacity(512);
@@ -212,9 +225,16 @@ pub struct ListCursor<K> {
 
 /// The objects behind a [`ListCursor`].
 pub trait LendObjects<K>: Send {
-    /// Lends the next objects to `visit` until it breaks or the list ends; true when the list
-    /// may go on (a later call lends the objects after the last one lent).
-    fn lend(&mut self, visit: &mut dyn FnMut(&Object<K>) -> ControlFlow<()>) -> bool;
+    /// Lends the next objects to `visit` until it breaks or the list ends: `Ready(Ok(true))`
+    /// when the list may go on (a later call lends the objects after the last one lent),
+    /// `Ready(Ok(false))` at its end. `Pending` when the next objects are not at hand yet (a
+    /// durable store fetching its next page), after arranging for `cx` to be woken; the objects
+    /// lent before that stay lent.
+    fn poll_lend(
+        &mut self,
+        cx: &mut Context<'_>,
+        visit: &mut dyn FnMut(&Object<K>) -> ControlFlow<()>,
+    ) -> Poll<Result<bool>>;
 }
 
 impl PageInfo {
@@ -258,12 +278,8 @@ pub enum WatchItem<K> {
 
 pub type WatchStream<K> = BoxStream<'static, WatchItem<K>>;
 
-#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Preconditions {
-    pub uid: Option<String>,
-    pub resource_version: Option<String>,
-}
+/// What a delete requires of the object it deletes (uid, resourceVersion).
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Preconditions;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -271,20 +287,19 @@ pub struct StoreStats {
     pub resource_version: u64,
 }
 
+/// The reads every store serves: get, list, watch, and where it stands.
 #[async_trait]
 pub trait Store<K: ServedResource>: Send + Sync + 'static {
     async fn get(&self, key: &ObjectKey) -> Result<Object<K>>;
     /// The object without waiting, from a store that holds its objects in memory; None when
-    /// only [`Store::get`] can answer. Lets a GET be served without a future (callgrind: the
-    /// boxed futures of the async path cost a cached GET ~1.5k instructions).
-    fn get_now(&self, _key: &ObjectKey) -> Option<Result<Object<K>>> {
+    /// only [`Store::get`] can answer. A GET is then served without a future (see the
+    /// `_sync` convention in the crate docs).
+    fn get_sync(&self, _key: &ObjectKey) -> Option<Result<Object<K>>> {
         None
     }
     /// Lends the page's objects to `visit`, in order, instead of handing out references: a
-    /// list that only copies each object's JSON then touches no reference count. (perf, 10,000
-    /// FarmPods: each count's locked increment and decrement waited for the copies before it
-    /// to drain, a third of the server's time.) The closure's lifetime is spelled out: left
-    /// elided, `async_trait` would tie it to the call's and no object could be lent.
+    /// list that only copies each object's JSON touches no reference count. (The closure's
+    /// lifetime is spelled out: left elided, `async_trait` would tie it to the call's.)
     async fn list_each(
         &self,
         request: &ListRequest,
@@ -297,21 +312,39 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
             .await?;
         Ok(ListPage { items, info })
     }
-    /// An unlimited list (no `limit`) as a cursor over one snapshot, for a body written a piece
-    /// at a time as the client reads it: a 10,000-object list is then never whole in memory
+    /// An unlimited list (no `limit`) as a cursor over one revision, for a body written a
+    /// piece at a time as the client reads it: a large list is then never whole in memory
     /// (kube-apiserver streams its JSON lists for the same reason). None when the store cannot,
     /// or the list is better read at once (a page, a lookup by name): [`Store::list_each`] then.
     async fn list_cursor(&self, _request: &ListRequest) -> Result<Option<ListCursor<K>>> {
         Ok(None)
     }
     /// How many objects `namespace` (or the whole store) holds, when the store knows without
-    /// a walk: an unfiltered list sizes its response with it.
-    fn count_now(&self, _namespace: Option<&str>) -> Option<usize> {
+    /// waiting or walking: an unfiltered list sizes its response with it.
+    fn count_sync(&self, _namespace: Option<&str>) -> Option<usize> {
         None
     }
-    /// Stores a new object; the store sets `metadata.resourceVersion`.
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>>;
+    /// The store's current revision (the resourceVersion of its last write) and object count.
+    async fn stats(&self) -> Result<StoreStats>;
+    /// Not ready (a cache still syncing, a backend unreachable) answers 503.
+    fn check_ready(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The store's writes, when it takes any: a kind whose store has none is read-only (get,
+    /// list and watch in discovery; 405 for the other verbs).
+    fn writable(&self) -> Option<&dyn WritableStore<K>> {
+        None
+    }
+}
+
+/// The writes of a store that takes them. The store sets `metadata.resourceVersion`; update
+/// and delete are compare-and-swap on it.
+#[async_trait]
+pub trait WritableStore<K: ServedResource>: Store<K> {
+    /// Stores a new object (409 AlreadyExists when its key is taken).
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
-    /// Replaces an object whose `metadata.resourceVersion` must still be current.
+    /// Replaces an object whose `metadata.resourceVersion` must still be current (409 Conflict).
     async fn update(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     async fn delete(
         &self,
@@ -319,45 +352,6 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Object<K>>;
-    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>>;
-    fn stats(&self) -> StoreStats;
-    /// Not ready (a cache still syncing) answers 503.
-    fn check_ready(&self) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// The opaque `continue` token: where the next page starts, in which snapshot.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ContinueToken {
-    /// Always `meta.k8s.io/v1`, as kube-apiserver's tokens say.
-    pub v: String,
-    pub rv: u64,
-    /// Namespace and name of the last item returned.
-    pub start: (String, String),
-    /// Items already returned, for `remainingItemCount`.
-    pub offset: usize,
-}
-
-impl ContinueToken {
-    pub fn encode(&self) -> String {
-        use base64::Engine;
-        let json = serde_json::to_vec(self).unwrap_or_default();
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
-    }
-
-    pub fn decode(token: &str) -> Result<Self> {
-        use base64::Engine;
-        let bad = || Error::BadRequest(format!("continue key is not valid: {token:?}"));
-        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|_| bad())?;
-        let token: Self = serde_json::from_slice(&json).map_err(|_| bad())?;
-        if token.v != "meta.k8s.io/v1" {
-            return Err(bad());
-        }
-        Ok(token)
-    }
 }
 
 /// The 410 for a continue token whose snapshot is gone (kube-apiserver's wording).

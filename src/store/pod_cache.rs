@@ -13,13 +13,13 @@ use kube::{
 };
 
 use super::{
-    ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store,
-    StoreStats, WatchRequest, WatchStream, memory::MemoryStoreConfig,
+    ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Store, StoreStats,
+    WatchRequest, WatchStream, memory::MemoryStoreConfig,
 };
 use crate::{
     error::{Error, Result},
     health::Check,
-    resource::{ObjectKey, ServedResource},
+    resource::ObjectKey,
     resources::FarmPod,
 };
 
@@ -196,21 +196,14 @@ impl PodCache {
     }
 }
 
-fn read_only() -> Error {
-    Error::MethodNotAllowed(format!(
-        "FarmPods are read-only: writes are not supported on resources of kind {:?}",
-        FarmPod::qualified_resource()
-    ))
-}
-
 #[async_trait]
 impl Store<FarmPod> for PodCache {
     async fn get(&self, key: &ObjectKey) -> Result<Object<FarmPod>> {
         self.store.get(key).await
     }
 
-    fn get_now(&self, key: &ObjectKey) -> Option<Result<Object<FarmPod>>> {
-        self.store.get_now(key)
+    fn get_sync(&self, key: &ObjectKey) -> Option<Result<Object<FarmPod>>> {
+        self.store.get_sync(key)
     }
 
     async fn list_each(
@@ -229,28 +222,16 @@ impl Store<FarmPod> for PodCache {
         self.store.list_cursor(request).await
     }
 
-    fn count_now(&self, namespace: Option<&str>) -> Option<usize> {
-        self.store.count_now(namespace)
-    }
-
-    async fn create(&self, _: FarmPod, _: bool) -> Result<Object<FarmPod>> {
-        Err(read_only())
-    }
-
-    async fn update(&self, _: FarmPod, _: bool) -> Result<Object<FarmPod>> {
-        Err(read_only())
-    }
-
-    async fn delete(&self, _: &ObjectKey, _: &Preconditions, _: bool) -> Result<Object<FarmPod>> {
-        Err(read_only())
+    fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
+        self.store.count_sync(namespace)
     }
 
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<FarmPod>> {
         self.store.watch(request).await
     }
 
-    fn stats(&self) -> StoreStats {
-        self.store.stats()
+    async fn stats(&self) -> Result<StoreStats> {
+        Ok(self.store.counts())
     }
 
     fn check_ready(&self) -> Result<()> {
@@ -326,7 +307,7 @@ mod tests {
     async fn synced(cache: &Arc<PodCache>, expected_rv: u64) {
         for _ in 0..200 {
             if matches!(cache.state(), CacheState::Synced { .. })
-                && cache.stats().resource_version >= expected_rv
+                && cache.store.counts().resource_version >= expected_rv
             {
                 return;
             }
@@ -335,7 +316,7 @@ mod tests {
         panic!(
             "cache did not sync: {:?} {:?}",
             cache.state(),
-            cache.stats()
+            cache.store.counts()
         );
     }
 
@@ -426,22 +407,15 @@ mod tests {
             ]
         );
 
-        // Read-only.
-        assert_eq!(
-            cache
-                .create(FarmPod::synthetic(0, 1), false)
-                .await
-                .unwrap_err()
-                .code(),
-            405
-        );
+        // Read-only: the cache takes no writes.
+        assert!(cache.writable().is_none());
     }
 
     #[test]
     fn synthetic_cache_is_ready_without_a_cluster() {
         let cache = PodCache::synthetic(100);
         cache.check_ready().unwrap();
-        assert_eq!(cache.stats().objects, 100);
+        assert_eq!(cache.store.counts().objects, 100);
         assert_eq!(
             PodCache::without_cluster()
                 .check_ready()

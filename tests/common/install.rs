@@ -48,11 +48,18 @@ fn copy_dir(from: &Path, to: &Path) {
 }
 
 /// Whether kubectl can be run at all.
+/// Whether kubectl is on PATH. Where `FARM_REQUIRE_KUBECTL` is set (CI), its absence fails
+/// the test instead of skipping it.
 pub fn has_kubectl() -> bool {
-    Command::new("kubectl")
+    let found = Command::new("kubectl")
         .args(["version", "--client"])
         .output()
-        .is_ok_and(|o| o.status.success())
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found || std::env::var_os("FARM_REQUIRE_KUBECTL").is_none(),
+        "kubectl is not on PATH and FARM_REQUIRE_KUBECTL is set"
+    );
+    found
 }
 
 /// Runs `farm-apiserver certs` into a copy of `manifests/` and renders `kubectl kustomize`

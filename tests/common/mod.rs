@@ -71,15 +71,17 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub state: AppState,
+    /// The server's Llama store (in memory).
+    pub llamas: Arc<farm_apiserver::store::MemoryStore<farm_apiserver::resources::Llama>>,
     pub serving: Arc<ServingTls>,
     pub shutdown: Shutdown,
-    handle: axum_server::Handle<SocketAddr>,
+    running: server::Running,
 }
 
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.shutdown.end_watches();
-        self.handle.shutdown();
+        self.running.stop();
     }
 }
 
@@ -155,11 +157,11 @@ impl TestServer {
                 serving.clone(),
             ));
         }
-        let (state, shutdown) = AppState::with_farmpods(
+        let llamas = farm_apiserver::group::memory_llamas(options.sample_data, 0);
+        let (state, shutdown) = AppState::farm(
+            llamas.clone(),
             options.farmpods.unwrap_or_else(PodCache::without_cluster),
             StateOptions {
-                sample_data: options.sample_data,
-                synthetic_llamas: 0,
                 rest: RestSettings {
                     bookmark_interval: options.bookmark_interval,
                     request_timeout: options.request_timeout,
@@ -169,21 +171,19 @@ impl TestServer {
             },
         );
         let app = server::app(state.clone());
-        let handle = axum_server::Handle::<SocketAddr>::new();
-        let server = server::https(listener, serving.config.clone(), options.limits)
+        // The server's own start-up path: bound, then spawned until the test server drops.
+        let running = server::bind(listener, serving.config.clone(), options.limits)
             .expect("listener")
-            .handle(handle.clone());
-        tokio::spawn(async move {
-            let _ = server.serve(tower::make::Shared::new(app)).await;
-        });
-        handle.listening().await.expect("listening");
+            .spawn(app, std::future::pending(), Duration::from_secs(1));
+        running.listening().await;
         Self {
             addr,
             dir,
             state,
+            llamas,
             serving,
             shutdown,
-            handle,
+            running,
         }
     }
 
@@ -362,12 +362,7 @@ impl RawClient {
 
 /// kubectl from PATH, with a private discovery cache; None (and a printed reason) when absent.
 pub fn kubectl(kubeconfig: &Path, cache: &Path) -> Option<Command> {
-    let found = Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
+    if !install::has_kubectl() {
         eprintln!("SKIPPED: kubectl is not on PATH; the kubectl tests need it");
         return None;
     }

@@ -5,9 +5,14 @@ use axum::{
     body::Body,
     http::{Request, StatusCode},
 };
+use std::sync::Arc;
+
 use farm_apiserver::{
     auth::PeerCertificates,
+    group,
+    resources::Llama,
     server::{self, AppState},
+    store::{MemoryStore, PodCache},
 };
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -28,16 +33,18 @@ pub fn app() -> App {
     app_with_state().0
 }
 
-pub fn app_with_state() -> (App, AppState) {
+/// The app, and its Llama store.
+pub fn app_with_state() -> (App, Arc<MemoryStore<Llama>>) {
     let (options, peer) = identity();
-    let (state, shutdown) = AppState::new(options);
-    std::mem::forget(shutdown); // watches stay open for the test's life
+    let llamas = group::memory_llamas(true, 0);
+    // Dropping the shutdown handle ends nothing: watches stay open.
+    let (state, _shutdown) = AppState::farm(llamas.clone(), PodCache::without_cluster(), options);
     (
         App {
-            router: server::app(state.clone()),
+            router: server::app(state),
             peer,
         },
-        state,
+        llamas,
     )
 }
 

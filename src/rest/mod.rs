@@ -1,0 +1,97 @@
+//! The REST verbs of one kind, written once for every [`ServedResource`]: get, list, watch,
+//! create, update, patch, delete and deletecollection, with kube-apiserver's query parameters,
+//! content negotiation, status codes and messages.
+//!
+//! Laid out as k8s.io/apiserver lays out the same work: [`route`] finds the kind and verb from
+//! the path (its `endpoints/installer`), [`options`] reads the query (ListOptions,
+//! WatchOptions, DeleteOptions), [`read`] and [`write`] are the verbs (`endpoints/handlers`),
+//! [`strategy`] is what a create or update does to an object before it is stored
+//! (`registry/rest`), [`patch`] applies patches, and [`response`] shapes what goes back.
+
+pub mod options;
+pub mod patch;
+pub mod read;
+pub mod response;
+pub mod route;
+pub mod strategy;
+pub mod write;
+
+use std::{sync::Arc, time::Duration};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    error::{Error, Result},
+    metrics::Metrics,
+    resource::ServedResource,
+    store::{Store, WritableStore},
+};
+
+pub use route::{Endpoints, Target};
+
+/// kube-apiserver's `--max-request-body-bytes` default for JSON bodies (3 MiB).
+pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+/// Knobs of the REST layer shared by every kind.
+#[derive(Debug, Clone)]
+pub struct RestSettings {
+    /// Watches without `timeoutSeconds` end after a random time in [min, 2*min), as kube-apiserver's
+    /// `--min-request-timeout` does, so clients spread their reconnects.
+    pub min_request_timeout: Duration,
+    pub bookmark_interval: Duration,
+    /// How long a request that is not a watch may take, response included (kube-apiserver's
+    /// `--request-timeout`): past it, 504.
+    pub request_timeout: Duration,
+}
+
+impl Default for RestSettings {
+    fn default() -> Self {
+        Self {
+            min_request_timeout: Duration::from_secs(1800),
+            bookmark_interval: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// What every handler can reach besides its store.
+#[derive(Clone)]
+pub struct RestContext {
+    pub metrics: Arc<Metrics>,
+    /// Cancelled when open watches are to end (shutdown).
+    pub shutdown: CancellationToken,
+    pub settings: Arc<RestSettings>,
+}
+
+pub(crate) struct KindApiInner<K> {
+    pub(crate) store: Arc<dyn Store<K>>,
+    pub(crate) ctx: RestContext,
+}
+
+/// A kind's handler state: one `Arc`, so the per-request clone is one atomic increment.
+pub(crate) struct KindApi<K>(Arc<KindApiInner<K>>);
+
+impl<K> Clone for KindApi<K> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<K> std::ops::Deref for KindApi<K> {
+    type Target = KindApiInner<K>;
+    fn deref(&self) -> &KindApiInner<K> {
+        &self.0
+    }
+}
+
+impl<K: ServedResource> KindApi<K> {
+    /// The store's writes; 405 when the kind is read-only.
+    pub(crate) fn writer(&self) -> Result<&dyn WritableStore<K>> {
+        self.store.writable().ok_or_else(|| {
+            Error::MethodNotAllowed(format!(
+                "writes are not supported on resources of kind {:?}",
+                K::qualified_resource()
+            ))
+        })
+    }
+}

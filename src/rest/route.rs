@@ -1,0 +1,259 @@
+//! Where a request goes: the kind, namespace and name from the path, then the verb from the
+//! method (k8s.io/apiserver's `endpoints/installer`).
+
+use std::sync::Arc;
+
+use axum::{
+    extract::Request,
+    http::{HeaderMap, Method},
+    response::{IntoResponse, Response},
+};
+
+use super::read::{get_item, get_item_sync, list_all, list_namespaced};
+use super::write::{create, delete, delete_collection, patch, update};
+use super::{KindApi, KindApiInner, RestContext};
+use crate::{
+    error::{Error, Result},
+    resource::{GROUP_VERSION, ResourceInfo, ServedResource},
+    store::{Store, StoreStats},
+};
+
+/// The resource endpoints of every served kind, found from the request path the way
+/// kube-apiserver's installer lays them out under `/apis/<group>/<version>/`: for a namespaced
+/// kind `<plural>` (all namespaces), `namespaces/<namespace>/<plural>` and
+/// `namespaces/<namespace>/<plural>/<name>`; for a cluster-scoped kind `<plural>` and
+/// `<plural>/<name>`. Anything else (discovery, subresources, unknown kinds) is not a resource
+/// endpoint and goes to the router.
+///
+/// These are the hot paths, so they are matched here rather than as axum routes with path
+/// parameters (see PERFORMANCE.md).
+#[derive(Default)]
+pub struct Endpoints {
+    kinds: Vec<Kind>,
+}
+
+struct Kind {
+    plural: &'static str,
+    namespaced: bool,
+    endpoint: Arc<dyn Endpoint>,
+}
+
+/// A request's place among the resource endpoints (segments as sent, not yet decoded). A
+/// cluster-scoped kind's objects are in the namespace "".
+pub struct Target<'a> {
+    endpoint: &'a Arc<dyn Endpoint>,
+    namespace: Option<&'a str>,
+    name: Option<&'a str>,
+}
+
+/// One kind's REST verbs behind a path.
+pub(crate) trait Endpoint: Send + Sync {
+    fn call(
+        &self,
+        namespace: Option<String>,
+        name: Option<String>,
+        request: Request,
+    ) -> futures::future::BoxFuture<'static, Response>;
+
+    /// A GET of one object answered without waiting, when the store holds it in memory; None
+    /// when only [`Endpoint::call`] can answer.
+    fn get_sync(
+        &self,
+        namespace: String,
+        name: String,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Response>;
+
+    /// The store's object count, for `apiserver_storage_objects`.
+    fn stats(&self) -> futures::future::BoxFuture<'static, Result<StoreStats>>;
+}
+
+impl Endpoints {
+    /// Serves `K` from `store`.
+    pub fn with<K: ServedResource>(mut self, store: Arc<dyn Store<K>>, ctx: RestContext) -> Self {
+        let endpoint: Arc<dyn Endpoint> =
+            Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx })));
+        let info = ResourceInfo::of::<K>(false);
+        self.kinds.push(Kind {
+            plural: info.plural,
+            namespaced: info.namespaced,
+            endpoint,
+        });
+        self
+    }
+
+    pub fn find<'a>(&'a self, path: &'a str) -> Option<Target<'a>> {
+        let rest = path
+            .strip_prefix("/apis/")?
+            .strip_prefix(GROUP_VERSION)?
+            .strip_prefix('/')?;
+        let mut segments = crate::request_info::segments(rest);
+        let first = segments.next()?;
+        let kind = |plural: &str| self.kinds.iter().find(|k| k.plural == plural);
+        let (kind, namespace, name) = if first == "namespaces" {
+            let namespace = segments.next()?;
+            let kind = kind(segments.next()?).filter(|k| k.namespaced)?;
+            (kind, Some(namespace), segments.next())
+        } else {
+            let kind = kind(first)?;
+            let name = segments.next();
+            match kind.namespaced {
+                // A namespaced kind has no items outside a namespace.
+                true if name.is_some() => return None,
+                true => (kind, None, None),
+                false => (kind, Some(""), name),
+            }
+        };
+        // No subresources are served.
+        if segments.next().is_some()
+            || (kind.namespaced && namespace == Some(""))
+            || name == Some("")
+        {
+            return None;
+        }
+        Some(Target {
+            endpoint: &kind.endpoint,
+            namespace,
+            name,
+        })
+    }
+
+    /// Each kind's qualified resource (`llamas.farm.example.com`) and object count.
+    pub async fn stored_objects(&self) -> Vec<(String, usize)> {
+        let mut counts = Vec::with_capacity(self.kinds.len());
+        for kind in &self.kinds {
+            if let Ok(stats) = kind.endpoint.stats().await {
+                counts.push((
+                    format!("{}.{}", kind.plural, crate::resource::GROUP),
+                    stats.objects,
+                ));
+            }
+        }
+        counts
+    }
+}
+
+impl Target<'_> {
+    pub async fn call(self, request: Request) -> Response {
+        let (namespace, name) = match (
+            self.namespace.map(path_segment).transpose(),
+            self.name.map(path_segment).transpose(),
+        ) {
+            (Ok(namespace), Ok(name)) => (namespace, name),
+            (Err(error), _) | (_, Err(error)) => return error.into_response(),
+        };
+        self.endpoint.call(namespace, name, request).await
+    }
+
+    /// The response without waiting, when the request is a GET of one object the store holds
+    /// in memory; None when it has to go through [`Target::call`].
+    pub fn call_sync(
+        &self,
+        method: &Method,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Response> {
+        let (Some(namespace), Some(name)) = (self.namespace, self.name) else {
+            return None;
+        };
+        if method != Method::GET && method != Method::HEAD {
+            return None;
+        }
+        match (path_segment(namespace), path_segment(name)) {
+            (Ok(namespace), Ok(name)) => self.endpoint.get_sync(namespace, name, query, headers),
+            (Err(error), _) | (_, Err(error)) => Some(error.into_response()),
+        }
+    }
+}
+
+/// A path segment as the client meant it (percent-decoded, as Go's net/url gives
+/// kube-apiserver its paths).
+pub(crate) fn path_segment(raw: &str) -> Result<String> {
+    if !raw.contains('%') {
+        return Ok(raw.to_owned());
+    }
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| Error::BadRequest(format!("invalid path segment {raw:?}: not UTF-8")))
+}
+
+impl<K: ServedResource> Endpoint for KindApi<K> {
+    fn call(
+        &self,
+        namespace: Option<String>,
+        name: Option<String>,
+        request: Request,
+    ) -> futures::future::BoxFuture<'static, Response> {
+        Box::pin(self.clone().serve(namespace, name, request))
+    }
+
+    fn get_sync(
+        &self,
+        namespace: String,
+        name: String,
+        query: Option<&str>,
+        headers: &HeaderMap,
+    ) -> Option<Response> {
+        get_item_sync(self, namespace, name, query, headers).map(IntoResponse::into_response)
+    }
+
+    fn stats(&self) -> futures::future::BoxFuture<'static, Result<StoreStats>> {
+        let store = self.store.clone();
+        Box::pin(async move { store.stats().await })
+    }
+}
+
+impl<K: ServedResource> KindApi<K> {
+    async fn serve(
+        self,
+        namespace: Option<String>,
+        name: Option<String>,
+        request: Request,
+    ) -> Response {
+        let method = request.method().clone();
+        let read = method == Method::GET || method == Method::HEAD;
+        let writable = self.store.writable().is_some();
+        let result = match (namespace, name) {
+            (None, _) if read => list_all(self, request).await,
+            (Some(namespace), None) if read => list_namespaced(self, namespace, request).await,
+            (Some(namespace), Some(name)) if read => get_item(self, namespace, name, request).await,
+            // Writes are boxed: their futures (body reads, patches) are the largest, and would
+            // otherwise size (and be copied with) every read's future too.
+            (Some(namespace), None) if writable && method == Method::POST => {
+                Box::pin(create(self, namespace, request)).await
+            }
+            (Some(namespace), None) if writable && method == Method::DELETE => {
+                Box::pin(delete_collection(self, namespace, request)).await
+            }
+            (Some(namespace), Some(name)) if writable && method == Method::PUT => {
+                Box::pin(update(self, namespace, name, request)).await
+            }
+            (Some(namespace), Some(name)) if writable && method == Method::PATCH => {
+                Box::pin(patch(self, namespace, name, request)).await
+            }
+            (Some(namespace), Some(name)) if writable && method == Method::DELETE => {
+                Box::pin(delete(self, namespace, name, request)).await
+            }
+            _ => Err(method_not_allowed::<K>(&method, request.uri().query())),
+        };
+        result.into_response()
+    }
+}
+
+pub(crate) fn method_not_allowed<K: ServedResource>(method: &Method, query: Option<&str>) -> Error {
+    let verb = match *method {
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        Method::GET if query.is_some_and(|q| q.contains("watch=")) => "watch",
+        _ => method.as_str(),
+    };
+    Error::MethodNotAllowed(format!(
+        "{} is not supported on resources of kind {:?}",
+        verb.to_ascii_lowercase(),
+        K::qualified_resource()
+    ))
+}

@@ -1,0 +1,212 @@
+//! What happens to an object between the request body and the store: decoding, server-owned
+//! metadata on create and update, validation (k8s.io/apiserver's `registry/rest` strategy).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rand::Rng;
+use serde_json::Value;
+
+use super::options::FieldValidation;
+use crate::{
+    error::{Error, FieldError, Result},
+    resource::{GROUP_VERSION, ServedResource},
+    validation,
+};
+
+pub(crate) fn cannot_handle<K: ServedResource>(detail: impl std::fmt::Display) -> Error {
+    Error::BadRequest(format!(
+        "{kind} in version \"{version}\" cannot be handled as a {kind}: {detail}",
+        kind = K::kind_name(),
+        version = K::version(&()),
+    ))
+}
+
+/// Decodes a JSON object into `K`: apiVersion and kind must name this kind; unknown fields are
+/// rejected, reported or dropped per `fieldValidation`. Returns the object and the warnings.
+pub(crate) fn decode_object<K: ServedResource>(
+    value: Value,
+    validation: FieldValidation,
+) -> Result<(K, Vec<String>)> {
+    let Value::Object(map) = &value else {
+        return Err(cannot_handle::<K>("the body must be a JSON object"));
+    };
+    match map.get("kind").and_then(Value::as_str) {
+        None | Some("") => {
+            return Err(cannot_handle::<K>("Object 'Kind' is missing in the body"));
+        }
+        Some(kind) if kind != K::kind_name() => {
+            return Err(cannot_handle::<K>(format!(
+                "the kind in the body ({kind}) does not match the expected kind ({})",
+                K::kind_name()
+            )));
+        }
+        Some(_) => {}
+    }
+    match map.get("apiVersion").and_then(Value::as_str) {
+        Some(GROUP_VERSION) => {}
+        other => {
+            return Err(cannot_handle::<K>(format!(
+                "the API version in the data ({}) does not match the expected API version ({GROUP_VERSION})",
+                other.unwrap_or("")
+            )));
+        }
+    }
+    let mut unknown = Vec::new();
+    let object: K = serde_ignored::deserialize(value, |path| {
+        let path = path.to_string();
+        if path != "apiVersion" && path != "kind" {
+            unknown.push(path);
+        }
+    })
+    .map_err(|e| cannot_handle::<K>(e))?;
+    let messages: Vec<String> = unknown
+        .iter()
+        .map(|p| format!("unknown field \"{p}\""))
+        .collect();
+    match validation {
+        FieldValidation::Strict if !messages.is_empty() => Err(cannot_handle::<K>(format!(
+            "strict decoding error: {}",
+            messages.join(", ")
+        ))),
+        FieldValidation::Warn => Ok((object, messages)),
+        _ => Ok((object, Vec::new())),
+    }
+}
+
+pub(crate) fn parse_json<K: ServedResource>(body: &[u8]) -> Result<Value> {
+    serde_json::from_slice(body).map_err(|e| cannot_handle::<K>(e))
+}
+
+/// Validates an object to be created (`old` None) or to replace `old`: its metadata, then the
+/// kind's own rules. Returns the kind's warnings for a valid object.
+pub(crate) fn validate<K: ServedResource>(object: &K, old: Option<&K>) -> Result<Vec<String>> {
+    let meta = object.meta();
+    let name = meta.name.clone().unwrap_or_default();
+    let mut causes: Vec<FieldError> = Vec::new();
+    causes.extend(validation::validate_name(&name));
+    if K::namespaced() {
+        causes.extend(validation::validate_namespace(
+            meta.namespace.as_deref().unwrap_or(""),
+        ));
+    }
+    causes.extend(validation::validate_metadata(meta));
+    causes.extend(object.validate());
+    if let Some(old) = old {
+        causes.extend(object.validate_update(old));
+    }
+    if causes.is_empty() {
+        return Ok(object.warnings(old));
+    }
+    Err(Error::Invalid {
+        subject: K::invalid_subject(&name),
+        causes,
+    })
+}
+
+pub(crate) const GENERATE_NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+pub(crate) fn generate_name(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| GENERATE_NAME_ALPHABET[rng.random_range(0..GENERATE_NAME_ALPHABET.len())] as char)
+        .collect();
+    // kube-apiserver trims the prefix to 58 bytes so the result stays a valid name; here at a
+    // character boundary (a prefix that is not ASCII is refused by validation anyway).
+    let mut end = prefix.len().min(63 - 5);
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", prefix.get(..end).unwrap_or_default())
+}
+
+pub(crate) fn now() -> Time {
+    // kube-apiserver stores timestamps at second precision.
+    let now = jiff::Timestamp::now();
+    Time(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+/// Server-owned metadata of a new object; clears what clients may not set.
+/// `namespace` is the request's ("" for a cluster-scoped kind, whose objects have none).
+pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str) -> Result<()> {
+    let meta = object.meta_mut();
+    match meta.namespace.as_deref() {
+        // kube-apiserver clears the namespace of a cluster-scoped object.
+        _ if !K::namespaced() => meta.namespace = None,
+        None | Some("") => meta.namespace = Some(namespace.to_owned()),
+        Some(ns) if ns == namespace => {}
+        Some(_) => {
+            return Err(Error::BadRequest(
+                "the namespace of the provided object does not match the namespace sent on the request".into(),
+            ));
+        }
+    }
+    if meta
+        .resource_version
+        .as_deref()
+        .is_some_and(|rv| !rv.is_empty())
+    {
+        return Err(Error::BadRequest(
+            "resourceVersion should not be set on objects to be created".into(),
+        ));
+    }
+    if meta.name.as_deref().unwrap_or("").is_empty() {
+        match meta.generate_name.as_deref() {
+            Some(prefix) if !prefix.is_empty() => meta.name = Some(generate_name(prefix)),
+            _ => {
+                return Err(Error::Invalid {
+                    subject: K::invalid_subject(""),
+                    causes: vec![FieldError::required(
+                        "metadata.name",
+                        "name or generateName is required",
+                    )],
+                });
+            }
+        }
+    }
+    meta.uid = Some(uuid::Uuid::new_v4().to_string());
+    meta.creation_timestamp = Some(now());
+    meta.generation = Some(1);
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.managed_fields = None;
+    meta.self_link = None;
+    object.prepare_for_create();
+    Ok(())
+}
+
+/// Carries the server-owned metadata of `current` into the replacement `next`.
+pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K) {
+    let spec_changed = next.spec_changed(current);
+    let old = current.meta();
+    let generation = old.generation.unwrap_or(1) + i64::from(spec_changed);
+    let meta = next.meta_mut();
+    meta.uid = old.uid.clone();
+    meta.creation_timestamp = old.creation_timestamp.clone();
+    meta.generation = Some(generation);
+    meta.namespace = old.namespace.clone();
+    meta.deletion_timestamp = old.deletion_timestamp.clone();
+    meta.managed_fields = None;
+    meta.self_link = None;
+    next.prepare_for_update(current);
+}
+
+pub(crate) fn check_name<K: ServedResource>(object: &K, name: &str) -> Result<()> {
+    match object.meta().name.as_deref() {
+        Some(n) if n == name => Ok(()),
+        other => Err(Error::BadRequest(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            other.unwrap_or("")
+        ))),
+    }
+}
+
+pub(crate) fn check_namespace<K: ServedResource>(object: &K, namespace: &str) -> Result<()> {
+    match object.meta().namespace.as_deref() {
+        _ if !K::namespaced() => Ok(()),
+        None | Some("") => Ok(()),
+        Some(ns) if ns == namespace => Ok(()),
+        Some(_) => Err(Error::BadRequest(
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+        )),
+    }
+}

@@ -1,0 +1,252 @@
+//! create, update, patch, delete and deletecollection.
+
+use axum::{
+    body::{Body, Bytes},
+    extract::Request,
+    http::StatusCode,
+    response::Response,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+
+use super::options::{dry_run_of, parse_delete_options, parse_query};
+use super::patch::{MAX_JSON_PATCH_OPERATIONS, PatchType, apply_patch, json_len, patch_type};
+use super::response::{json_response, object_response, to_json, with_warnings};
+use super::strategy::{
+    check_name, check_namespace, decode_object, parse_json, prepare_create, prepare_update,
+    validate,
+};
+use super::{KindApi, MAX_BODY_BYTES};
+use crate::{
+    error::{Error, FieldError, Result},
+    list_body::{self},
+    negotiate::{self},
+    resource::{ObjectKey, ServedResource},
+    store::{ListRequest, Preconditions},
+    table::IncludeObject,
+};
+
+/// The whole body, up to [`MAX_BODY_BYTES`] (413 past it, as kube-apiserver).
+pub(crate) async fn read_body(body: Body) -> Result<Bytes> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::RequestEntityTooLarge(
+            format!("limit is {MAX_BODY_BYTES}"),
+        )),
+        Err(e) => Err(Error::BadRequest(format!(
+            "failed to read the request body: {e}"
+        ))),
+    }
+}
+
+pub(crate) async fn create<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    request: Request,
+) -> Result<Response> {
+    let (parts, body) = request.into_parts();
+    let (raw, headers) = (parts.uri.query(), parts.headers);
+    let query = parse_query(raw)?;
+    let dry_run = query.dry_run()?;
+    let field_validation = query.field_validation()?;
+    let output = negotiate::output(&headers)?;
+    negotiate::require_json_body(&headers)?;
+    let body = read_body(body).await?;
+    let (mut object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    prepare_create(&mut object, &namespace)?;
+    let mut warnings = warnings;
+    warnings.extend(validate(&object, None)?);
+    let created = api.writer()?.create(object, dry_run).await?;
+    let response = object_response(
+        &created,
+        output,
+        IncludeObject::Metadata,
+        StatusCode::CREATED,
+    )?;
+    Ok(with_warnings(response, &warnings))
+}
+
+pub(crate) async fn update<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    name: String,
+    request: Request,
+) -> Result<Response> {
+    let (parts, body) = request.into_parts();
+    let (raw, headers) = (parts.uri.query(), parts.headers);
+    let query = parse_query(raw)?;
+    let dry_run = query.dry_run()?;
+    let field_validation = query.field_validation()?;
+    let output = negotiate::output(&headers)?;
+    negotiate::require_json_body(&headers)?;
+    let body = read_body(body).await?;
+    let (mut object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    check_name(&object, &name)?;
+    check_namespace(&object, &namespace)?;
+    let current = api.store.get(&ObjectKey::new(&namespace, &name)).await?;
+    if object
+        .meta()
+        .resource_version
+        .as_deref()
+        .unwrap_or("")
+        .is_empty()
+    {
+        return Err(Error::Invalid {
+            subject: K::invalid_subject(&name),
+            causes: vec![FieldError::invalid(
+                "metadata.resourceVersion",
+                "0x0",
+                "must be specified for an update",
+            )],
+        });
+    }
+    prepare_update(&mut object, current.as_ref());
+    let mut warnings = warnings;
+    warnings.extend(validate(&object, Some(current.as_ref()))?);
+    let updated = api.writer()?.update(object, dry_run).await?;
+    let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
+    Ok(with_warnings(response, &warnings))
+}
+
+pub(crate) async fn patch<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    name: String,
+    request: Request,
+) -> Result<Response> {
+    let (parts, body) = request.into_parts();
+    let (raw, headers) = (parts.uri.query(), parts.headers);
+    let query = parse_query(raw)?;
+    let dry_run = query.dry_run()?;
+    let field_validation = query.field_validation()?;
+    let output = negotiate::output(&headers)?;
+    let patch_type = patch_type(&headers)?;
+    let body = read_body(body).await?;
+    if patch_type == PatchType::Json {
+        // Counted before anything is applied, as kube-apiserver does.
+        let operations = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&body)
+            .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?
+            .len();
+        if operations > MAX_JSON_PATCH_OPERATIONS {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {operations}"
+            )));
+        }
+    }
+    let key = ObjectKey::new(&namespace, &name);
+    // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let current = api.store.get(&key).await?;
+        let patched = apply_patch(&current, patch_type, &body)?;
+        let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
+        // Patch after patch must not grow an object past what one request may send.
+        let size = json_len(&object);
+        if size > MAX_BODY_BYTES {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+            )));
+        }
+        check_name(&object, &name)?;
+        check_namespace(&object, &namespace)?;
+        let pinned = object.meta().resource_version != current.meta().resource_version;
+        if object
+            .meta()
+            .resource_version
+            .as_deref()
+            .unwrap_or("")
+            .is_empty()
+        {
+            object.meta_mut().resource_version = current.meta().resource_version.clone();
+        }
+        prepare_update(&mut object, current.as_ref());
+        let mut warnings = warnings;
+        warnings.extend(validate(&object, Some(current.as_ref()))?);
+        match api.writer()?.update(object, dry_run).await {
+            Ok(updated) => {
+                let response =
+                    object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
+                return Ok(with_warnings(response, &warnings));
+            }
+            Err(Error::Conflict { .. }) if !pinned && attempts < 5 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+pub(crate) async fn delete<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    name: String,
+    request: Request,
+) -> Result<Response> {
+    let (parts, body) = request.into_parts();
+    let raw = parts.uri.query();
+    let query = parse_query(raw)?;
+    let body = read_body(body).await?;
+    let options = parse_delete_options(&body)?;
+    let dry_run = dry_run_of(&options, &query)?;
+    let deleted = api
+        .writer()?
+        .delete(
+            &ObjectKey::new(namespace, name),
+            &options.preconditions.unwrap_or_default(),
+            dry_run,
+        )
+        .await?;
+    Ok(json_response(StatusCode::OK, to_json(deleted.as_ref())?))
+}
+
+pub(crate) async fn delete_collection<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    request: Request,
+) -> Result<Response> {
+    let (parts, body) = request.into_parts();
+    let raw = parts.uri.query();
+    let query = parse_query(raw)?;
+    // ListOptions are checked whole before anything is deleted.
+    let filter = query.filter::<K>()?;
+    query.timeout_seconds()?;
+    query.limit()?;
+    let body = read_body(body).await?;
+    let options = parse_delete_options(&body)?;
+    let dry_run = dry_run_of(&options, &query)?;
+    let page = api
+        .store
+        .list(&ListRequest {
+            namespace: Some(namespace),
+            filter,
+            ..Default::default()
+        })
+        .await?;
+    let mut deleted = Vec::with_capacity(page.items.len());
+    for item in page.items {
+        match api
+            .writer()?
+            .delete(
+                &ObjectKey::of(item.meta()),
+                &Preconditions::default(),
+                dry_run,
+            )
+            .await
+        {
+            Ok(object) => deleted.push(object),
+            // Deleted meanwhile by someone else: not an error for a collection delete.
+            Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let metadata = ListMeta {
+        resource_version: Some(api.store.stats().await?.resource_version.to_string()),
+        ..Default::default()
+    };
+    Ok(json_response(
+        StatusCode::OK,
+        list_body::json_list::<K>(&deleted, &metadata)?,
+    ))
+}

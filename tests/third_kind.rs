@@ -1,0 +1,387 @@
+//! A kind is one file plus one line: Barn (namespaced) and Pasture (cluster-scoped) are declared
+//! here, in the test crate alone, registered with `ApiGroup::serve`, and get discovery, OpenAPI,
+//! Tables, every verb, their own strategy hooks, selectable fields and metrics.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::oneshot::{App, Reply, call, get};
+use farm_apiserver::{
+    columns::{AGE_COLUMN, ColumnDefinition, age},
+    error::FieldError,
+    group::ApiGroup,
+    resource::ServedResource,
+    server::{self, AppState},
+    store::MemoryStore,
+};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// A barn of the farm.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "farm.example.com",
+    version = "v1alpha",
+    kind = "Barn",
+    plural = "barns",
+    namespaced,
+    shortname = "bn",
+    category = "farm"
+)]
+pub struct BarnSpec {
+    /// Colour of the barn; defaults to red.
+    #[serde(default)]
+    pub color: String,
+    /// Stalls in the barn; fixed once built.
+    pub stalls: u32,
+}
+
+impl ServedResource for Barn {
+    type Spec = BarnSpec;
+    const SINGULAR: &'static str = "barn";
+    const CATEGORIES: &'static [&'static str] = &["farm"];
+    const DESCRIPTION: &'static str = "Barn is a barn of the farm (a test kind).";
+    const SELECTABLE_FIELDS: &'static [&'static str] = &["spec.color"];
+
+    fn columns() -> Vec<ColumnDefinition> {
+        vec![
+            ColumnDefinition::new("Color", "string", "Colour of the barn."),
+            AGE_COLUMN,
+        ]
+    }
+
+    fn cells(&self, now: jiff::Timestamp) -> Vec<Value> {
+        vec![json!(self.spec.color), age(&self.metadata, now)]
+    }
+
+    fn prepare_for_create(&mut self) {
+        if self.spec.color.is_empty() {
+            self.spec.color = "red".into();
+        }
+    }
+
+    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
+        (self.spec.stalls != old.spec.stalls)
+            .then(|| FieldError::invalid("spec.stalls", self.spec.stalls, "field is immutable"))
+            .into_iter()
+            .collect()
+    }
+
+    fn warnings(&self, _old: Option<&Self>) -> Vec<String> {
+        (self.spec.stalls > 100)
+            .then(|| "more than 100 stalls is a lot of barn".to_owned())
+            .into_iter()
+            .collect()
+    }
+
+    fn field(&self, name: &str) -> Option<String> {
+        (name == "spec.color").then(|| self.spec.color.clone())
+    }
+}
+
+/// A pasture: cluster-scoped.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "farm.example.com",
+    version = "v1alpha",
+    kind = "Pasture",
+    plural = "pastures"
+)]
+pub struct PastureSpec {
+    /// Area in hectares.
+    pub hectares: f64,
+}
+
+impl ServedResource for Pasture {
+    type Spec = PastureSpec;
+    const SINGULAR: &'static str = "pasture";
+    const CATEGORIES: &'static [&'static str] = &[];
+    const DESCRIPTION: &'static str = "Pasture is a field of the farm (a test kind).";
+
+    fn columns() -> Vec<ColumnDefinition> {
+        vec![ColumnDefinition::new("Hectares", "number", "Area.")]
+    }
+
+    fn cells(&self, _now: jiff::Timestamp) -> Vec<Value> {
+        vec![json!(self.spec.hectares)]
+    }
+}
+
+const BASE: &str = "/apis/farm.example.com/v1alpha";
+const BARNS: &str = "/apis/farm.example.com/v1alpha/namespaces/farm/barns";
+const PASTURES: &str = "/apis/farm.example.com/v1alpha/pastures";
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+
+/// A server of Barns and Pastures only: one line each.
+fn app() -> App {
+    let (options, peer) = common::oneshot_identity();
+    let group = ApiGroup::new()
+        .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
+        .serve::<Pasture>(Arc::new(MemoryStore::<Pasture>::default()));
+    let (state, _shutdown) = AppState::new(group, options);
+    App {
+        router: server::app(state),
+        peer,
+    }
+}
+
+fn barn(name: &str, color: &str, stalls: u32) -> String {
+    json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Barn",
+        "metadata": {"name": name}, "spec": {"color": color, "stalls": stalls}})
+    .to_string()
+}
+
+async fn send(app: &App, method: &str, uri: &str, content_type: &str, body: &str) -> Reply {
+    call(app, method, uri, &[("content-type", content_type)], body).await
+}
+
+#[tokio::test]
+async fn discovery_and_openapi_describe_the_new_kinds() {
+    let app = app();
+    let list = get(&app, BASE).await.json();
+    let resources = list["resources"].as_array().unwrap();
+    let barns = resources.iter().find(|r| r["name"] == "barns").unwrap();
+    assert_eq!(barns["namespaced"], true);
+    assert_eq!(barns["kind"], "Barn");
+    assert_eq!(barns["shortNames"], json!(["bn"]));
+    assert_eq!(barns["categories"], json!(["farm"]));
+    assert!(barns["verbs"].as_array().unwrap().contains(&json!("patch")));
+    let pastures = resources.iter().find(|r| r["name"] == "pastures").unwrap();
+    assert_eq!(pastures["namespaced"], false);
+
+    let aggregated = call(
+        &app,
+        "GET",
+        "/apis",
+        &[(
+            "accept",
+            "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        )],
+        "",
+    )
+    .await
+    .json();
+    let served = &aggregated["items"][0]["versions"][0]["resources"];
+    assert_eq!(served[0]["resource"], "barns");
+    assert_eq!(served[0]["scope"], "Namespaced");
+    assert_eq!(served[1]["resource"], "pastures");
+    assert_eq!(served[1]["scope"], "Cluster");
+
+    let v3 = get(&app, "/openapi/v3/apis/farm.example.com/v1alpha").await;
+    assert_eq!(v3.status, 200);
+    let v3 = v3.json();
+    let paths = v3["paths"].as_object().unwrap();
+    assert!(
+        paths.contains_key("/apis/farm.example.com/v1alpha/namespaces/{namespace}/barns/{name}")
+    );
+    assert!(paths.contains_key("/apis/farm.example.com/v1alpha/barns"));
+    assert!(paths.contains_key("/apis/farm.example.com/v1alpha/pastures/{name}"));
+    assert!(!paths.contains_key("/apis/farm.example.com/v1alpha/namespaces/{namespace}/pastures"));
+    let read = &paths["/apis/farm.example.com/v1alpha/pastures/{name}"]["get"];
+    assert_eq!(read["operationId"], "readPasture");
+    let schemas = v3["components"]["schemas"].as_object().unwrap();
+    let barn = schemas
+        .iter()
+        .find(|(name, _)| name.ends_with(".Barn"))
+        .map(|(_, schema)| schema)
+        .expect("a Barn schema");
+    assert_eq!(barn["x-kubernetes-group-version-kind"][0]["kind"], "Barn");
+    let spec = schemas
+        .iter()
+        .find(|(name, _)| name.ends_with(".BarnSpec"))
+        .map(|(_, schema)| schema)
+        .expect("a BarnSpec schema");
+    assert_eq!(
+        spec["properties"]["color"]["description"],
+        "Colour of the barn; defaults to red."
+    );
+}
+
+#[tokio::test]
+async fn every_verb_with_the_kinds_strategy() {
+    let app = app();
+    // create: the kind's default and warning.
+    let created = send(
+        &app,
+        "POST",
+        BARNS,
+        "application/json",
+        &barn("big", "", 120),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(created.json()["spec"]["color"], "red");
+    assert!(
+        created.headers["warning"]
+            .to_str()
+            .unwrap()
+            .contains("more than 100 stalls")
+    );
+    assert_eq!(
+        send(
+            &app,
+            "POST",
+            BARNS,
+            "application/json",
+            &barn("small", "blue", 4)
+        )
+        .await
+        .status,
+        201
+    );
+
+    // get as a Table.
+    let table = call(
+        &app,
+        "GET",
+        &format!("{BARNS}/big"),
+        &[("accept", TABLE)],
+        "",
+    )
+    .await
+    .json();
+    assert_eq!(table["kind"], "Table");
+    assert_eq!(table["columnDefinitions"][1]["name"], "Color");
+    assert_eq!(table["rows"][0]["cells"][1], "red");
+
+    // list with the kind's selectable field.
+    let blue = get(&app, &format!("{BARNS}?fieldSelector=spec.color%3Dblue"))
+        .await
+        .json();
+    let names: Vec<&str> = blue["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["small"]);
+    let unknown = get(&app, &format!("{BARNS}?fieldSelector=spec.stalls%3D4")).await;
+    assert_eq!(
+        unknown.status(400, "BadRequest"),
+        "field label not supported: spec.stalls"
+    );
+
+    // update: stalls are immutable (validate_update).
+    let mut current = get(&app, &format!("{BARNS}/small")).await.json();
+    current["spec"]["stalls"] = json!(5);
+    let refused = send(
+        &app,
+        "PUT",
+        &format!("{BARNS}/small"),
+        "application/json",
+        &current.to_string(),
+    )
+    .await;
+    assert!(refused.status(422, "Invalid").contains("spec.stalls"));
+    current["spec"]["color"] = json!("green");
+    current["spec"]["stalls"] = json!(4);
+    let updated = send(
+        &app,
+        "PUT",
+        &format!("{BARNS}/small"),
+        "application/json",
+        &current.to_string(),
+    )
+    .await;
+    assert_eq!(updated.status, 200);
+    assert_eq!(updated.json()["spec"]["color"], "green");
+
+    // patch.
+    let patched = send(
+        &app,
+        "PATCH",
+        &format!("{BARNS}/small"),
+        "application/merge-patch+json",
+        r#"{"spec":{"color":"white"}}"#,
+    )
+    .await;
+    assert_eq!(patched.status, 200);
+    assert_eq!(patched.json()["spec"]["color"], "white");
+
+    // watch from the start: the two barns.
+    let watch = get(&app, &format!("{BARNS}?watch=true&timeoutSeconds=1")).await;
+    let events: Vec<Value> = String::from_utf8_lossy(&watch.body)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events.iter().all(|e| e["type"] == "ADDED"));
+
+    // delete, then deletecollection.
+    assert_eq!(
+        send(
+            &app,
+            "DELETE",
+            &format!("{BARNS}/big"),
+            "application/json",
+            ""
+        )
+        .await
+        .status,
+        200
+    );
+    let gone = send(&app, "DELETE", BARNS, "application/json", "")
+        .await
+        .json();
+    assert_eq!(gone["items"][0]["metadata"]["name"], "small");
+    assert_eq!(get(&app, &format!("{BARNS}/small")).await.status, 404);
+
+    // metrics: the kind's own label and stored-objects series.
+    let metrics = String::from_utf8(get(&app, "/metrics").await.body).unwrap();
+    assert!(
+        metrics.contains(r#"apiserver_request_total{verb="create",resource="barns",code="201"} 2"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"apiserver_storage_objects{resource="barns.farm.example.com"} 0"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_cluster_scoped_kind_lives_outside_namespaces() {
+    let app = app();
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Pasture",
+        "metadata": {"name": "north", "namespace": "ignored"}, "spec": {"hectares": 12.5}});
+    let created = send(
+        &app,
+        "POST",
+        PASTURES,
+        "application/json",
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert!(created.json()["metadata"].get("namespace").is_none());
+    let got = get(&app, &format!("{PASTURES}/north")).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["spec"]["hectares"], 12.5);
+    let list = get(&app, PASTURES).await.json();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    // Not under a namespace.
+    let namespaced = get(&app, &format!("{BASE}/namespaces/default/pastures")).await;
+    assert_eq!(namespaced.status, 404);
+    let deleted = send(
+        &app,
+        "DELETE",
+        &format!("{PASTURES}/north"),
+        "application/json",
+        "",
+    )
+    .await;
+    assert_eq!(deleted.status, 200);
+    assert_eq!(get(&app, &format!("{PASTURES}/north")).await.status, 404);
+}
