@@ -265,7 +265,8 @@ impl<K: ServedResource> MemoryStore<K> {
             }
         }
         state.current.resource_version = rv;
-        let event = Arc::new(Event::new(rv, type_, object));
+        let previous = previous.filter(|_| type_ == EventType::Modified);
+        let event = Arc::new(Event::new(rv, type_, object).with_previous(previous));
         state.events.push_back(event.clone());
         while state.events.len() > shared.config.event_window {
             if let Some(old) = state.events.pop_front() {
@@ -510,6 +511,41 @@ fn wanted<K: ServedResource>(namespace: Option<&str>, filter: &Filter, object: &
     scope_matches(namespace, &key) && filter.matches(&key, object)
 }
 
+/// `event` as a watcher of `namespace` and `filter` sees it, as kube-apiserver's watch cache
+/// sends it: a change that brings an object into the selection is ADDED, one that takes it out
+/// is DELETED (the object as it was, at the change's version); None when it never matched.
+fn seen_by<K: ServedResource>(
+    namespace: Option<&str>,
+    filter: &Filter,
+    event: &Arc<Event<K>>,
+) -> Option<Arc<Event<K>>> {
+    let now = wanted(namespace, filter, event.object.get());
+    let previous = match (&event.previous, filter.is_empty()) {
+        (Some(previous), false) => previous,
+        // Without a selector, matching cannot change with the object.
+        _ => return now.then(|| event.clone()),
+    };
+    let rv = event.resource_version;
+    match (wanted(namespace, filter, previous.get()), now) {
+        (true, true) => Some(event.clone()),
+        (false, true) => Some(Arc::new(Event::new(
+            rv,
+            EventType::Added,
+            event.object.clone(),
+        ))),
+        (true, false) => {
+            let mut gone = previous.get().clone();
+            set_resource_version(&mut gone, rv);
+            Some(Arc::new(Event::new(
+                rv,
+                EventType::Deleted,
+                Stored::new(gone),
+            )))
+        }
+        (false, false) => None,
+    }
+}
+
 impl<K: ServedResource> MemoryStore<K> {
     /// Stores a new object without waiting (seeding a store).
     pub fn insert(&self, object: K) -> Result<Object<K>> {
@@ -720,8 +756,8 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                     state
                         .events
                         .range(from..)
-                        .filter(|e| wanted(namespace.as_deref(), &filter, e.object.get()))
-                        .map(|e| WatchItem::Event(e.clone())),
+                        .filter_map(|e| seen_by(namespace.as_deref(), &filter, e))
+                        .map(WatchItem::Event),
                 );
             }
         }
@@ -742,8 +778,8 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                     match rx.recv().await {
                         Ok(event) if event.resource_version <= after => {}
                         Ok(event) => {
-                            if wanted(namespace.as_deref(), &filter, event.object.get()) {
-                                return Some((WatchItem::Event(event), (rx, false)));
+                            if let Some(seen) = seen_by(namespace.as_deref(), &filter, &event) {
+                                return Some((WatchItem::Event(seen), (rx, false)));
                             }
                             // Filtered out: progress is still progress (for bookmarks).
                             if rx.is_empty() {

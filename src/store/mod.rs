@@ -159,6 +159,9 @@ pub struct Event<K> {
     pub resource_version: u64,
     pub type_: EventType,
     pub object: Object<K>,
+    /// What a MODIFIED event's object was before: a watcher with a selector sees the change as
+    /// ADDED or DELETED when the object enters or leaves its selection.
+    pub previous: Option<Object<K>>,
     /// The plain JSON watch line, encoded once however many watchers send it.
     json_line: OnceLock<Bytes>,
 }
@@ -169,8 +172,15 @@ impl<K: ServedResource> Event<K> {
             resource_version,
             type_,
             object,
+            previous: None,
             json_line: OnceLock::new(),
         }
+    }
+
+    /// A MODIFIED event that replaced `previous`.
+    pub fn with_previous(mut self, previous: Option<Object<K>>) -> Self {
+        self.previous = previous;
+        self
     }
 
     /// The event's watch line in the kind's own form, made by `render` once however many
