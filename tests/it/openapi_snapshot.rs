@@ -1,6 +1,6 @@
 //! The OpenAPI documents are generated from the Rust types; the committed copies under
 //! api/openapi-spec/ must match, so API changes show up in review.
-//! Regenerate with: FARM_UPDATE_SNAPSHOTS=1 cargo test --test openapi_snapshot
+//! Regenerate with: FARM_UPDATE_SNAPSHOTS=1 cargo test --test it openapi_snapshot
 
 use std::path::Path;
 
@@ -19,7 +19,7 @@ fn check(path: &str, generated: &[u8]) {
     let committed = std::fs::read(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "{} is out of date: run FARM_UPDATE_SNAPSHOTS=1 cargo test --test openapi_snapshot and commit it",
+        "{} is out of date: run FARM_UPDATE_SNAPSHOTS=1 cargo test --test it openapi_snapshot and commit it",
         path.display()
     );
 }

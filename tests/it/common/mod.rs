@@ -2,7 +2,6 @@
 //! the clients the tests talk to it with: kube::Client, kubectl, and a raw HTTPS client that sends
 //! exactly the headers it is given.
 
-#![allow(dead_code)]
 
 pub mod fake_kube;
 pub mod install;
@@ -64,7 +63,7 @@ pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
 }
 
 pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    farm_apiserver::tls::install_default_provider();
 }
 
 pub struct TestServer {

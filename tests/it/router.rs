@@ -1,7 +1,7 @@
 //! The router driven with `oneshot`: discovery, OpenAPI, Table, lists, writes and every error
 //! shape, without a socket.
 
-mod common;
+use crate::common;
 
 use axum::http::StatusCode;
 use common::{oneshot::*, oneshot_identity as identity};

@@ -9,7 +9,7 @@
 //! `farm-apiserver.farm-system.svc` against the APIService's caBundle. Everything it creates is
 //! removed at the end, the APIService first, on failure too.
 
-mod common;
+use crate::common;
 
 use std::{
     io::{BufRead, BufReader},

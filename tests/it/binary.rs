@@ -1,7 +1,7 @@
 //! The shipped binary as a newcomer runs it: dev certificates and kubeconfig on first start,
 //! reuse on the next, and a graceful SIGTERM (readiness fails first, watches end cleanly, exit 0).
 
-mod common;
+use crate::common;
 
 use std::{path::Path, process::Command, time::Duration};
 

@@ -1,7 +1,7 @@
 //! End to end over the real TLS listener: kube::Client, kubectl with the generated kubeconfig, and
 //! a raw HTTPS client replaying kube-apiserver's aggregator requests header for header.
 
-mod common;
+use crate::common;
 
 use std::{process::Stdio, time::Duration};
 

@@ -23,13 +23,6 @@ impl Rendered {
     pub fn certs(&self) -> PathBuf {
         self.manifests().join("certs")
     }
-
-    pub fn find(&self, kind: &str, name: &str) -> &Value {
-        self.objects
-            .iter()
-            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
-            .unwrap_or_else(|| panic!("{kind} {name} missing"))
-    }
 }
 
 fn copy_dir(from: &Path, to: &Path) {

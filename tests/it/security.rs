@@ -3,7 +3,7 @@
 //! rotation without a restart. Certificates are made in the test; the cluster is a fake
 //! kube-apiserver on loopback.
 
-mod common;
+use crate::common;
 
 use std::{sync::Arc, time::Duration};
 

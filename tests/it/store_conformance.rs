@@ -10,8 +10,7 @@
 //! them, its upstream for a cache). A new store (etcd) joins with a harness of its own and one
 //! `#[tokio::test]` per check at the end of this file.
 
-#[path = "common/fake_kube.rs"]
-mod fake_kube;
+use crate::common::fake_kube;
 
 use std::{
     collections::BTreeMap,

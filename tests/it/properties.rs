@@ -3,7 +3,7 @@
 //! Inputs mix arbitrary bytes with fragments of the real grammar, so the parsers are driven
 //! deep as well as wide.
 
-mod common;
+use crate::common;
 
 use common::oneshot::*;
 use farm_apiserver::{

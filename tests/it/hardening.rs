@@ -2,7 +2,7 @@
 //! memory without bound, hold its connections, or lose data. Each test here failed before the
 //! fix it names.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! kube-apiserver: kube::Api<FarmPod>, kubectl, zero upstream requests per FarmPod request,
 //! readiness, and survival of upstream failures.
 
-mod common;
+use crate::common;
 
 use std::{sync::Arc, time::Duration};
 

@@ -5,7 +5,7 @@
 //! the APIService and the RBAC, `.mirrord/mirrord.json` and README's mirrord line target the
 //! Deployment, and the cert-manager overlay and the components render and do what they say.
 
-mod common;
+use crate::common;
 
 use std::{path::Path, process::Command};
 
@@ -788,8 +788,8 @@ components:
 #[test]
 fn ci_runs_the_dockerfiles_build_command() {
     const BUILD: &str = "cargo build --profile dist --locked -p farm-apiserver";
-    let dockerfile = include_str!("../Dockerfile");
-    let ci = include_str!("../.ci/run");
+    let dockerfile = include_str!("../../Dockerfile");
+    let ci = include_str!("../../.ci/run");
     assert!(
         dockerfile.contains(BUILD),
         "the Dockerfile builds with {BUILD:?}"

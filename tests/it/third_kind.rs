@@ -2,7 +2,7 @@
 //! here, in the test crate alone, registered with `ApiGroup::serve`, and get discovery, OpenAPI,
 //! Tables, every verb, their own strategy hooks, selectable fields and metrics.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

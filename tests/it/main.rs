@@ -1,0 +1,27 @@
+//! The integration tests, one crate (one link) with shared helpers in [`common`]: each module
+//! drives the real server a different way.
+//!
+//! - `router`, `hardening`, `properties`, `third_kind`: the whole HTTP surface with `oneshot`
+//!   (no socket), including a kind declared in the test crate alone.
+//! - `e2e_tls`, `security`: over the real TLS listener with kube::Client, kubectl and a raw
+//!   HTTPS client replaying the aggregator's requests.
+//! - `farmpods`: the FarmPod cache fed by a fake kube-apiserver; `store_conformance`: every
+//!   store against one contract.
+//! - `binary`: the shipped binary (signals, restarts); `manifests`, `openapi_snapshot`:
+//!   generated artefacts against the committed copies.
+//! - `e2e_cluster`: through a real kube-apiserver when `FARM_E2E_KUBECONFIG` is set.
+
+mod common;
+
+mod binary;
+mod e2e_cluster;
+mod e2e_tls;
+mod farmpods;
+mod hardening;
+mod manifests;
+mod openapi_snapshot;
+mod properties;
+mod router;
+mod security;
+mod store_conformance;
+mod third_kind;
