@@ -5,18 +5,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde_json::Value;
 
+/// A Table's `columnDefinitions` entry, as apimachinery's `metav1.TableColumnDefinition`.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ColumnDefinition {
+    /// The header kubectl prints, upper-cased (`Name` shows as NAME).
     pub name: &'static str,
+    /// The cells' OpenAPI type: `string`, `integer`, `number`, `boolean`, or `date`.
     #[serde(rename = "type")]
     pub type_: &'static str,
+    /// An OpenAPI format refining the type (`name` for the name column); "" for none.
     pub format: &'static str,
+    /// What the column shows, for humans.
     pub description: &'static str,
+    /// 0 shows always; 1 only with `kubectl get -o wide`.
     pub priority: i32,
 }
 
 impl ColumnDefinition {
+    /// A column shown always, with no format.
     pub const fn new(name: &'static str, type_: &'static str, description: &'static str) -> Self {
         Self {
             name,
@@ -27,6 +34,7 @@ impl ColumnDefinition {
         }
     }
 
+    /// With the OpenAPI format `format`.
     pub const fn format(mut self, format: &'static str) -> Self {
         self.format = format;
         self
@@ -39,6 +47,7 @@ impl ColumnDefinition {
     }
 }
 
+/// The first column of every Table, its cell the object's name.
 pub const NAME_COLUMN: ColumnDefinition = ColumnDefinition::new(
     "Name",
     "string",
@@ -46,6 +55,7 @@ pub const NAME_COLUMN: ColumnDefinition = ColumnDefinition::new(
 )
 .format("name");
 
+/// The Age column a kind lists among its own, its cell from [`age`].
 pub const AGE_COLUMN: ColumnDefinition = ColumnDefinition::new(
     "Age",
     "date",

@@ -14,9 +14,12 @@ use crate::{
     tls::{self, ServingFiles, ServingTls},
 };
 
+/// How log lines are written (`--log-format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// Human-readable lines, coloured on a terminal.
     Plain,
+    /// One JSON object per line, fields at the top level.
     Json,
 }
 
@@ -154,6 +157,7 @@ pub struct Args {
     pub log_format: LogFormat,
 }
 
+/// What to do instead of serving.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Write the certificates `kubectl apply -k manifests/` installs: a CA (kept when present,
@@ -162,6 +166,7 @@ pub enum Command {
     Certs(CertsArgs),
 }
 
+/// The arguments of `farm-apiserver certs`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CertsArgs {
     /// Namespace the server runs in.
@@ -178,6 +183,7 @@ pub struct CertsArgs {
 }
 
 impl CertsArgs {
+    /// Writes the files (see [`tls::write_install_certificates`]) and says what to do next.
     pub fn run(&self) -> anyhow::Result<()> {
         tls::write_install_certificates(&self.out, &self.service, &self.namespace)
             .with_context(|| format!("writing certificates to {}", self.out.display()))?;
@@ -199,6 +205,8 @@ fn seconds(value: u64) -> Duration {
 }
 
 impl Args {
+    /// Installs the global tracing subscriber for `--log-level` and `--log-format`; an error
+    /// when the filter does not parse or a subscriber is already installed.
     pub fn init_logging(&self) -> anyhow::Result<()> {
         let filter = EnvFilter::try_new(&self.log_level)
             .with_context(|| format!("invalid --log-level {:?}", self.log_level))?;
@@ -213,6 +221,8 @@ impl Args {
         Ok(())
     }
 
+    /// The watch and request timeouts from the flags, each clamped to between a second and a
+    /// year.
     pub fn rest_settings(&self) -> RestSettings {
         RestSettings {
             min_request_timeout: seconds(self.min_request_timeout),
@@ -251,6 +261,9 @@ impl Args {
             .transpose()
     }
 
+    /// Runs the command, or serves until SIGTERM/SIGINT: logging, certificates, the cluster
+    /// (when there is one) for FarmPods, TokenReview and SubjectAccessReview, then the
+    /// listener. Returns when the server has stopped.
     pub async fn run(self) -> anyhow::Result<()> {
         if let Some(Command::Certs(certs)) = &self.command {
             return certs.run();

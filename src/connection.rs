@@ -33,8 +33,13 @@ use tokio::{
 /// The bounds of every connection.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// What a client gets to send a request's headers (`--header-read-timeout`); also how long
+    /// an HTTP/1.1 connection may wait for its next request.
     pub header_read: Duration,
+    /// How long a connection may stay open with no request in flight (`--idle-timeout`).
     pub idle: Duration,
+    /// How long a connection's writes may make no progress before it is closed
+    /// (`--write-timeout`).
     pub write_stall: Duration,
 }
 
@@ -94,6 +99,7 @@ impl Activity {
     }
 }
 
+/// A request in flight on a connection ([`Activity::begin`]); dropping it ends the request.
 pub struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
@@ -121,6 +127,7 @@ pub struct Guarded<S> {
 }
 
 impl<S> Guarded<S> {
+    /// Bounds `inner` by `limits`; `activity` is the one the connection's service was given.
     pub fn new(inner: S, limits: Limits, activity: Arc<Activity>) -> Self {
         let idle = Box::pin(tokio::time::sleep(limits.idle));
         Self {
@@ -133,6 +140,7 @@ impl<S> Guarded<S> {
         }
     }
 
+    /// The wrapped stream (the TLS session, for its client certificates).
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
@@ -258,10 +266,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
     }
 }
 
-/// How much of a request body nobody read is still read (and discarded) after the response,
-/// and for how long: enough for any body this server accepts and the 413 it answers to a
-/// larger one.
+/// How much of a request body nobody read is still read (and discarded) after the response:
+/// enough for any body this server accepts and the 413 it answers to a larger one.
 pub const DRAIN_BYTES: u64 = 4 * 1024 * 1024;
+/// How long such a body is still read after the response.
 pub const DRAIN_TIME: Duration = Duration::from_secs(10);
 
 /// A response body that keeps its connection counted as busy until it is sent or dropped
@@ -272,6 +280,7 @@ pub struct Holding<B> {
 }
 
 impl<B> Holding<B> {
+    /// `inner`, keeping `in_flight` until the body is sent or dropped.
     pub fn new(inner: B, in_flight: InFlight) -> Self {
         Self {
             inner,
@@ -312,6 +321,8 @@ pub struct Drained<B: Body + Send + Unpin + 'static> {
 }
 
 impl<B: Body + Send + Unpin + 'static> Drained<B> {
+    /// `inner`, drained when dropped early if `drain` (the server passes false for HTTP/2 and
+    /// for requests with an `Expect` header, whose unread bodies are left alone).
     pub fn new(inner: B, drain: bool) -> Self {
         Self {
             inner: Some(inner),

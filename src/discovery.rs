@@ -46,6 +46,7 @@ impl Document {
     }
 }
 
+/// Every discovery document of the served kinds, encoded once with its ETag.
 #[derive(Debug)]
 pub struct DiscoveryDocuments {
     api_versions: Document,
@@ -140,6 +141,7 @@ fn aggregated(resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
 }
 
 impl DiscoveryDocuments {
+    /// The documents for `resources`, in that order.
     pub fn new(resources: &[ResourceInfo]) -> Self {
         let aggregated = aggregated(resources);
         Self {
@@ -253,6 +255,7 @@ async fn resource_list(
     ))
 }
 
+/// `/api`, `/apis`, `/apis/<group>` and `/apis/<group>/<version>`, answered from `docs`.
 pub fn router(docs: Arc<DiscoveryDocuments>) -> Router {
     Router::new()
         .route("/api", get(api))

@@ -13,22 +13,27 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, Status
 pub struct Subject {
     /// `<plural>.<group>`, e.g. `llamas.farm.example.com`.
     pub resource: String,
+    /// The API group, `details.group`.
     pub group: String,
     /// The resource (plural) for NotFound/AlreadyExists, the Kind for Invalid, as kube-apiserver does.
     pub kind: String,
+    /// The object's name, `details.name`; empty when the error is about no one object.
     pub name: String,
 }
 
 /// One invalid field, reported as a `StatusCause`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FieldError {
+    /// The field's JSON path, e.g. `spec.weight` or `metadata.name`.
     pub field: String,
     /// `FieldValueInvalid`, `FieldValueRequired`, ...
     pub reason: &'static str,
+    /// What is wrong, as kube-apiserver words it (`Invalid value: ...`, `Required value: ...`).
     pub message: String,
 }
 
 impl FieldError {
+    /// `FieldValueInvalid`: `field` is `value`, which is wrong because of `detail`.
     pub fn invalid(field: &str, value: impl std::fmt::Display, detail: &str) -> Self {
         Self {
             field: field.to_owned(),
@@ -37,6 +42,7 @@ impl FieldError {
         }
     }
 
+    /// `FieldValueRequired`: `field` is missing; `detail` says what it should hold.
     pub fn required(field: &str, detail: &str) -> Self {
         Self {
             field: field.to_owned(),
@@ -46,65 +52,98 @@ impl FieldError {
     }
 }
 
+/// Every failure a request can meet, each rendered as kube-apiserver renders it: the HTTP code
+/// ([`Error::code`]), the Status `reason` ([`Error::reason`]) and the message (`Display`).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// 404 `NotFound`: no such object.
     #[error("{}", not_found_message(.0))]
     NotFound(Subject),
 
-    /// A path that names no resource of ours.
+    /// 404 `NotFound`: a path that names no resource of ours.
     #[error("the server could not find the requested resource")]
     NoRoute,
 
+    /// 409 `AlreadyExists`: a create whose namespace and name are taken.
     #[error("{} \"{}\" already exists", .0.resource, .0.name)]
     AlreadyExists(Subject),
 
+    /// 409 `Conflict`: a write against a resourceVersion or UID that is no longer current.
     #[error("Operation cannot be fulfilled on {} \"{}\": {}", .subject.resource, .subject.name, .message)]
-    Conflict { subject: Subject, message: String },
+    Conflict {
+        /// The object written.
+        subject: Subject,
+        /// Why, e.g. "the object has been modified; please apply your changes to the latest
+        /// version and try again".
+        message: String,
+    },
 
+    /// 422 `Invalid`: an object (or ListOptions) that fails validation, every failing field
+    /// listed as a `StatusCause`.
     #[error("{}.{} \"{}\" is invalid: {}", .subject.kind, .subject.group, .subject.name, join_causes(.causes))]
     Invalid {
+        /// The object, its `kind` the Kind.
         subject: Subject,
+        /// Every invalid field, in the order found.
         causes: Vec<FieldError>,
     },
 
+    /// 400 `BadRequest`: a malformed request (query, body, path segment, continue token).
     #[error("{0}")]
     BadRequest(String),
 
+    /// 405 `MethodNotAllowed`: a verb the kind does not serve (any write on a read-only kind).
     #[error("{0}")]
     MethodNotAllowed(String),
 
+    /// 406 `NotAcceptable`: no media type in `Accept` that we can produce.
     #[error("{0}")]
     NotAcceptable(String),
 
+    /// 415 `UnsupportedMediaType`: a body or patch type we do not read.
     #[error("{0}")]
     UnsupportedMediaType(String),
 
+    /// 413 `RequestEntityTooLarge`: a body, JSON patch or patched object over its limit.
     #[error("Request entity too large: {0}")]
     RequestEntityTooLarge(String),
 
+    /// 410 `Expired`: a resourceVersion or continue token older than the history kept;
+    /// clients relist.
     #[error("{0}")]
     Expired(String),
 
+    /// 504 `Timeout` with `Retry-After: 1` and cause `ResourceVersionTooLarge`: a
+    /// resourceVersion the store has not reached ([`crate::store::too_large`]).
     #[error("Timeout: {0}")]
     TooLargeResourceVersion(String),
 
-    /// The request took longer than it may.
+    /// 504 `Timeout`: the request took longer than it may.
     #[error("Timeout: {0}")]
     Timeout(String),
 
+    /// 401 `Unauthorized`: no identity on a path anonymous callers may not reach, or a bearer
+    /// token that could not be reviewed.
     #[error("{0}")]
     Unauthorized(String),
 
+    /// 403 `Forbidden`: the SubjectAccessReview (or its cached answer) denied the request, or
+    /// there is no cluster to ask; the message is kube-apiserver's
+    /// ([`crate::auth::authz::forbidden_message`]).
     #[error("{0}")]
     Forbidden(String),
 
+    /// 503 `ServiceUnavailable`: the kind's store cannot answer now (no cluster, cache not
+    /// synced).
     #[error("{0}")]
     ServiceUnavailable(String),
 
+    /// 500 `InternalError`: our fault, or a SubjectAccessReview that could not be sent.
     #[error("Internal error occurred: {0}")]
     Internal(String),
 }
 
+/// The crate's result, [`Error`] by default.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn not_found_message(subject: &Subject) -> String {
@@ -128,6 +167,7 @@ fn join_causes(causes: &[FieldError]) -> String {
 }
 
 impl Error {
+    /// The HTTP status code, also the Status `code`.
     pub fn code(&self) -> StatusCode {
         match self {
             Error::NotFound(_) | Error::NoRoute => StatusCode::NOT_FOUND,

@@ -22,6 +22,7 @@ pub struct ApiGroup {
 }
 
 impl ApiGroup {
+    /// No kinds yet.
     pub fn new() -> Self {
         Self::default()
     }

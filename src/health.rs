@@ -19,8 +19,10 @@ use crate::error::Error;
 
 type CheckFn = dyn Fn() -> Result<(), String> + Send + Sync;
 
+/// A named readiness check: Ok, or why not.
 #[derive(Clone)]
 pub struct Check {
+    /// As `?verbose` lists it and `/readyz/<name>` asks it.
     pub name: &'static str,
     run: Arc<CheckFn>,
     /// Reported (and failing on its own path) without failing the whole endpoint.
@@ -28,6 +30,7 @@ pub struct Check {
 }
 
 impl Check {
+    /// A check that makes `/readyz` fail while it fails.
     pub fn new(
         name: &'static str,
         run: impl Fn() -> Result<(), String> + Send + Sync + 'static,
@@ -58,6 +61,8 @@ struct Outcome {
     informational: bool,
 }
 
+/// What the probes answer: `/healthz` and `/livez` only say the process serves; `/readyz` also
+/// fails on shutdown and runs the readiness checks.
 #[derive(Default)]
 pub struct Health {
     shutting_down: AtomicBool,
@@ -66,18 +71,22 @@ pub struct Health {
 }
 
 impl Health {
+    /// Ready, with no checks yet.
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
 
+    /// `/readyz` fails from now on (its `shutdown` check); liveness is unaffected.
     pub fn start_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
     }
 
+    /// Whether [`Health::start_shutdown`] was called.
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
+    /// Adds a check to `/readyz`, run on every readiness request.
     pub fn add_readiness_check(&self, check: Check) {
         if let Ok(mut checks) = self.readiness.write() {
             checks.push(check);
@@ -216,6 +225,8 @@ pub fn is_probe(path: &str) -> bool {
     }
 }
 
+/// `/healthz`, `/livez`, `/readyz` and `/<probe>/<check>`. Probes reach it without
+/// authentication, metrics or a request log line (see [`crate::server::App`]).
 pub fn router(health: Arc<Health>) -> Router {
     let mut router = Router::new();
     for endpoint in [Endpoint::Healthz, Endpoint::Livez, Endpoint::Readyz] {

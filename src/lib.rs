@@ -1,11 +1,19 @@
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 //! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com/v1alpha`.
 //!
 //! A request goes: [`tls`] (handshake, client certificate) → [`server::app`] (probes go
 //! straight to [`health`]; everything else through the edge: [`request_info`], [`auth`]
 //! (authentication, SubjectAccessReview), metrics, the request log) → [`rest`] when the path is
 //! a resource endpoint (the verbs of one kind, written once), else the axum router for
-//! [`discovery`], [`openapi`], /version and /metrics → [`store`] (in memory by default). [`table`], [`watch`] and [`negotiate`] shape responses;
-//! [`error`] turns every failure into a `meta/v1 Status`.
+//! [`discovery`], [`openapi`], /version and /metrics → [`store`] (in memory by default).
+//! [`table`], [`watch`] and [`negotiate`] shape responses; [`error`] turns every failure into a
+//! `meta/v1 Status`.
+//!
+//! The `_sync` (and `_now`) convention: a method so named answers without a future when all
+//! it needs is in memory, and returns None when only its async counterpart can answer
+//! ([`store::Store::get_sync`], [`rest::Target::call_sync`], [`auth::Auth::check_now`]). A
+//! cached GET through the aggregator is then answered without a boxed future.
 
 pub mod auth;
 pub mod columns;

@@ -41,12 +41,14 @@ pub struct JsonList {
 }
 
 impl JsonList {
+    /// An empty list; `expected`, the number of items when known, sizes the buffer.
     pub fn new(expected: Option<usize>) -> Self {
         Self {
             body: ListBody::new(METADATA_ROOM, expected),
         }
     }
 
+    /// Appends `object`'s JSON.
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         self.body.next_item().extend_from_slice(object.json());
     }
@@ -64,6 +66,7 @@ impl JsonList {
         Ok(head)
     }
 
+    /// The whole `<Kind>List` with `metadata`.
     pub fn finish<K: ServedResource>(self, metadata: &ListMeta) -> Result<Bytes> {
         Ok(self.body.finish(&Self::head::<K>(metadata)?, TAIL))
     }
@@ -84,6 +87,8 @@ fn encoding_list(e: serde_json::Error) -> Error {
 }
 
 impl MetadataList {
+    /// An empty list in `meta.k8s.io/<version>`; `expected`, the number of items when known,
+    /// sizes the buffer.
     pub fn new(version: MetaVersion, expected: Option<usize>) -> Self {
         Self {
             body: ListBody::new(METADATA_ROOM, expected),
@@ -92,6 +97,8 @@ impl MetadataList {
         }
     }
 
+    /// Appends `object`'s PartialObjectMetadata. An item that cannot be encoded fails
+    /// [`MetadataList::finish`].
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         let out = self.body.next_item();
         if self.version == MetaVersion::V1 {
@@ -120,6 +127,7 @@ impl MetadataList {
         Ok(head)
     }
 
+    /// The whole list with `metadata`; 500 when an item could not be encoded.
     pub fn finish(mut self, metadata: &ListMeta) -> Result<Bytes> {
         let head = self.head(metadata)?;
         Ok(self.body.finish(&head, TAIL))
@@ -128,12 +136,17 @@ impl MetadataList {
 
 /// The body of a list in the output the client asked for.
 pub enum ListWriter {
+    /// The objects themselves, a `<Kind>List`.
     Json(JsonList),
+    /// A Table, with column definitions.
     Table(TableWriter),
+    /// A PartialObjectMetadataList.
     Metadata(MetadataList),
 }
 
 impl ListWriter {
+    /// An empty list of `K`s shaped as `output`; `include` is the Table rows' `includeObject`,
+    /// `expected` the number of items when known.
     pub fn new<K: ServedResource>(
         output: Output,
         include: IncludeObject,
@@ -150,6 +163,7 @@ impl ListWriter {
         }
     }
 
+    /// Appends `object`.
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         match self {
             Self::Json(list) => list.push(object),
@@ -158,6 +172,7 @@ impl ListWriter {
         }
     }
 
+    /// The whole body with `metadata` (a list written at once, not streamed).
     pub fn finish<K: ServedResource>(self, metadata: &ListMeta) -> Result<Bytes> {
         match self {
             Self::Json(list) => list.finish::<K>(metadata),

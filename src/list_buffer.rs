@@ -28,6 +28,8 @@ pub struct ListBody {
 }
 
 impl ListBody {
+    /// An empty body with `room` bytes for the head; `expected`, the number of items when
+    /// known, sizes the buffer once the first item is written.
     pub fn new(room: usize, expected: Option<usize>) -> Self {
         let mut out = Vec::with_capacity(room + 4096);
         out.resize(room, b' ');

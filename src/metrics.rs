@@ -16,16 +16,23 @@ use prometheus_client::{
 };
 
 // Static label values: a request's labels cost no allocation on the hot path.
+/// The labels of `apiserver_request_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
+    /// The request's verb (`get`, `list`, `watch`, ...); unknown ones are `other`.
     pub verb: &'static str,
+    /// The resource's plural; "" for a request that is not a resource request.
     pub resource: &'static str,
+    /// The HTTP status code answered.
     pub code: u16,
 }
 
+/// The labels of `apiserver_request_duration_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DurationLabels {
+    /// As in [`RequestLabels::verb`].
     pub verb: &'static str,
+    /// As in [`RequestLabels::resource`].
     pub resource: &'static str,
 }
 
@@ -45,7 +52,8 @@ const VERBS: [&str; 13] = [
     "options",
     "other",
 ];
-/// The codes this server answers with; others are counted through the family's map.
+/// The codes this server answers with most; any other (413, 504...) is counted through the
+/// family's map.
 const CODES: [u16; 15] = [
     200, 201, 304, 400, 401, 403, 404, 405, 406, 409, 410, 415, 422, 500, 503,
 ];
@@ -57,25 +65,35 @@ fn index_of(values: &[&str], value: &str) -> usize {
         .unwrap_or(values.len() - 1)
 }
 
+/// The labels of `apiserver_storage_objects`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResourceLabels {
+    /// The group-qualified resource, e.g. `llamas.farm.example.com`.
     pub resource: String,
 }
 
 type HistogramFamily = Family<DurationLabels, Histogram, fn() -> Histogram>;
 
+/// The server's metrics and the registry `/metrics` renders. Shared by the edge (requests) and
+/// the handlers (watches).
 pub struct Metrics {
     registry: Registry,
     /// Resource label values: "" (not a resource request), the served kinds' plurals, and
     /// `other`.
     resources: Vec<&'static str>,
+    /// `apiserver_request_total`: requests answered, by verb, resource and code. Count them
+    /// with [`Metrics::observe`].
     pub requests: Family<RequestLabels, Counter>,
+    /// `apiserver_request_duration_seconds`, by verb and resource; a watch until its stream
+    /// starts. Observe with [`Metrics::observe`].
     pub durations: HistogramFamily,
     // Each series' handle, resolved on first use: the families' maps hash the labels on every
     // lookup, which was a few percent of a GET's CPU.
     request_slots: Vec<OnceLock<Counter>>,
     duration_slots: Vec<OnceLock<Histogram>>,
+    /// `apiserver_longrunning_requests`: watch streams open now.
     pub open_watches: Gauge,
+    /// `apiserver_storage_objects`: objects stored per resource, refreshed on every scrape.
     pub stored_objects: Family<ResourceLabels, Gauge>,
     /// Requests whose handler panicked (answered 500, see [`crate::recovery`]).
     pub panics: Counter,
@@ -151,6 +169,8 @@ impl Metrics {
         }
     }
 
+    /// Counts one answered request and its latency. Verbs and resources outside the known
+    /// ones are labelled `other`, so a client cannot grow the series without bound.
     pub fn observe(&self, verb: &str, resource: &str, code: u16, seconds: f64) {
         let (v, r) = (index_of(&VERBS, verb), index_of(&self.resources, resource));
         let (verb, resource) = (VERBS[v], self.resources[r]);
@@ -175,6 +195,7 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Sets `apiserver_storage_objects` for `resource` (group-qualified).
     pub fn set_stored(&self, resource: &str, objects: usize) {
         self.stored_objects
             .get_or_create(&ResourceLabels {
@@ -183,6 +204,7 @@ impl Metrics {
             .set(i64::try_from(objects).unwrap_or(i64::MAX));
     }
 
+    /// Every metric in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.

@@ -9,13 +9,17 @@ use crate::error::{Error, Result};
 /// One entry of an Accept header.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MediaRange {
+    /// The type, lower case: `application`, or `*`.
     pub type_: String,
+    /// The subtype, lower case: `json`, or `*`.
     pub subtype: String,
+    /// The parameters but `q`, in order: names lower case, values unquoted (`as`, `g`, `v`).
     pub params: Vec<(String, String)>,
     q: f32,
 }
 
 impl MediaRange {
+    /// The value of parameter `name` (any case), if given.
     pub fn param(&self, name: &str) -> Option<&str> {
         self.params
             .iter()
@@ -79,13 +83,17 @@ pub fn accept(headers: &HeaderMap) -> Vec<MediaRange> {
     ranges
 }
 
+/// The `meta.k8s.io` version a Table or PartialObjectMetadata response is asked in (`v=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetaVersion {
+    /// `meta.k8s.io/v1`, what kubectl asks for first.
     V1,
+    /// `meta.k8s.io/v1beta1`, for older clients.
     V1beta1,
 }
 
 impl MetaVersion {
+    /// The `apiVersion` of the response: `meta.k8s.io/v1` or `meta.k8s.io/v1beta1`.
     pub fn api_version(self) -> &'static str {
         match self {
             MetaVersion::V1 => "meta.k8s.io/v1",
@@ -97,8 +105,11 @@ impl MetaVersion {
 /// The shape of an object or list response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Output {
+    /// The objects themselves (no `as=`).
     Json,
+    /// `as=Table`: what `kubectl get` prints.
     Table(MetaVersion),
+    /// `as=PartialObjectMetadata` or `as=PartialObjectMetadataList`: metadata only.
     PartialObjectMetadata(MetaVersion),
 }
 
@@ -113,12 +124,14 @@ fn meta_version(range: &MediaRange) -> Option<MetaVersion> {
     }
 }
 
+/// The message of the 406 for a get, list or watch.
 pub const NOT_ACCEPTABLE: &str = "only the following media types are accepted: application/json, application/json;as=Table;v=v1;g=meta.k8s.io, application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io";
 
 /// What `kubectl get` sends (client-go's table printer), byte for byte.
 const KUBECTL_TABLE: &[u8] = b"application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
 
-/// Picks the response shape for a get, list or watch.
+/// Picks the response shape for a get, list or watch: the first range, best q first, that we
+/// can produce; 406 NotAcceptable when none is.
 pub fn output(headers: &HeaderMap) -> Result<Output> {
     // The common cases, without parsing (see PERFORMANCE.md).
     let mut values = headers.get_all(header::ACCEPT).iter();
@@ -159,12 +172,18 @@ fn parse_output(headers: &HeaderMap) -> Result<Output> {
 /// Which discovery document `/apis` answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Discovery {
+    /// Aggregated discovery, `apidiscovery.k8s.io/v2` APIGroupDiscoveryList.
     V2,
+    /// Aggregated discovery, `apidiscovery.k8s.io/v2beta1` (all kube-apiserver 1.26 to 1.29
+    /// asks for).
     V2beta1,
+    /// The unaggregated documents (APIGroupList, APIGroup, APIResourceList).
     Legacy,
 }
 
 impl Discovery {
+    /// The response's `Content-Type`, as kube-apiserver sends it: the aggregator checks it
+    /// before it takes an answer as aggregated discovery.
     pub fn content_type(self) -> &'static str {
         match self {
             Discovery::V2 => "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
@@ -176,6 +195,8 @@ impl Discovery {
     }
 }
 
+/// Picks the discovery document for an `Accept` header, as [`output`] does; 406 when none of
+/// the ranges is one we serve.
 pub fn discovery(headers: &HeaderMap) -> Result<Discovery> {
     for range in accept(headers) {
         if !range.accepts_json() {
@@ -197,7 +218,6 @@ pub fn discovery(headers: &HeaderMap) -> Result<Discovery> {
     ))
 }
 
-/// Request bodies: JSON only (what kubectl, client-go and kube-rs send for custom kinds).
 /// RFC 2045 token characters, as Go's `mime` package checks them.
 fn is_token(s: &str) -> bool {
     !s.is_empty()
@@ -266,6 +286,8 @@ pub fn media_type_base(content_type: &str) -> Option<String> {
     Some(base.to_ascii_lowercase())
 }
 
+/// Request bodies: JSON only (what kubectl, client-go and kube-rs send for custom kinds);
+/// 415 UnsupportedMediaType for any other `Content-Type`.
 pub fn require_json_body(headers: &HeaderMap) -> Result<()> {
     // None is JSON: kube-apiserver accepts a body without a Content-Type, for backwards
     // compatibility.

@@ -523,16 +523,21 @@ fn pretty(value: &Value) -> bytes::Bytes {
     out.into()
 }
 
+/// The OpenAPI documents of the served kinds, encoded once with their ETags.
 #[derive(Debug)]
 pub struct OpenApiDocuments {
+    /// What `/openapi/v2` serves: [`v2`] as indented JSON.
     pub v2: bytes::Bytes,
     v2_etag: HeaderValue,
+    /// What `/openapi/v3/apis/<group>/<version>` serves: [`v3_group_version`] as indented
+    /// JSON.
     pub v3_group_version: bytes::Bytes,
     v3_hash: String,
     v3_root: bytes::Bytes,
 }
 
 impl OpenApiDocuments {
+    /// The documents for `resources`.
     pub fn new(resources: &[ResourceInfo]) -> Self {
         let v2 = pretty(&v2(resources));
         let v3_group_version = pretty(&v3_group_version(resources));
@@ -646,6 +651,8 @@ async fn get_v3_group_version(
     Ok(response)
 }
 
+/// `/openapi/v2`, `/openapi/v3` and `/openapi/v3/apis/<group>/<version>`, answered from
+/// `docs`; 406 unless JSON is acceptable.
 pub fn router(docs: Arc<OpenApiDocuments>) -> Router {
     Router::new()
         .route("/openapi/v2", get(get_v2))

@@ -4,16 +4,29 @@
 
 use axum::http::Method;
 
+/// One request as authorization, metrics and the log see it. Path parts are borrowed as sent
+/// (not percent-decoded); a part the path does not have is "".
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestInfo<'a> {
+    /// Under `/apis/<group>/<version>/` (or `/api/<version>/`) and naming a resource: the
+    /// SubjectAccessReview then has resource attributes, else non-resource ones (`path`).
     pub is_resource_request: bool,
+    /// For a resource request the API verb (`get`, `list`, `watch`, `create`, `update`,
+    /// `patch`, `delete`, `deletecollection`); otherwise the lower-cased method.
     pub verb: &'static str,
+    /// The API group; "" for the core group.
     pub api_group: &'a str,
+    /// The API version.
     pub api_version: &'a str,
+    /// The namespace the path names; "" for all namespaces or a cluster-scoped kind.
     pub namespace: &'a str,
+    /// The resource's plural, e.g. `llamas`.
     pub resource: &'a str,
+    /// The segment after the name (e.g. `status`).
     pub subresource: &'a str,
+    /// The object's name; "" for a collection.
     pub name: &'a str,
+    /// The whole request path, without the query.
     pub path: &'a str,
 }
 

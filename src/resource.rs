@@ -13,8 +13,11 @@ use crate::{
     error::{FieldError, Subject},
 };
 
+/// The API group served, as the APIService names it.
 pub const GROUP: &str = "farm.example.com";
+/// The one version served of [`GROUP`].
 pub const VERSION: &str = "v1alpha";
+/// `<group>/<version>`: objects' `apiVersion`, and the path under `/apis/`.
 pub const GROUP_VERSION: &str = "farm.example.com/v1alpha";
 
 /// Verbs a writable kind supports, in kube-apiserver's order.
@@ -28,6 +31,7 @@ pub const READ_WRITE_VERBS: &[&str] = &[
     "update",
     "watch",
 ];
+/// Verbs a kind whose store takes no writes supports.
 pub const READ_ONLY_VERBS: &[&str] = &["get", "list", "watch"];
 
 /// A kind this server serves: its names come from kube's `#[derive(CustomResource)]`, the rest
@@ -51,6 +55,8 @@ pub trait ServedResource:
     /// As `#[kube(...)]` names it (a test holds the two together); short names come from the
     /// derive itself ([`kube::CustomResourceExt::shortnames`]).
     const SINGULAR: &'static str;
+    /// Discovery categories (`kubectl get <category>` lists every kind in it), as
+    /// `#[kube(category = ...)]` names them.
     const CATEGORIES: &'static [&'static str];
     /// One line for the OpenAPI description of the kind.
     const DESCRIPTION: &'static str;
@@ -109,10 +115,12 @@ pub trait ServedResource:
         None
     }
 
+    /// The resource name in URLs, e.g. `llamas`.
     fn plural_name() -> String {
         Self::plural(&()).into_owned()
     }
 
+    /// The Kind, e.g. `Llama`.
     fn kind_name() -> String {
         Self::kind(&()).into_owned()
     }
@@ -144,15 +152,23 @@ pub trait ServedResource:
 /// The static facts of a kind, for discovery, OpenAPI and metrics (which are not generic).
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
+    /// The resource name in URLs, e.g. `llamas`.
     pub plural: &'static str,
+    /// [`ServedResource::SINGULAR`].
     pub singular: &'static str,
+    /// The Kind, e.g. `Llama`.
     pub kind: String,
+    /// Short names for kubectl (`ll`), from the derive.
     pub short_names: &'static [&'static str],
+    /// [`ServedResource::CATEGORIES`].
     pub categories: &'static [&'static str],
+    /// What discovery says the kind supports: [`READ_WRITE_VERBS`] or [`READ_ONLY_VERBS`].
     pub verbs: &'static [&'static str],
+    /// [`ServedResource::DESCRIPTION`].
     pub description: &'static str,
     /// Whether its store takes writes: discovery's verbs and OpenAPI's operations follow.
     pub writable: bool,
+    /// [`ServedResource::namespaced`].
     pub namespaced: bool,
     /// Builds the OpenAPI schema of `.spec` (and `.status`) in a given generator.
     pub schema: fn(&mut SchemaGenerator) -> (Schema, Option<Schema>),
@@ -197,11 +213,14 @@ impl ResourceInfo {
 /// The metadata key of an object: namespace and name. Ordered as etcd orders keys.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
+    /// "" for a cluster-scoped kind.
     pub namespace: String,
+    /// `metadata.name`.
     pub name: String,
 }
 
 impl ObjectKey {
+    /// The key of `name` in `namespace`.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
             namespace: namespace.into(),
@@ -209,6 +228,7 @@ impl ObjectKey {
         }
     }
 
+    /// The key of an object from its metadata (an unset namespace or name is "").
     pub fn of(meta: &ObjectMeta) -> Self {
         Self {
             namespace: meta.namespace.clone().unwrap_or_default(),

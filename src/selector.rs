@@ -47,6 +47,8 @@ pub fn label_hashes(labels: Option<&BTreeMap<String, String>>) -> Vec<u64> {
 }
 
 impl LabelSelector {
+    /// Parses a `labelSelector` value (`a=b,c!=d,e in (f,g),!h`); 400 BadRequest when it does
+    /// not parse.
     pub fn parse(input: &str) -> Result<Self> {
         let exprs = Parser::new(input).parse().map_err(|message| {
             Error::BadRequest(format!("unable to parse requirement: {message}"))
@@ -82,6 +84,7 @@ impl LabelSelector {
             .all(|set| set.iter().any(|h| hashes.binary_search(h).is_ok()))
     }
 
+    /// Whether an object with `labels` (None: no labels) is selected.
     pub fn matches(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
         if self.selector.selects_all() {
             return true;
@@ -92,6 +95,7 @@ impl LabelSelector {
         }
     }
 
+    /// Selects everything (no requirement).
     pub fn is_empty(&self) -> bool {
         self.selector.selects_all()
     }
@@ -439,6 +443,7 @@ impl FieldSelector {
         })
     }
 
+    /// Selects everything (no requirement).
     pub fn is_empty(&self) -> bool {
         self.requirements.is_empty()
     }
@@ -490,7 +495,9 @@ fn unescape(value: &str) -> String {
 /// Both selectors of a list or watch request, applied together.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
+    /// `labelSelector`.
     pub labels: LabelSelector,
+    /// `fieldSelector`.
     pub fields: FieldSelector,
 }
 
@@ -501,6 +508,7 @@ impl Filter {
             && self.labels.matches(object.meta().labels.as_ref())
     }
 
+    /// Neither selector has a requirement: every object passes.
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty() && self.fields.is_empty()
     }

@@ -61,22 +61,35 @@ impl Shutdown {
 pub struct AppState {
     /// The served kinds' REST endpoints.
     pub endpoints: Arc<rest::Endpoints>,
+    /// Authentication and authorization of every request but the probes.
     pub auth: Arc<Auth>,
+    /// The registry `/metrics` renders; the same one as in `rest`.
     pub metrics: Arc<Metrics>,
+    /// What `/healthz`, `/livez` and `/readyz` answer.
     pub health: Arc<Health>,
+    /// The discovery documents, built once from the served kinds.
     pub discovery: Arc<DiscoveryDocuments>,
+    /// The OpenAPI v2 and v3 documents, built once from the served kinds.
     pub openapi: Arc<OpenApiDocuments>,
+    /// What the resource handlers share: metrics, the watch shutdown token, the timeouts.
     pub rest: RestContext,
 }
 
 /// Who is trusted, and the cluster that reviews tokens and access.
 #[derive(Clone)]
 pub struct AuthOptions {
+    /// The trusted CAs and front-proxy settings at start; with a cluster, `config::Args::run`
+    /// replaces them whenever the `extension-apiserver-authentication` ConfigMap changes.
     pub config: AuthnConfig,
     /// TokenReview and SubjectAccessReview go here; None = standalone.
     pub cluster: Option<kube::Client>,
+    /// How long an allowing SubjectAccessReview answer is cached
+    /// (`--authorization-webhook-cache-authorized-ttl`).
     pub allow_ttl: Duration,
+    /// How long a denying SubjectAccessReview answer is cached
+    /// (`--authorization-webhook-cache-unauthorized-ttl`).
     pub deny_ttl: Duration,
+    /// How long a TokenReview answer is cached (`--authentication-token-webhook-cache-ttl`).
     pub token_ttl: Duration,
 }
 
@@ -93,6 +106,7 @@ impl Default for AuthOptions {
 }
 
 impl AuthOptions {
+    /// The authenticator and authorizer; bearer tokens are reviewed only with a cluster.
     pub fn build(self) -> Arc<Auth> {
         let tokens = self
             .cluster
@@ -105,9 +119,12 @@ impl AuthOptions {
     }
 }
 
+/// What [`AppState::new`] takes besides the kinds.
 #[derive(Clone)]
 pub struct StateOptions {
+    /// Watch and request timeouts, bookmark interval.
     pub rest: RestSettings,
+    /// Shared with whatever replaces its configuration (the ConfigMap follower).
     pub auth: Arc<Auth>,
 }
 
@@ -459,6 +476,8 @@ where
     }
 }
 
+/// The service for `state`: [`App`] without a connection yet, as `oneshot` tests use it and
+/// [`Bound::spawn`] serves it.
 pub fn app(state: AppState) -> App {
     let router = Router::new()
         .merge(discovery::router(state.discovery.clone()))
@@ -489,6 +508,7 @@ pub struct Bound {
 
 /// A listener serving in the background.
 pub struct Running {
+    /// The address it listens on (the actual port when bound to port 0).
     pub addr: SocketAddr,
     handle: axum_server::Handle<SocketAddr>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -523,6 +543,7 @@ pub fn bind(
 }
 
 impl Bound {
+    /// The address bound (the actual port when bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
@@ -572,7 +593,10 @@ impl Running {
 /// Shutdown timing: see [`serve`].
 #[derive(Debug, Clone, Copy)]
 pub struct ShutdownTiming {
+    /// From the signal (readiness fails at once) to ending watches and closing the listener,
+    /// so that load balancers stop sending traffic first.
     pub delay: Duration,
+    /// What in-flight requests get to finish once the listener is closed.
     pub grace: Duration,
 }
 

@@ -53,27 +53,39 @@ pub fn write_row_v1<K: ServedResource>(
 /// `includeObject` on a Table request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IncludeObject {
+    /// `None`: rows carry cells only.
     None,
+    /// `Metadata` (the default): each row's object is the object's PartialObjectMetadata.
     #[default]
     Metadata,
+    /// `Object`: each row's object is the whole object.
     Object,
 }
 
+/// A Table built as a value, for what is not written row by row ([`TableWriter`]): watch
+/// bookmarks, tests.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Table<'a> {
+    /// Always `Table`.
     pub kind: &'static str,
+    /// `meta.k8s.io/v1` or `meta.k8s.io/v1beta1`, as the client asked.
     pub api_version: &'static str,
+    /// The list's resourceVersion and continue token.
     pub metadata: ListMeta,
     /// Left out on watch events after the first, as kube-apiserver does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub column_definitions: Option<Vec<ColumnDefinition>>,
+    /// One row per object, in list order.
     pub rows: Vec<TableRow<'a>>,
 }
 
+/// One object's row.
 #[derive(Debug, Serialize)]
 pub struct TableRow<'a> {
+    /// One value per column definition, in order: the name first.
     pub cells: Vec<Value>,
+    /// What `includeObject` asked for; None for `includeObject=None`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<RowObject<'a>>,
 }
@@ -83,7 +95,9 @@ pub struct TableRow<'a> {
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum RowObject<'a> {
+    /// `includeObject=Metadata`.
     Metadata(PartialObjectMetadata<'a>),
+    /// `includeObject=Object`: the object as JSON.
     Full(Value),
 }
 
@@ -91,12 +105,16 @@ pub enum RowObject<'a> {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PartialObjectMetadata<'a> {
+    /// Always `PartialObjectMetadata`.
     pub kind: &'static str,
+    /// `meta.k8s.io/v1` or `meta.k8s.io/v1beta1`, as the client asked.
     pub api_version: &'static str,
+    /// The object's metadata, borrowed.
     pub metadata: &'a ObjectMeta,
 }
 
 impl<'a> PartialObjectMetadata<'a> {
+    /// `metadata` as `meta.k8s.io/<version>` PartialObjectMetadata.
     pub fn new(metadata: &'a ObjectMeta, version: MetaVersion) -> Self {
         Self {
             kind: "PartialObjectMetadata",
@@ -106,12 +124,14 @@ impl<'a> PartialObjectMetadata<'a> {
     }
 }
 
+/// `K`'s column definitions: NAME, then the kind's own.
 pub fn columns<K: ServedResource>() -> Vec<ColumnDefinition> {
     let mut columns = vec![NAME_COLUMN];
     columns.extend(K::columns());
     columns
 }
 
+/// `object`'s row as a value, its cells as of `now`.
 pub fn row<K: ServedResource>(
     object: &K,
     include: IncludeObject,
@@ -131,6 +151,7 @@ pub fn row<K: ServedResource>(
     TableRow { cells, object }
 }
 
+/// A Table of `objects` as a value, with column definitions when `with_columns`.
 pub fn table<'a, K: ServedResource>(
     objects: impl IntoIterator<Item = &'a K>,
     metadata: ListMeta,
@@ -166,6 +187,8 @@ pub struct TableWriter {
 }
 
 impl TableWriter {
+    /// An empty Table of `K`s, with column definitions when `with_columns`; `expected`, the
+    /// number of rows when known, sizes the buffer.
     pub fn new<K: ServedResource>(
         include: IncludeObject,
         version: MetaVersion,
@@ -188,6 +211,7 @@ impl TableWriter {
         }
     }
 
+    /// Appends `object`'s row. A row that cannot be encoded fails [`TableWriter::finish`].
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         let out = self.body.next_item();
         if (self.include, self.version) == (IncludeObject::Metadata, MetaVersion::V1) {
@@ -228,6 +252,7 @@ impl TableWriter {
         Ok(head)
     }
 
+    /// The whole Table with `metadata`; 500 when a row could not be encoded.
     pub fn finish(mut self, metadata: &ListMeta) -> Result<Bytes> {
         let head = self.head(metadata)?;
         Ok(self.body.finish(&head, b"]}"))

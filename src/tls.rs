@@ -27,14 +27,20 @@ use tokio::net::TcpStream;
 
 use crate::connection;
 
+/// File of a CA directory holding the CA certificate (PEM).
 pub const CA_CERT: &str = "ca.crt";
+/// File of a CA directory holding the CA's private key (PEM, mode 0600).
 pub const CA_KEY: &str = "ca.key";
+/// File holding the serving certificate (PEM), as a `kubernetes.io/tls` Secret names it.
 pub const TLS_CERT: &str = "tls.crt";
+/// File holding the serving certificate's private key (PEM, mode 0600).
 pub const TLS_KEY: &str = "tls.key";
+/// File of `--cert-dir` holding the development kubeconfig.
 pub const KUBECONFIG: &str = "kubeconfig";
 
 /// The user the generated kubeconfig authenticates as.
 pub const DEV_USER: &str = "farm-dev-admin";
+/// The group of [`DEV_USER`]: always authorized, so the kubeconfig works without a cluster.
 pub const DEV_GROUP: &str = "system:masters";
 
 /// Names the dev serving certificate is valid for: local use and the in-cluster Service.
@@ -51,7 +57,9 @@ pub const DEV_SANS: &[&str] = &[
 /// Where the serving certificate and key are.
 #[derive(Debug, Clone)]
 pub struct ServingFiles {
+    /// The certificate chain, PEM, leaf first.
     pub cert: PathBuf,
+    /// Its private key, PEM.
     pub key: PathBuf,
 }
 
@@ -108,15 +116,19 @@ fn rcgen_days(days: i64) -> time::Duration {
 /// A CA kept in a directory (`ca.crt`, `ca.key`): the development CA of `--cert-dir`, or the
 /// install CA `farm-apiserver certs` writes. Loaded when present, created otherwise.
 pub struct DevCa {
+    /// The CA certificate, PEM: what clients and the APIService's caBundle trust.
     pub cert_pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
 impl DevCa {
+    /// The development CA of `dir` (see [`DevCa::load_or_create_named`]).
     pub fn load_or_create(dir: &Path) -> Result<Self> {
         Self::load_or_create_named(dir, "farm-apiserver development CA")
     }
 
+    /// The CA in `dir`, or a new one named `common_name` written there. An error when only one
+    /// of its two files is there: a CA is never replaced silently.
     pub fn load_or_create_named(dir: &Path, common_name: &str) -> Result<Self> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
@@ -203,8 +215,9 @@ pub fn ensure_dev_certificates(dir: &Path, server_url: &str) -> Result<String> {
     Ok(ca.cert_pem)
 }
 
-/// The APIService that registers this server, and the patch file that gives it its `caBundle`.
+/// The APIService that registers this server (`<version>.<group>`).
 pub const API_SERVICE: &str = "v1alpha.farm.example.com";
+/// The patch file that gives [`API_SERVICE`] its `caBundle`.
 pub const CA_BUNDLE_PATCH: &str = "apiservice-cabundle.yaml";
 
 /// `farm-apiserver certs`: what `kubectl apply -k manifests/` needs to trust the server, written
@@ -243,6 +256,8 @@ spec:
     Ok(())
 }
 
+/// A kubeconfig (context `farm-dev`, namespace `default`) for `server_url`, trusting `ca_pem`
+/// and authenticating as [`DEV_USER`] with the given client certificate and key (PEM).
 pub fn kubeconfig(server_url: &str, ca_pem: &str, cert_pem: &str, key_pem: &str) -> String {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
@@ -284,6 +299,8 @@ pub fn local_url(addr: SocketAddr) -> String {
     format!("https://{host}:{}", addr.port())
 }
 
+/// Every certificate of a PEM bundle, in order; an error when there is none or one does not
+/// parse.
 pub fn load_certs(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
@@ -347,12 +364,15 @@ fn fingerprint(cert: &[u8], key: &[u8]) -> [u8; 32] {
 /// Either can change while the server runs; new handshakes get the new config, open connections
 /// keep theirs.
 pub struct ServingTls {
+    /// What the listener serves with; swapped in place on reload.
     pub config: RustlsConfig,
     files: ServingFiles,
     state: std::sync::Mutex<(Vec<String>, [u8; 32])>,
 }
 
 impl ServingTls {
+    /// Reads `files` and builds the config; an error when they cannot be read or do not match.
+    /// Nothing is reloaded until [`ServingTls::reload_loop`] runs.
     pub fn load(files: ServingFiles, client_cas: Vec<String>) -> Result<Arc<Self>> {
         let (cert, key) = read_files(&files)?;
         let config = server_config(&cert, &key, &client_cas)?;
@@ -417,6 +437,7 @@ pub struct Acceptor {
 }
 
 impl Acceptor {
+    /// Serves TLS with `config` (which reloads apply to), each connection bounded by `limits`.
     pub fn new(config: RustlsConfig, limits: connection::Limits) -> Self {
         Self {
             inner: RustlsAcceptor::new(config)
@@ -432,6 +453,8 @@ impl Acceptor {
 /// `Extension` layer: that inserts into every request's extension map, three allocations a
 /// request.)
 pub trait ConnectionService {
+    /// The service for one connection: `chain` is what the handshake verified, `activity`
+    /// what the connection's idle and write bounds watch.
     fn for_connection(
         self,
         chain: Vec<CertificateDer<'static>>,

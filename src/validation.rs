@@ -43,6 +43,7 @@ pub fn validate_name(name: &str) -> Option<FieldError> {
     }
 }
 
+/// Validates a namespace a client gave: a DNS-1123 label, as kube-apiserver requires.
 pub fn validate_namespace(namespace: &str) -> Option<FieldError> {
     if is_dns1123_label(namespace) {
         None

@@ -40,6 +40,7 @@ struct Line<'a, T: Serialize> {
     object: &'a T,
 }
 
+/// One watch event as sent: `{"type":<type_>,"object":<object>}` and a newline.
 pub fn event_line<T: Serialize>(type_: &str, object: &T) -> Bytes {
     let mut buf = Vec::with_capacity(256);
     // Serializing our own types into a Vec cannot fail.
@@ -48,14 +49,22 @@ pub fn event_line<T: Serialize>(type_: &str, object: &T) -> Bytes {
     Bytes::from(buf)
 }
 
+/// How one watch is sent, from its query and the server's settings.
 #[derive(Debug, Clone)]
 pub struct WatchOptions {
+    /// The shape of each event's object, from `Accept`.
     pub output: Output,
+    /// `includeObject`, for Table output.
     pub include: IncludeObject,
+    /// `allowWatchBookmarks`: send a BOOKMARK every `bookmark_interval` when the watch's
+    /// resourceVersion moved since the last one.
     pub allow_bookmarks: bool,
     /// Send the `initial-events-end` bookmark (sendInitialEvents=true).
     pub send_initial_events_end: bool,
+    /// How long the stream lasts before it ends cleanly: `timeoutSeconds`, or a random time
+    /// from `--min-request-timeout`.
     pub timeout: Duration,
+    /// How often a bookmark may be sent ([`crate::rest::RestSettings::bookmark_interval`]).
     pub bookmark_interval: Duration,
 }
 
@@ -233,6 +242,9 @@ impl<K: ServedResource> Watcher<K> {
     }
 }
 
+/// The 200 streaming `stream` as watch events, resourceVersions counted from `start_rv`
+/// (for bookmarks). It ends after `options.timeout`, when `shutdown` is cancelled, or after an
+/// ERROR event; counted in `apiserver_longrunning_requests` while it lives.
 pub fn response<K: ServedResource>(
     stream: WatchStream<K>,
     options: WatchOptions,

@@ -29,13 +29,16 @@ use crate::error::Error;
 #[derive(Debug, Clone, Default)]
 pub struct PeerCertificates(Arc<Peer>);
 
+/// What [`PeerCertificates`] shares.
 #[derive(Debug, Default)]
 pub struct Peer {
+    /// The chain as the TLS handshake verified it, leaf first; empty when none was sent.
     pub chain: Vec<CertificateDer<'static>>,
     verdict: Mutex<Option<(u64, CertIdentity)>>,
 }
 
 impl PeerCertificates {
+    /// A connection's chain, not classified yet.
     pub fn new(chain: Vec<CertificateDer<'static>>) -> Self {
         Self(Arc::new(Peer {
             chain,
@@ -55,9 +58,15 @@ impl std::ops::Deref for PeerCertificates {
 /// Who made a request.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct UserInfo {
+    /// The user name: the certificate's CN, `X-Remote-User`, or the TokenReview's username.
     pub name: String,
+    /// Empty when the authenticator gave none (client certificates never do).
     pub uid: String,
+    /// The certificate's O values, `X-Remote-Group`, or the TokenReview's groups; with
+    /// `system:authenticated` added (see [`UserInfo::authenticated`]).
     pub groups: Vec<String>,
+    /// `X-Remote-Extra-<key>` values, or the TokenReview's extra, passed on in
+    /// SubjectAccessReviews.
     pub extra: BTreeMap<String, Vec<String>>,
 }
 
@@ -67,6 +76,7 @@ const ALL_UNAUTHENTICATED: &str = "system:unauthenticated";
 const ANONYMOUS: &str = "system:anonymous";
 
 impl UserInfo {
+    /// In `system:masters`, the group that is always authorized.
     pub fn is_system_masters(&self) -> bool {
         self.groups.iter().any(|g| g == "system:masters")
     }
@@ -107,6 +117,7 @@ impl std::fmt::Display for Groups<'_> {
 /// How the front proxy (kube-apiserver's aggregator) is recognised, and where it puts the user.
 #[derive(Clone)]
 pub struct RequestHeaderConfig {
+    /// The front proxy's CA bundle (`requestheader-client-ca-file`), PEM.
     pub ca_pem: String,
     verifier: Arc<dyn ClientCertVerifier>,
     /// Allowed client certificate CNs; empty = any CN the CA signed.
@@ -236,11 +247,14 @@ impl RequestHeaderConfig {
 /// A client CA: certificates it signed authenticate as CN / O.
 #[derive(Clone)]
 pub struct ClientCa {
+    /// The CA bundle, PEM.
     pub ca_pem: String,
     verifier: Arc<dyn ClientCertVerifier>,
 }
 
 impl ClientCa {
+    /// Trusts the CAs of the PEM bundle `ca_pem`; an error when it holds no usable
+    /// certificate.
     pub fn new(ca_pem: &str) -> anyhow::Result<Self> {
         Ok(Self {
             ca_pem: ca_pem.to_owned(),
@@ -258,7 +272,10 @@ impl std::fmt::Debug for ClientCa {
 /// Everything authentication trusts; replaced whole when its sources change.
 #[derive(Debug, Clone, Default)]
 pub struct AuthnConfig {
+    /// The front proxy, when one is trusted; None = `X-Remote-*` headers are always stripped.
     pub request_header: Option<RequestHeaderConfig>,
+    /// The client CAs (flag, ConfigMap, development CA); empty = no client certificate
+    /// authenticates.
     pub client_cas: Vec<ClientCa>,
 }
 
@@ -276,9 +293,12 @@ impl AuthnConfig {
 /// What a connection's certificate is, decided once per connection and config generation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CertIdentity {
+    /// No certificate, or one that identifies no one: no trusted CA signed it, its front-proxy
+    /// CN is not allowed, or it has no CN.
     None,
     /// Signed by the request-header CA with an allowed CN: trust `X-Remote-*`.
     FrontProxy,
+    /// Signed by a client CA: the user is the CN, the groups are the O values.
     User(UserInfo),
 }
 
@@ -307,6 +327,8 @@ fn verifies(verifier: &dyn ClientCertVerifier, chain: &[CertificateDer<'static>]
     }
 }
 
+/// What `chain` (leaf first) proves under `config`: the front proxy is tried first, as in
+/// k8s.io/apiserver. Verifies signatures; [`Authenticator`] caches the verdicts.
 pub fn classify(config: &AuthnConfig, chain: &[CertificateDer<'static>]) -> CertIdentity {
     let Some(leaf) = chain.first() else {
         return CertIdentity::None;
@@ -459,6 +481,7 @@ pub struct TokenReviewer {
 const CACHE_LIMIT: usize = 10_000;
 
 impl TokenReviewer {
+    /// Reviews tokens with `client`'s cluster, answers (both ways) cached for `ttl`.
     pub fn new(client: kube::Client, ttl: Duration) -> Self {
         Self {
             client,
@@ -467,6 +490,8 @@ impl TokenReviewer {
         }
     }
 
+    /// The user `token` belongs to, None when the cluster does not accept it; 401 when the
+    /// TokenReview cannot be sent.
     pub async fn review(&self, token: &str) -> Result<Option<UserInfo>, Error> {
         let key: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         if let Ok(cache) = self.cache.lock()
@@ -510,7 +535,11 @@ impl TokenReviewer {
     }
 }
 
+/// Who is calling, in k8s.io/apiserver's order (see the module docs). Its configuration can
+/// be replaced while it serves ([`Authenticator::set_config`]).
 pub struct Authenticator {
+    /// What is trusted now; replace it with [`Authenticator::set_config`], which also forgets
+    /// the cached certificate verdicts.
     pub config: ArcSwap<AuthnConfig>,
     /// Bumped on every config change, so per-connection verdicts are recomputed.
     generation: std::sync::atomic::AtomicU64,
@@ -519,6 +548,8 @@ pub struct Authenticator {
     /// (see PERFORMANCE.md). Safe to reuse because the TLS
     /// handshake has just verified the chain, validity period included, against the same CAs.
     verdicts: Mutex<(u64, HashMap<[u8; 32], CertIdentity>)>,
+    /// Bearer tokens are reviewed only with one (a cluster); without, a token is ignored and
+    /// the caller is anonymous.
     pub tokens: Option<TokenReviewer>,
 }
 
@@ -526,6 +557,7 @@ pub struct Authenticator {
 const VERDICT_LIMIT: usize = 1024;
 
 impl Authenticator {
+    /// Trusts `config`; reviews bearer tokens with `tokens`, when given.
     pub fn new(config: AuthnConfig, tokens: Option<TokenReviewer>) -> Self {
         Self {
             config: ArcSwap::from_pointee(config),
@@ -535,6 +567,8 @@ impl Authenticator {
         }
     }
 
+    /// Trusts `config` from the next request on (the ConfigMap changed); verdicts about
+    /// certificates made under the old one are not reused.
     pub fn set_config(&self, config: AuthnConfig) {
         self.config.store(Arc::new(config));
         self.generation

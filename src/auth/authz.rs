@@ -24,6 +24,8 @@ use crate::{error::Error, request_info::RequestInfo};
 /// Paths anyone may call (`--authorization-always-allow-paths`).
 pub const ALWAYS_ALLOW_PATHS: &[&str] = &["/healthz", "/livez", "/readyz"];
 
+/// `path` is one of [`ALWAYS_ALLOW_PATHS`] or below one (`/readyz/<check>`): no review, and
+/// anonymous callers may reach it.
 pub fn always_allowed(path: &str) -> bool {
     ALWAYS_ALLOW_PATHS.iter().any(|p| {
         path == *p
@@ -40,6 +42,9 @@ struct Decision {
     at: Instant,
 }
 
+/// May this user do this: `system:masters` and the always-allowed paths without asking,
+/// everything else by a SubjectAccessReview to the cluster, answers cached. One review is sent
+/// for concurrent identical requests.
 pub struct Authorizer {
     client: Option<kube::Client>,
     allow_ttl: Duration,
@@ -110,6 +115,8 @@ pub fn forbidden_message(user: &UserInfo, info: &RequestInfo<'_>, reason: &str) 
 }
 
 impl Authorizer {
+    /// Reviews with `client`'s cluster (None: only `system:masters` is allowed), caching
+    /// allowing answers for `allow_ttl` and denying ones for `deny_ttl`.
     pub fn new(client: Option<kube::Client>, allow_ttl: Duration, deny_ttl: Duration) -> Self {
         Self {
             client,
@@ -214,6 +221,9 @@ impl Authorizer {
         (decision.at.elapsed() < self.ttl(decision)).then(|| self.verdict(decision, user, info))
     }
 
+    /// Ok when `user` may make the request `info` describes; 403 Forbidden with
+    /// kube-apiserver's message otherwise, 500 when the review could not be sent (not cached:
+    /// the next request tries again).
     pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo<'_>) -> Result<(), Error> {
         if always_allowed(info.path) || user.is_system_masters() {
             return Ok(());

@@ -15,8 +15,11 @@ pub use authz::Authorizer;
 
 use crate::{error::Error, request_info::RequestInfo};
 
+/// Both halves of the check every request but the probes goes through.
 pub struct Auth {
+    /// Who is calling: client certificate, front-proxy headers, or bearer token.
     pub authn: Authenticator,
+    /// May they: SubjectAccessReview, cached.
     pub authz: Authorizer,
 }
 

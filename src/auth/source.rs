@@ -13,7 +13,9 @@ use kube::{
 use super::{AuthnConfig, ClientCa, RequestHeaderConfig};
 use crate::tls::ServingTls;
 
+/// Where kube-apiserver publishes the ConfigMap.
 pub const CONFIGMAP_NAMESPACE: &str = "kube-system";
+/// The ConfigMap kube-apiserver publishes its client and front-proxy CAs in.
 pub const CONFIGMAP_NAME: &str = "extension-apiserver-authentication";
 
 /// What flags and the server itself contribute, whatever the ConfigMap says.
@@ -35,6 +37,9 @@ fn string_list(data: &BTreeMap<String, String>, key: &str) -> Option<Vec<String>
         .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
 }
 
+/// The authentication config from the flags and the ConfigMap (None: not read, or gone).
+/// The flags' request-header CA and allowed names win over the ConfigMap's; client CAs from
+/// both are trusted, with the dev CA. A CA that cannot be used is logged and left out.
 pub fn build(sources: &StaticSources, configmap: Option<&ConfigMap>) -> AuthnConfig {
     let empty = BTreeMap::new();
     let data = configmap.and_then(|c| c.data.as_ref()).unwrap_or(&empty);

@@ -4,9 +4,10 @@
 //!
 //! Laid out as k8s.io/apiserver lays out the same work: [`route`] finds the kind and verb from
 //! the path (its `endpoints/installer`), [`options`] reads the query (ListOptions,
-//! WatchOptions, DeleteOptions), [`read`] and [`write`] are the verbs (`endpoints/handlers`),
-//! [`strategy`] is what a create or update does to an object before it is stored
-//! (`registry/rest`), [`patch`] applies patches, and [`response`] shapes what goes back.
+//! WatchOptions, DeleteOptions), [`read`] and [`write`](mod@write) are the verbs
+//! (`endpoints/handlers`), [`strategy`] is what a create or update does to an object before it
+//! is stored (`registry/rest`), [`patch`] applies patches, and [`response`] shapes what goes
+//! back.
 
 pub mod options;
 pub mod patch;
@@ -38,6 +39,7 @@ pub struct RestSettings {
     /// Watches without `timeoutSeconds` end after a random time in [min, 2*min), as kube-apiserver's
     /// `--min-request-timeout` does, so clients spread their reconnects.
     pub min_request_timeout: Duration,
+    /// How often a watch that allows bookmarks gets one (when its resourceVersion moved).
     pub bookmark_interval: Duration,
     /// How long a request that is not a watch may take, response included (kube-apiserver's
     /// `--request-timeout`): past it, 504.
@@ -57,9 +59,11 @@ impl Default for RestSettings {
 /// What every handler can reach besides its store.
 #[derive(Clone)]
 pub struct RestContext {
+    /// The server's metrics (the handlers count open watches).
     pub metrics: Arc<Metrics>,
     /// Cancelled when open watches are to end (shutdown).
     pub shutdown: CancellationToken,
+    /// Timeouts and the bookmark interval.
     pub settings: Arc<RestSettings>,
 }
 

@@ -83,6 +83,8 @@ impl Endpoints {
         self
     }
 
+    /// The resource endpoint `path` names, or None when it is not one (the router answers).
+    /// Only matches: whether the method is served is decided by the call.
     pub fn find<'a>(&'a self, path: &'a str) -> Option<Target<'a>> {
         let rest = path
             .strip_prefix("/apis/")?
@@ -135,6 +137,8 @@ impl Endpoints {
 }
 
 impl Target<'_> {
+    /// Answers the request: the verb from its method, namespace and name percent-decoded
+    /// (400 when they are not UTF-8); 405 for a method the kind does not serve.
     pub async fn call(self, request: Request) -> Response {
         let (namespace, name) = match (
             self.namespace.map(path_segment).transpose(),

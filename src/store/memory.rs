@@ -33,6 +33,7 @@ use crate::{
 pub struct ContinueToken {
     /// Always `meta.k8s.io/v1`, as kube-apiserver's tokens say.
     pub v: String,
+    /// The resourceVersion of the snapshot the list reads.
     pub rv: u64,
     /// Namespace and name of the last item returned.
     pub start: (String, String),
@@ -41,12 +42,14 @@ pub struct ContinueToken {
 }
 
 impl ContinueToken {
+    /// The token as sent: unpadded URL-safe base64 of its JSON.
     pub fn encode(&self) -> String {
         use base64::Engine;
         let json = serde_json::to_vec(self).unwrap_or_default();
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
     }
 
+    /// Reads a token [`ContinueToken::encode`] made; 400 BadRequest for anything else.
     pub fn decode(token: &str) -> Result<Self> {
         use base64::Engine;
         let bad = || Error::BadRequest(format!("continue key is not valid: {token:?}"));
@@ -61,12 +64,14 @@ impl ContinueToken {
     }
 }
 
+/// How much history a [`MemoryStore`] keeps, and where its resourceVersions start.
 #[derive(Debug, Clone)]
 pub struct MemoryStoreConfig {
     /// Events kept for watches to resume from; older resourceVersions get 410 Expired.
     pub event_window: usize,
     /// How long a list snapshot stays available to `continue` tokens (etcd compacts at 5 min).
     pub snapshot_ttl: Duration,
+    /// List snapshots kept for `continue` tokens at most; past it the oldest goes (410 Expired).
     pub max_snapshots: usize,
     /// Buffer per watcher before a slow watcher is dropped (it then resumes from its last rv).
     pub watch_buffer: usize,
@@ -138,6 +143,9 @@ struct Shared<K> {
     config: MemoryStoreConfig,
 }
 
+/// The in-memory store: a [`WritableStore`] holding every object of a kind. Clones share the
+/// same objects. Lists are read from one snapshot, pages included; watches resume from any
+/// version still in the event log.
 pub struct MemoryStore<K> {
     shared: Arc<Shared<K>>,
 }
@@ -169,6 +177,7 @@ fn parse_resource_version(value: &str) -> Option<u64> {
 }
 
 impl<K: ServedResource> MemoryStore<K> {
+    /// An empty store at `config.first_resource_version`.
     pub fn new(config: MemoryStoreConfig) -> Self {
         let (events_tx, _) = broadcast::channel(config.watch_buffer.max(16));
         Self {

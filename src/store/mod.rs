@@ -29,14 +29,20 @@ use crate::{
 pub use memory::MemoryStore;
 pub use pod_cache::PodCache;
 
+/// A watch event's `type`, as kube-apiserver sends it (BOOKMARK and ERROR are not store
+/// events: see [`WatchItem`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
+    /// The object was created, or entered a watcher's selection.
     Added,
+    /// The object changed and is still in the watcher's selection.
     Modified,
+    /// The object was deleted, or left a watcher's selection; the event carries its last state.
     Deleted,
 }
 
 impl EventType {
+    /// The wire form: `ADDED`, `MODIFIED` or `DELETED`.
     pub fn as_str(self) -> &'static str {
         match self {
             EventType::Added => "ADDED",
@@ -68,6 +74,8 @@ pub struct Stored<K> {
 pub type Object<K> = Arc<Stored<K>>;
 
 impl<K: kube::Resource> Stored<K> {
+    /// Wraps an object as stored, its JSON encoded on first use. The object is final from
+    /// here: its JSON, rows and label hashes are made from it once.
     pub fn new(object: K) -> Object<K> {
         Arc::new(Self {
             label_hashes: crate::selector::label_hashes(object.meta().labels.as_ref()),
@@ -90,6 +98,7 @@ impl<K: kube::Resource> Stored<K> {
 }
 
 impl<K> Stored<K> {
+    /// The object itself (also reachable through `Deref`).
     pub fn get(&self) -> &K {
         &self.object
     }
@@ -156,8 +165,11 @@ impl<K: std::fmt::Debug> std::fmt::Debug for Stored<K> {
 /// One change, at the resourceVersion it produced.
 #[derive(Debug)]
 pub struct Event<K> {
+    /// The resourceVersion the change produced; the object carries the same one.
     pub resource_version: u64,
+    /// What happened to the object.
     pub type_: EventType,
+    /// The object after the change; for DELETED, its last state.
     pub object: Object<K>,
     /// What a MODIFIED event's object was before: a watcher with a selector sees the change as
     /// ADDED or DELETED when the object enters or leaves its selection.
@@ -167,6 +179,7 @@ pub struct Event<K> {
 }
 
 impl<K: ServedResource> Event<K> {
+    /// An event without a previous object (see [`Event::with_previous`]).
     pub fn new(resource_version: u64, type_: EventType, object: Object<K>) -> Self {
         Self {
             resource_version,
@@ -198,38 +211,59 @@ pub enum ReadAt {
     Latest,
     /// `resourceVersion=0`: any state is fine.
     Any,
+    /// `resourceVersion=N` (with `resourceVersionMatch=NotOlderThan` or none): a state at N or
+    /// later; 504 Too large resource version when the store has not reached N.
     NotOlderThan(u64),
+    /// `resourceVersionMatch=Exact`: the state at exactly N; 410 Expired when it is no longer
+    /// kept, 504 when the store has not reached it.
     Exact(u64),
 }
 
+/// A list as the handlers ask for it, from the path and the ListOptions.
 #[derive(Debug, Clone, Default)]
 pub struct ListRequest {
+    /// Objects in this namespace; None = all namespaces. A cluster-scoped kind's objects are
+    /// in the namespace "".
     pub namespace: Option<String>,
+    /// The label and field selectors.
     pub filter: Filter,
+    /// `limit`: at most this many objects on the page; None or 0 = all of them.
     pub limit: Option<usize>,
+    /// `continue`: a token from an earlier page of this store, which fixes the snapshot read
+    /// (the handlers refuse a resourceVersion with it); 410 Expired when the snapshot is gone.
     pub continue_token: Option<String>,
+    /// Which state to list, from `resourceVersion` and `resourceVersionMatch`.
     pub read_at: ReadAt,
 }
 
 /// A list's page: its items and what the list's `metadata` says about them.
 #[derive(Debug)]
 pub struct ListPage<K> {
+    /// The page's objects, in key order (namespace, then name).
     pub items: Vec<Object<K>>,
+    /// Its resourceVersion and where the next page starts.
     pub info: PageInfo,
 }
 
 /// The `metadata` of a list's page: the snapshot it shows and where the next page starts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PageInfo {
+    /// The resourceVersion of the snapshot the page was read from.
     pub resource_version: u64,
+    /// `continue`: set when more objects may follow; None on the last page.
     pub continue_token: Option<String>,
+    /// `remainingItemCount`: objects after this page, when known (never with a selector, as
+    /// kube-apiserver).
     pub remaining_item_count: Option<i64>,
 }
 
 /// A list read a piece at a time: its `metadata` up front, then its objects, in key order, all
 /// from the snapshot the list started on.
 pub struct ListCursor<K> {
+    /// The list's `metadata`, known before any object is read (no continue token: the list is
+    /// whole).
     pub info: PageInfo,
+    /// The objects, lent in order.
     pub objects: Box<dyn LendObjects<K>>,
 }
 
@@ -248,6 +282,7 @@ pub trait LendObjects<K>: Send {
 }
 
 impl PageInfo {
+    /// The list's `metadata` as sent.
     pub fn list_meta(self) -> ListMeta {
         ListMeta {
             resource_version: Some(self.resource_version.to_string()),
@@ -258,6 +293,7 @@ impl PageInfo {
     }
 }
 
+/// Where a watch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WatchStart {
     /// Synthetic ADDED events for the current state, then changes (resourceVersion unset or 0,
@@ -267,15 +303,22 @@ pub enum WatchStart {
     After(u64),
 }
 
+/// A watch as the handlers ask for it.
 #[derive(Debug, Clone)]
 pub struct WatchRequest {
+    /// Changes in this namespace; None = all namespaces.
     pub namespace: Option<String>,
+    /// The label and field selectors: an object entering or leaving the selection is seen as
+    /// ADDED or DELETED.
     pub filter: Filter,
+    /// Initial state first, or changes after a resourceVersion.
     pub start: WatchStart,
 }
 
+/// What a watch stream yields, in resourceVersion order.
 #[derive(Debug)]
 pub enum WatchItem<K> {
+    /// A change the watcher selected (shared: many watchers send the same one).
     Event(Arc<Event<K>>),
     /// All initial events were sent; the state they showed is at this resourceVersion.
     InitialEventsEnd(u64),
@@ -286,20 +329,25 @@ pub enum WatchItem<K> {
     Error(Error),
 }
 
+/// A watch's items. It ends after a [`WatchItem::Error`], or when the store goes away.
 pub type WatchStream<K> = BoxStream<'static, WatchItem<K>>;
 
 /// What a delete requires of the object it deletes (uid, resourceVersion).
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Preconditions;
 
+/// Where a store stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
+    /// Objects held, in all namespaces (`apiserver_storage_objects`).
     pub objects: usize,
+    /// The resourceVersion of the store's last write (what a watch from "now" starts after).
     pub resource_version: u64,
 }
 
 /// The reads every store serves: get, list, watch, and where it stands.
 #[async_trait]
 pub trait Store<K: ServedResource>: Send + Sync + 'static {
+    /// The object at `key` in the latest state; 404 NotFound when there is none.
     async fn get(&self, key: &ObjectKey) -> Result<Object<K>>;
     /// The object without waiting, from a store that holds its objects in memory; None when
     /// only [`Store::get`] can answer. A GET is then served without a future (see the
@@ -315,6 +363,7 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
         request: &ListRequest,
         visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
     ) -> Result<PageInfo>;
+    /// [`Store::list_each`] with the objects collected; a store need not implement it.
     async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {
         let mut items = Vec::new();
         let info = self
@@ -334,6 +383,9 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     fn count_sync(&self, _namespace: Option<&str>) -> Option<usize> {
         None
     }
+    /// The changes `request` selects, from where it starts. A start the store cannot serve
+    /// (too old, or not from its history) is a [`WatchItem::Error`] on the stream, as
+    /// kube-apiserver sends it on a 200, not an `Err`.
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>>;
     /// The store's current revision (the resourceVersion of its last write) and object count.
     async fn stats(&self) -> Result<StoreStats>;
@@ -356,6 +408,8 @@ pub trait WritableStore<K: ServedResource>: Store<K> {
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     /// Replaces an object whose `metadata.resourceVersion` must still be current (409 Conflict).
     async fn update(&self, object: K, dry_run: bool) -> Result<Object<K>>;
+    /// Removes the object at `key` if it meets `preconditions` (409 Conflict otherwise, 404
+    /// when absent) and returns its last state, at the resourceVersion of the deletion.
     async fn delete(
         &self,
         key: &ObjectKey,
@@ -377,6 +431,8 @@ pub fn too_large(requested: u64, current: u64) -> Error {
     ))
 }
 
+/// The message of kube-apiserver's 410 Expired for a resourceVersion older than the oldest
+/// one still kept; clients relist.
 pub fn too_old(requested: u64, oldest: u64) -> String {
     format!("too old resource version: {requested} ({oldest})")
 }

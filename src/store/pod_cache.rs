@@ -26,16 +26,25 @@ use crate::{
 /// Said by every FarmPod request when the server runs without a cluster.
 pub const NO_CLUSTER: &str = "FarmPods are a view of a Kubernetes cluster's Pods, and this server has no cluster configured: run it in a cluster (in-cluster config), pass --kubeconfig or set KUBECONFIG (as `mirrord exec` and local development do). Llamas work without a cluster.";
 
+/// How far the cache is from the cluster's Pods: what readiness and FarmPod requests report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheState {
     /// No cluster configured: FarmPods answer 503.
     NoCluster,
     /// Waiting for the first complete list of every watched scope.
-    Syncing { pending: usize },
+    Syncing {
+        /// Watched scopes (namespaces, or all) whose first list has not completed.
+        pending: usize,
+    },
     /// Synced; `degraded` says why the watch is currently broken (the last view is served).
-    Synced { degraded: Option<String> },
+    Synced {
+        /// The watch's last error, until an event applies again; None while it is healthy.
+        degraded: Option<String>,
+    },
 }
 
+/// The FarmPods, a read-only [`Store`]: a [`MemoryStore`] fed by Pod watchers, its
+/// resourceVersions the Pods' own. Answers 503 until the first sync, and without a cluster.
 pub struct PodCache {
     store: MemoryStore<FarmPod>,
     state: Mutex<CacheState>,
@@ -90,6 +99,7 @@ impl PodCache {
         cache
     }
 
+    /// The cache's state now.
     pub fn state(&self) -> CacheState {
         self.state
             .lock()

@@ -2,7 +2,6 @@
 //! calls: Pod list and watch. It counts every request, and can fail or cut watches on demand.
 //! The real kube::Client and kube-runtime watcher talk to it over a real socket.
 
-
 use std::{
     collections::BTreeMap,
     net::SocketAddr,

@@ -2,7 +2,6 @@
 //! the clients the tests talk to it with: kube::Client, kubectl, and a raw HTTPS client that sends
 //! exactly the headers it is given.
 
-
 pub mod fake_kube;
 pub mod install;
 pub mod oneshot;
