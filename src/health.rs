@@ -25,7 +25,7 @@ pub struct Check {
     /// As `?verbose` lists it and `/readyz/<name>` asks it.
     pub name: &'static str,
     run: Arc<CheckFn>,
-    /// Reported (and failing on its own path) without failing the whole endpoint.
+    /// Reported (and failing on its own path) without failing the whole probe.
     informational: bool,
 }
 
@@ -93,14 +93,14 @@ impl Health {
         }
     }
 
-    fn checks(&self, endpoint: Endpoint) -> Vec<Outcome> {
+    fn checks(&self, probe: Probe) -> Vec<Outcome> {
         let outcome = |name, result| Outcome {
             name,
             result,
             informational: false,
         };
         let mut out = vec![outcome("ping", Ok(()))];
-        if endpoint == Endpoint::Readyz {
+        if probe == Probe::Readyz {
             out.push(outcome(
                 "shutdown",
                 if self.is_shutting_down() {
@@ -122,18 +122,18 @@ impl Health {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
+enum Probe {
     Healthz,
     Livez,
     Readyz,
 }
 
-impl Endpoint {
+impl Probe {
     fn name(self) -> &'static str {
         match self {
-            Endpoint::Healthz => "healthz",
-            Endpoint::Livez => "livez",
-            Endpoint::Readyz => "readyz",
+            Probe::Healthz => "healthz",
+            Probe::Livez => "livez",
+            Probe::Readyz => "readyz",
         }
     }
 }
@@ -151,8 +151,8 @@ fn text(code: StatusCode, body: String) -> Response {
     response
 }
 
-fn report(health: &Health, endpoint: Endpoint, only: Option<&str>, verbose: bool) -> Response {
-    let mut checks = health.checks(endpoint);
+fn report(health: &Health, probe: Probe, only: Option<&str>, verbose: bool) -> Response {
+    let mut checks = health.checks(probe);
     if let Some(name) = only {
         checks.retain(|c| c.name == name);
         if checks.is_empty() {
@@ -178,7 +178,7 @@ fn report(health: &Health, endpoint: Endpoint, only: Option<&str>, verbose: bool
             }
             // Like k8s.io/apiserver: details only in the server's log.
             Err(reason) => {
-                tracing::warn!(check = name, %reason, "{} check failed", endpoint.name());
+                tracing::warn!(check = name, %reason, "{} check failed", probe.name());
                 lines.push_str(&format!("[-]{name} failed: reason withheld\n"));
             }
         }
@@ -186,12 +186,12 @@ fn report(health: &Health, endpoint: Endpoint, only: Option<&str>, verbose: bool
     if failed {
         text(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("{lines}{} check failed\n", endpoint.name()),
+            format!("{lines}{} check failed\n", probe.name()),
         )
     } else if verbose {
         text(
             StatusCode::OK,
-            format!("{lines}{} check passed\n", endpoint.name()),
+            format!("{lines}{} check passed\n", probe.name()),
         )
     } else {
         text(StatusCode::OK, "ok".into())
@@ -205,8 +205,8 @@ fn verbose(query: Option<&str>) -> bool {
     })
 }
 
-async fn all(endpoint: Endpoint, health: Arc<Health>, query: Option<String>) -> Response {
-    report(&health, endpoint, None, verbose(query.as_deref()))
+async fn all(probe: Probe, health: Arc<Health>, query: Option<String>) -> Response {
+    report(&health, probe, None, verbose(query.as_deref()))
 }
 
 /// Whether [`router`] serves this path: `/<probe>` or `/<probe>/<check>`.
@@ -215,7 +215,7 @@ pub fn is_probe(path: &str) -> bool {
         return false;
     };
     let is_name = |probe: &str| {
-        [Endpoint::Healthz, Endpoint::Livez, Endpoint::Readyz]
+        [Probe::Healthz, Probe::Livez, Probe::Readyz]
             .iter()
             .any(|e| e.name() == probe)
     };
@@ -229,19 +229,19 @@ pub fn is_probe(path: &str) -> bool {
 /// authentication, metrics or a request log line (see [`crate::server::App`]).
 pub fn router(health: Arc<Health>) -> Router {
     let mut router = Router::new();
-    for endpoint in [Endpoint::Healthz, Endpoint::Livez, Endpoint::Readyz] {
+    for probe in [Probe::Healthz, Probe::Livez, Probe::Readyz] {
         router = router
             .route(
-                &format!("/{}", endpoint.name()),
-                get(move |State(h): State<Arc<Health>>, RawQuery(q): RawQuery| all(endpoint, h, q)),
+                &format!("/{}", probe.name()),
+                get(move |State(h): State<Arc<Health>>, RawQuery(q): RawQuery| all(probe, h, q)),
             )
             .route(
-                &format!("/{}/{{check}}", endpoint.name()),
+                &format!("/{}/{{check}}", probe.name()),
                 get(
                     move |State(h): State<Arc<Health>>,
                           Path(check): Path<String>,
                           RawQuery(q): RawQuery| async move {
-                        report(&h, endpoint, Some(&check), verbose(q.as_deref()))
+                        report(&h, probe, Some(&check), verbose(q.as_deref()))
                     },
                 ),
             );

@@ -30,7 +30,7 @@ pub async fn catch<F: Future<Output = Response>>(handler: F) -> Option<Response>
 }
 
 /// Runs `handler` now; None when it panicked.
-pub fn catch_now<T>(handler: impl FnOnce() -> T) -> Option<T> {
+pub fn catch_sync<T>(handler: impl FnOnce() -> T) -> Option<T> {
     std::panic::catch_unwind(AssertUnwindSafe(handler)).ok()
 }
 
@@ -98,8 +98,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(fine.status(), 200);
-        assert!(catch_now(|| -> u8 { panic!("now") }).is_none());
-        assert_eq!(catch_now(|| 7), Some(7));
+        assert!(catch_sync(|| -> u8 { panic!("now") }).is_none());
+        assert_eq!(catch_sync(|| 7), Some(7));
         assert_eq!(response().status(), 500);
     }
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     auth::{
-        self, Auth, Authenticator, AuthnConfig, Authorizer, PeerCertificates, UserInfo,
+        self, Auth, AuthStep, Authenticator, AuthnConfig, Authorizer, PeerCertificates, UserInfo,
         authn::Groups,
     },
     connection,
@@ -225,70 +225,138 @@ struct Edge {
     request_timeout: Duration,
 }
 
-/// How far [`Edge::handle_now`] got without waiting.
-enum Handled {
-    Answered(Response),
-    /// Authenticated and authorized; the endpoint has to wait (a LIST, a watch, a write...).
-    Checked(Option<UserInfo>),
-    /// A token or access review has to be sent first.
-    Unchecked,
+/// What the edge learned of a request before it had to wait, handed to [`Edge::handle`] so
+/// nothing is parsed, routed or checked twice.
+struct Pending {
+    started: Instant,
+    auth: AuthStep,
+    /// The resource endpoint, or None for the router (discovery, OpenAPI, ...).
+    route: Option<rest::Route>,
+    log: RequestLog,
+}
+
+/// What the request log and the metrics say of a request, owned.
+struct RequestLog {
+    verb: &'static str,
+    resource: String,
+    namespace: String,
+    name: String,
+    path: String,
+}
+
+impl RequestLog {
+    fn of(info: &RequestInfo<'_>) -> Self {
+        let fields = LogFields::of(info);
+        Self {
+            verb: fields.verb,
+            resource: fields.resource.to_owned(),
+            namespace: fields.namespace.to_owned(),
+            name: fields.name.to_owned(),
+            path: fields.path.to_owned(),
+        }
+    }
+
+    fn fields(&self) -> LogFields<'_> {
+        LogFields {
+            verb: self.verb,
+            resource: &self.resource,
+            namespace: &self.namespace,
+            name: &self.name,
+            path: &self.path,
+        }
+    }
+}
+
+/// [`RequestLog`], borrowed from the request where it is still at hand.
+struct LogFields<'a> {
+    verb: &'static str,
+    /// The resource, or "" for a request that is not a resource request.
+    resource: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    path: &'a str,
+}
+
+impl<'a> LogFields<'a> {
+    fn of(info: &RequestInfo<'a>) -> Self {
+        Self {
+            verb: info.verb,
+            resource: if info.is_resource_request {
+                info.resource
+            } else {
+                ""
+            },
+            namespace: info.namespace,
+            name: info.name,
+            path: info.path,
+        }
+    }
 }
 
 impl Edge {
     /// Answers without a future when everything the request needs is in memory (identity from
     /// the certificate and headers, authorization from the cache, the object from the store):
-    /// a cached GET, most of the traffic. Everything else goes on to [`Edge::handle`].
-    fn handle_now<B>(
+    /// a cached GET, most of the traffic. Everything else goes on to [`Edge::handle`] with what
+    /// was learned here.
+    fn handle_sync<B>(
         &self,
         peer: Option<&PeerCertificates>,
         request: &mut axum::http::Request<B>,
-    ) -> Handled {
+    ) -> Result<Response, Box<Pending>> {
         let started = Instant::now();
         // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
         let uri = request.uri().clone();
         let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-        let Some(checked) = self.auth.check_now(peer, request.headers_mut(), &info) else {
-            return Handled::Unchecked;
+        // Boxed: the answer at once stays small to return.
+        let pending = |auth, target: Option<rest::Target<'_>>| {
+            Box::new(Pending {
+                started,
+                auth,
+                route: target.map(|t| t.route()),
+                log: RequestLog::of(&info),
+            })
         };
-        let (response, user) = match checked {
-            Ok(user) => {
-                let answered = self.endpoints.find(uri.path()).and_then(|target| {
+        let (response, user) = match self.auth.check_sync(peer, request.headers_mut(), &info) {
+            AuthStep::Checked(Ok(user)) => {
+                let target = self.endpoints.find(uri.path());
+                let answered = target.as_ref().and_then(|target| {
                     target.call_sync(request.method(), uri.query(), request.headers())
                 });
                 match answered {
                     Some(response) => (response, user),
-                    None => return Handled::Checked(user),
+                    None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
                 }
             }
-            Err((error, user)) => (error.into_response(), user),
+            AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
+            step => return Err(pending(step, self.endpoints.find(uri.path()))),
         };
-        Handled::Answered(self.finish(&info, user.as_ref(), response, started))
+        Ok(self.finish(&LogFields::of(&info), user.as_ref(), response, started))
     }
 
-    async fn handle(
-        self: Arc<Self>,
-        peer: Option<PeerCertificates>,
-        mut request: Request,
-        checked: Option<Option<UserInfo>>,
-    ) -> Response {
-        let started = Instant::now();
-        let uri = request.uri().clone();
-        let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-        // Who is it, may they, and the answer: a watch is bounded by its own timeout, every
-        // other request by the request timeout (authentication and authorization included).
+    /// The rest of a request [`Edge::handle_sync`] could not answer: the review it needs, the
+    /// endpoint or router, within the request timeout (a watch within its own).
+    async fn handle(self: Arc<Self>, mut request: Request, pending: Box<Pending>) -> Response {
+        let Pending {
+            started,
+            auth,
+            route,
+            log,
+        } = *pending;
         let work = async {
-            let checked = match checked {
-                Some(user) => Ok(user),
-                None => {
-                    self.auth
-                        .check(peer.as_ref(), request.headers_mut(), &info)
-                        .await
+            let checked = match auth {
+                AuthStep::Checked(checked) => checked,
+                // A review to send (rare: once per user and TTL): it needs the request info
+                // again, which borrowed from the request the first step could not keep.
+                step => {
+                    let uri = request.uri().clone();
+                    let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+                    self.auth.check(step, request.headers_mut(), &info).await
                 }
             };
             match checked {
                 Ok(user) => {
-                    let response = match self.endpoints.find(uri.path()) {
-                        Some(target) => target.call(request).await,
+                    let response = match route {
+                        Some(route) => route.call(request).await,
                         None => match tower::Service::call(&mut self.router.clone(), request).await
                         {
                             Ok(response) => response,
@@ -300,7 +368,7 @@ impl Edge {
                 Err((error, user)) => (error.into_response(), user),
             }
         };
-        let (response, user) = if info.verb == "watch" {
+        let (response, user) = if log.verb == "watch" {
             work.await
         } else {
             match tokio::time::timeout(self.request_timeout, work).await {
@@ -312,31 +380,32 @@ impl Edge {
                 ),
             }
         };
-        self.finish(&info, user.as_ref(), response, started)
+        self.finish(&log.fields(), user.as_ref(), response, started)
     }
 
     /// A request whose handler panicked: 500, counted, in the request log like any other.
     fn panicked(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Response {
         self.metrics.panics.inc();
         let info = RequestInfo::parse(method, uri.path(), uri.query());
-        self.finish(&info, None, recovery::response(), Instant::now())
+        self.finish(
+            &LogFields::of(&info),
+            None,
+            recovery::response(),
+            Instant::now(),
+        )
     }
 
     /// Metrics and the request's log line.
     fn finish(
         &self,
-        info: &RequestInfo<'_>,
+        info: &LogFields<'_>,
         user: Option<&UserInfo>,
         response: Response,
         started: Instant,
     ) -> Response {
         let elapsed = started.elapsed();
         let code = response.status().as_u16();
-        let resource = if info.is_resource_request {
-            info.resource
-        } else {
-            ""
-        };
+        let resource = info.resource;
         self.metrics
             .observe(info.verb, resource, code, elapsed.as_secs_f64());
         let reason = response
@@ -438,25 +507,22 @@ where
             }
         };
         let edge = &self.edge;
-        let checked = match recovery::catch_now(|| edge.handle_now(peer, &mut request)) {
-            Some(Handled::Answered(response)) => {
+        let pending = match recovery::catch_sync(|| edge.handle_sync(peer, &mut request)) {
+            Some(Ok(response)) => {
                 return Either::Left(std::future::ready(Ok(response)));
             }
-            Some(Handled::Checked(user)) => Some(user),
-            Some(Handled::Unchecked) => None,
+            Some(Err(pending)) => pending,
             None => {
                 let response = edge.panicked(request.method(), request.uri());
                 return Either::Left(std::future::ready(Ok(response)));
             }
         };
         let edge = self.edge.clone();
-        let peer = peer.cloned();
         let request = request.map(axum::body::Body::new);
         let (method, uri) = (request.method().clone(), request.uri().clone());
         let in_flight = self.activity.as_ref().map(|a| a.begin());
         Either::Right(Box::pin(async move {
-            let response = match recovery::catch(edge.clone().handle(peer, request, checked)).await
-            {
+            let response = match recovery::catch(edge.clone().handle(request, pending)).await {
                 Some(response) => response,
                 None => edge.panicked(&method, &uri),
             };

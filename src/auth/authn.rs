@@ -635,21 +635,28 @@ impl Authenticator {
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
     ) -> Result<Option<UserInfo>, Error> {
-        match self.authenticate_now(peer, headers) {
+        match self.authenticate_sync(peer, headers) {
             Authenticated::User(user) => Ok(user),
+            Authenticated::NeedsTokenReview => self.review_token(headers).await,
+        }
+    }
+
+    /// The user a TokenReview names for the request's bearer token, or None (anonymous) when
+    /// there is no token or nobody to review it: the part of [`Authenticator::authenticate`]
+    /// that waits.
+    pub async fn review_token(&self, headers: &HeaderMap) -> Result<Option<UserInfo>, Error> {
+        match (bearer_token(headers), &self.tokens) {
             // Boxed: the TokenReview's future is large and would size every request's future.
-            Authenticated::NeedsTokenReview => match (bearer_token(headers), &self.tokens) {
-                (Some(token), Some(reviewer)) => Ok(Box::pin(reviewer.review(token))
-                    .await?
-                    .map(UserInfo::authenticated)),
-                _ => Ok(None),
-            },
+            (Some(token), Some(reviewer)) => Ok(Box::pin(reviewer.review(token))
+                .await?
+                .map(UserInfo::authenticated)),
+            _ => Ok(None),
         }
     }
 
     /// [`Authenticator::authenticate`] up to the point where a bearer token would have to be
     /// reviewed (certificates and front-proxy headers need no waiting).
-    pub fn authenticate_now(
+    pub fn authenticate_sync(
         &self,
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
@@ -679,7 +686,7 @@ impl Authenticator {
     }
 }
 
-/// What [`Authenticator::authenticate_now`] could tell without waiting.
+/// What [`Authenticator::authenticate_sync`] could tell without waiting.
 pub enum Authenticated {
     /// The user, or None for anonymous.
     User(Option<UserInfo>),
@@ -713,7 +720,7 @@ mod tests {
             client_cas: vec![ClientCa::new(&ca.cert_pem).unwrap()],
         };
         let authn = Authenticator::new(as_client_ca(), None);
-        let user = |authn: &Authenticator| match authn.authenticate_now(
+        let user = |authn: &Authenticator| match authn.authenticate_sync(
             Some(&PeerCertificates::new(chain.clone())),
             &mut HeaderMap::new(),
         ) {

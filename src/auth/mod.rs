@@ -27,49 +27,68 @@ pub struct Auth {
 /// to answer with and whoever was identified.
 pub type Checked = Result<Option<UserInfo>, (Error, Option<UserInfo>)>;
 
+/// How far a check got without waiting: done, or the review still to send. The edge hands it
+/// from the path that answers at once to the one that waits, so nothing is checked twice.
+pub enum AuthStep {
+    /// Authenticated and authorized, or refused.
+    Checked(Checked),
+    /// Authenticated; a SubjectAccessReview has to be sent (no cached decision).
+    Authorize(UserInfo),
+    /// A bearer token has to be reviewed (TokenReview) first.
+    ReviewToken,
+}
+
 impl Auth {
-    /// Authenticates and authorizes one request: Ok(None) for an anonymous call to an
-    /// always-allowed path, the user otherwise; 401/403 as errors. Identity headers are
-    /// stripped unless a verified front proxy sent them.
-    pub async fn check(
+    /// Authenticates and authorizes one request as far as it can without waiting (certificate
+    /// or front-proxy identity, a cached or unneeded authorization: nearly every request
+    /// through the aggregator). Identity headers are stripped unless a verified front proxy
+    /// sent them.
+    pub fn check_sync(
         &self,
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
         info: &RequestInfo<'_>,
-    ) -> Checked {
-        let user = self
-            .authn
-            .authenticate(peer, headers)
-            .await
-            .map_err(|e| (e, None))?;
+    ) -> AuthStep {
+        let Authenticated::User(user) = self.authn.authenticate_sync(peer, headers) else {
+            return AuthStep::ReviewToken;
+        };
         let Some(user) = user else {
-            return anonymous(info).map_err(|e| (e, None));
+            return AuthStep::Checked(anonymous(info).map_err(|e| (e, None)));
+        };
+        match self.authz.authorize_sync(&user, info) {
+            Some(Ok(())) => AuthStep::Checked(Ok(Some(user))),
+            Some(Err(error)) => AuthStep::Checked(Err((error, Some(user)))),
+            None => AuthStep::Authorize(user),
+        }
+    }
+
+    /// Finishes a check [`Auth::check_sync`] began: sends the review it needs. Ok(None) for an
+    /// anonymous call to an always-allowed path, the user otherwise; 401/403 as errors.
+    pub async fn check(
+        &self,
+        step: AuthStep,
+        headers: &HeaderMap,
+        info: &RequestInfo<'_>,
+    ) -> Checked {
+        let user = match step {
+            AuthStep::Checked(checked) => return checked,
+            AuthStep::Authorize(user) => user,
+            AuthStep::ReviewToken => {
+                match self
+                    .authn
+                    .review_token(headers)
+                    .await
+                    .map_err(|e| (e, None))?
+                {
+                    Some(user) => user,
+                    None => return anonymous(info).map_err(|e| (e, None)),
+                }
+            }
         };
         match self.authz.authorize(&user, info).await {
             Ok(()) => Ok(Some(user)),
             Err(error) => Err((error, Some(user))),
         }
-    }
-
-    /// [`Auth::check`] when it needs no waiting (certificate or front-proxy identity, a cached
-    /// or unneeded authorization), as for nearly every request through the aggregator; None
-    /// when a TokenReview or SubjectAccessReview has to be sent first.
-    pub fn check_now(
-        &self,
-        peer: Option<&PeerCertificates>,
-        headers: &mut HeaderMap,
-        info: &RequestInfo<'_>,
-    ) -> Option<Checked> {
-        let Authenticated::User(user) = self.authn.authenticate_now(peer, headers) else {
-            return None;
-        };
-        let Some(user) = user else {
-            return Some(anonymous(info).map_err(|e| (e, None)));
-        };
-        Some(match self.authz.authorize_now(&user, info)? {
-            Ok(()) => Ok(Some(user)),
-            Err(error) => Err((error, Some(user))),
-        })
     }
 }
 

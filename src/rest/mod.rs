@@ -28,7 +28,7 @@ use crate::{
     store::{Store, WritableStore},
 };
 
-pub use route::{Endpoints, Target};
+pub use route::{Endpoints, Route, Target};
 
 /// kube-apiserver's `--max-request-body-bytes` default for JSON bodies (3 MiB).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;

@@ -136,18 +136,38 @@ impl Endpoints {
     }
 }
 
-impl Target<'_> {
-    /// Answers the request: the verb from its method, namespace and name percent-decoded
-    /// (400 when they are not UTF-8); 405 for a method the kind does not serve.
+/// A request's resource endpoint with its path segments decoded, owned: what the edge hands
+/// from the path that answers at once to the one that waits.
+pub struct Route {
+    endpoint: Arc<dyn Endpoint>,
+    /// Namespace and name as the client meant them, or why the path cannot be decoded.
+    segments: Result<(Option<String>, Option<String>)>,
+}
+
+impl Route {
+    /// Serves the request.
     pub async fn call(self, request: Request) -> Response {
-        let (namespace, name) = match (
+        match self.segments {
+            Ok((namespace, name)) => self.endpoint.call(namespace, name, request).await,
+            Err(error) => error.into_response(),
+        }
+    }
+}
+
+impl Target<'_> {
+    /// The owned [`Route`] of this target.
+    pub fn route(&self) -> Route {
+        let segments = match (
             self.namespace.map(path_segment).transpose(),
             self.name.map(path_segment).transpose(),
         ) {
-            (Ok(namespace), Ok(name)) => (namespace, name),
-            (Err(error), _) | (_, Err(error)) => return error.into_response(),
+            (Ok(namespace), Ok(name)) => Ok((namespace, name)),
+            (Err(error), _) | (_, Err(error)) => Err(error),
         };
-        self.endpoint.call(namespace, name, request).await
+        Route {
+            endpoint: self.endpoint.clone(),
+            segments,
+        }
     }
 
     /// The response without waiting, when the request is a GET of one object the store holds
