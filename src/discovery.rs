@@ -7,8 +7,8 @@ use std::sync::Arc;
 use axum::{
     Router,
     extract::State,
-    http::{HeaderMap, HeaderValue, StatusCode, header},
-    response::{IntoResponse, Response},
+    http::{HeaderMap, HeaderValue, header},
+    response::Response,
     routing::get,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -23,6 +23,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha512};
 
 use crate::{
+    conditional,
     error::Result,
     negotiate::{self, Discovery},
     resource::{GROUP, GROUP_VERSION, ResourceInfo, VERSION},
@@ -187,21 +188,12 @@ fn respond(
     headers: &HeaderMap,
     etag: bool,
 ) -> Response {
-    let not_modified = etag
-        && headers
-            .get(header::IF_NONE_MATCH)
-            .is_some_and(|v| v.as_bytes() == doc.etag.as_bytes());
-    let mut response = if not_modified {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (StatusCode::OK, doc.body.clone()).into_response()
-    };
-    let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::VARY, HeaderValue::from_static("Accept"));
+    let mut response =
+        conditional::respond(&doc.body, content_type, etag.then_some(&doc.etag), headers);
     if etag {
-        h.insert(header::ETAG, doc.etag.clone());
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
+        response
+            .headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("public"));
     }
     response
 }
@@ -220,7 +212,7 @@ async fn apis(State(docs): State<Arc<DiscoveryDocuments>>, headers: HeaderMap) -
     })
 }
 
-async fn json_only(headers: &HeaderMap) -> Result<()> {
+fn json_only(headers: &HeaderMap) -> Result<()> {
     // These documents exist in plain JSON only; an Accept that excludes it gets 406.
     negotiate::output(headers).map(|_| ())
 }
@@ -238,7 +230,7 @@ async fn api_group(
     State(docs): State<Arc<DiscoveryDocuments>>,
     headers: HeaderMap,
 ) -> Result<Response> {
-    json_only(&headers).await?;
+    json_only(&headers)?;
     Ok(respond(&docs.group, "application/json", &headers, false))
 }
 
@@ -246,7 +238,7 @@ async fn resource_list(
     State(docs): State<Arc<DiscoveryDocuments>>,
     headers: HeaderMap,
 ) -> Result<Response> {
-    json_only(&headers).await?;
+    json_only(&headers)?;
     Ok(respond(
         &docs.resource_list,
         "application/json",

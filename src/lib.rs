@@ -17,6 +17,7 @@
 
 pub mod auth;
 pub mod columns;
+pub mod conditional;
 pub mod config;
 pub mod connection;
 pub mod discovery;

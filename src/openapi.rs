@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
 use crate::{
+    conditional,
     error::{Error, Result},
     negotiate,
     resource::{GROUP, GROUP_VERSION, ResourceInfo, VERSION},
@@ -147,14 +148,40 @@ fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
             "type": "object"
         }),
     );
-    let mut text = serde_json::to_string(&Value::Object(out)).unwrap_or_default();
-    for name in renames {
-        text = text.replace(
-            &format!("\"#/components/schemas/{name}\""),
-            &format!("\"#/components/schemas/{prefix}.{name}\""),
-        );
+    let mut out = Value::Object(out);
+    rewrite_refs(&mut out, &|target| {
+        let name = target.strip_prefix(V3_REFS)?;
+        renames
+            .iter()
+            .any(|r| r == name)
+            .then(|| format!("{V3_REFS}{prefix}.{name}"))
+    });
+    match out {
+        Value::Object(map) => map,
+        _ => Map::new(),
     }
-    serde_json::from_str(&text).unwrap_or_default()
+}
+
+const V3_REFS: &str = "#/components/schemas/";
+
+/// Rewrites every `$ref` in `value` that `rename` gives a new target.
+fn rewrite_refs(value: &mut Value, rename: &dyn Fn(&str) -> Option<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                match child {
+                    Value::String(target) if key == "$ref" => {
+                        if let Some(renamed) = rename(target) {
+                            *target = renamed;
+                        }
+                    }
+                    child => rewrite_refs(child, rename),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|item| rewrite_refs(item, rename)),
+        _ => {}
+    }
 }
 
 struct Param {
@@ -493,14 +520,17 @@ fn info() -> Value {
 
 /// The OpenAPI v2 (swagger) document.
 pub fn v2(resources: &[ResourceInfo]) -> Value {
-    let definitions = serde_json::to_string(&schemas(resources))
-        .unwrap_or_default()
-        .replace("#/components/schemas/", "#/definitions/");
+    let mut definitions = Value::Object(schemas(resources));
+    rewrite_refs(&mut definitions, &|target| {
+        target
+            .strip_prefix(V3_REFS)
+            .map(|name| format!("#/definitions/{name}"))
+    });
     json!({
         "swagger": "2.0",
         "info": info(),
         "paths": paths(Flavor::V2, resources),
-        "definitions": serde_json::from_str::<Value>(&definitions).unwrap_or_default(),
+        "definitions": definitions,
     })
 }
 
@@ -574,22 +604,7 @@ fn json_acceptable(headers: &HeaderMap) -> Result<()> {
 }
 
 fn cached(body: bytes::Bytes, etag: &HeaderValue, headers: &HeaderMap) -> Response {
-    let hit = headers
-        .get(header::IF_NONE_MATCH)
-        .is_some_and(|v| v.as_bytes() == etag.as_bytes());
-    let mut response = if hit {
-        StatusCode::NOT_MODIFIED.into_response()
-    } else {
-        (StatusCode::OK, body).into_response()
-    };
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    h.insert(header::ETAG, etag.clone());
-    h.insert(header::VARY, HeaderValue::from_static("Accept"));
-    response
+    conditional::respond(&body, "application/json", Some(etag), headers)
 }
 
 async fn get_v2(State(docs): State<Arc<OpenApiDocuments>>, headers: HeaderMap) -> Result<Response> {

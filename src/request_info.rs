@@ -43,7 +43,17 @@ fn is_watch(query: Option<&str>) -> bool {
     }
     form_urlencoded::parse(query.as_bytes())
         .find(|(key, _)| key == "watch")
-        .is_some_and(|(_, value)| matches!(&*value, "true" | "1" | "t" | "T" | "TRUE" | "True"))
+        .is_some_and(|(_, value)| parse_bool(&value) == Some(true))
+}
+
+/// Go's `strconv.ParseBool`, which kube-apiserver applies to boolean query parameters; None
+/// for a value it refuses.
+pub fn parse_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 /// Non-resource verbs: the lower-cased method, as k8s.io/apiserver names them.

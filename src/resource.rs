@@ -210,6 +210,14 @@ impl ResourceInfo {
     }
 }
 
+/// The time now as kube-apiserver stores timestamps: at second precision.
+pub fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    let now = jiff::Timestamp::now();
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(now.as_second()).unwrap_or(now),
+    )
+}
+
 /// The metadata key of an object: namespace and name. Ordered as etcd orders keys.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {

@@ -311,17 +311,6 @@ impl Parser {
     }
 }
 
-fn is_label_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !name.is_empty()
-        && name.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
 fn validate_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
@@ -334,7 +323,7 @@ fn validate_key(key: &str) -> Result<(), String> {
             "invalid label key {key:?}: prefix part must be a lowercase RFC 1123 subdomain"
         ));
     }
-    if !is_label_name(name) {
+    if !crate::validation::is_label_name(name) {
         return Err(format!(
             "invalid label key {key:?}: name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
         ));
@@ -343,7 +332,7 @@ fn validate_key(key: &str) -> Result<(), String> {
 }
 
 fn validate_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || is_label_name(value) {
+    if value.is_empty() || crate::validation::is_label_name(value) {
         Ok(())
     } else {
         Err(format!(

@@ -131,8 +131,10 @@ pub fn columns<K: ServedResource>() -> Vec<ColumnDefinition> {
     columns
 }
 
-/// `object`'s row as a value, its cells as of `now`.
-pub fn row<K: ServedResource>(
+/// `object`'s row as a value, its cells as of `now`: the typed oracle the streamed writer is
+/// tested against.
+#[cfg(test)]
+pub(crate) fn row<K: ServedResource>(
     object: &K,
     include: IncludeObject,
     version: MetaVersion,
@@ -152,7 +154,8 @@ pub fn row<K: ServedResource>(
 }
 
 /// A Table of `objects` as a value, with column definitions when `with_columns`.
-pub fn table<'a, K: ServedResource>(
+#[cfg(test)]
+pub(crate) fn table<'a, K: ServedResource>(
     objects: impl IntoIterator<Item = &'a K>,
     metadata: ListMeta,
     include: IncludeObject,

@@ -56,25 +56,28 @@ pub fn validate_namespace(namespace: &str) -> Option<FieldError> {
     }
 }
 
+/// The name part of a qualified name (a label key without its prefix), or a non-empty label
+/// value: at most 63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric.
+pub fn is_label_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+}
+
 fn is_qualified_name(key: &str) -> bool {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
     };
-    let name_ok = {
-        let b = name.as_bytes();
-        !b.is_empty()
-            && b.len() <= 63
-            && b[0].is_ascii_alphanumeric()
-            && b[b.len() - 1].is_ascii_alphanumeric()
-            && b.iter()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-    };
-    name_ok && prefix.is_none_or(|p| !p.is_empty() && is_dns1123_subdomain(p))
+    is_label_name(name) && prefix.is_none_or(|p| !p.is_empty() && is_dns1123_subdomain(p))
 }
 
 fn is_label_value(value: &str) -> bool {
-    value.is_empty() || (is_qualified_name(value) && !value.contains('/'))
+    value.is_empty() || is_label_name(value)
 }
 
 /// Labels and annotations a client set.

@@ -3,7 +3,7 @@
 
 use k8s_openapi::{
     api::core::v1::{ContainerStatus, Pod},
-    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::CustomResource;
 use schemars::{JsonSchema, Schema, SchemaGenerator};
@@ -145,7 +145,6 @@ impl FarmPod {
 
     /// A synthetic FarmPod for benchmarks and tests: `farm-pod-<i>` in `bench-<i % 10>`.
     pub fn synthetic(i: usize, resource_version: u64) -> Self {
-        let now = jiff::Timestamp::now();
         FarmPod {
             metadata: ObjectMeta {
                 name: Some(format!("{PREFIX}pod-{i}")),
@@ -160,9 +159,7 @@ impl FarmPod {
                     ]
                     .into(),
                 ),
-                creation_timestamp: Some(Time(
-                    jiff::Timestamp::from_second(now.as_second()).unwrap_or(now),
-                )),
+                creation_timestamp: Some(crate::resource::now()),
                 resource_version: Some(resource_version.to_string()),
                 uid: Some(uuid::Uuid::new_v5(&UID_NAMESPACE, i.to_string().as_bytes()).to_string()),
                 generation: Some(1),
@@ -280,7 +277,9 @@ mod tests {
     #[test]
     fn terminating_wins() {
         let mut p = pod();
-        p.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::now()));
+        p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::now(),
+        ));
         assert_eq!(FarmPod::from_pod(&p).status.unwrap().reason, "Terminating");
     }
 }

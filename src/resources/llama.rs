@@ -1,6 +1,6 @@
 //! Llama: a namespaced, writable kind kept in the server's own store.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -87,16 +87,13 @@ impl ServedResource for Llama {
 
 /// The sample the standalone store starts with: the seed's `default/dolly`.
 pub fn sample() -> Llama {
-    let now = jiff::Timestamp::now();
     Llama {
         metadata: ObjectMeta {
             name: Some("dolly".into()),
             namespace: Some("default".into()),
             uid: Some(uuid::Uuid::new_v4().to_string()),
             generation: Some(1),
-            creation_timestamp: Some(Time(
-                jiff::Timestamp::from_second(now.as_second()).unwrap_or(now),
-            )),
+            creation_timestamp: Some(crate::resource::now()),
             ..Default::default()
         },
         spec: LlamaSpec {

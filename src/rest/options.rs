@@ -84,11 +84,11 @@ pub(crate) fn parse_i64(value: &str) -> Result<i64> {
 pub(crate) fn parse_bool(name: &str, value: Option<&str>) -> Result<bool> {
     match value {
         None | Some("") => Ok(false),
-        Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
-        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
-        Some(other) => Err(Error::BadRequest(format!(
-            "invalid value for {name}: {other:?}: must be true or false"
-        ))),
+        Some(value) => crate::request_info::parse_bool(value).ok_or_else(|| {
+            Error::BadRequest(format!(
+                "invalid value for {name}: {value:?}: must be true or false"
+            ))
+        }),
     }
 }
 

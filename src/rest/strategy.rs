@@ -1,7 +1,6 @@
 //! What happens to an object between the request body and the store: decoding, server-owned
 //! metadata on create and update, validation (k8s.io/apiserver's `registry/rest` strategy).
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rand::Rng;
 use serde_json::Value;
 
@@ -118,12 +117,6 @@ pub(crate) fn generate_name(prefix: &str) -> String {
     format!("{}{suffix}", prefix.get(..end).unwrap_or_default())
 }
 
-pub(crate) fn now() -> Time {
-    // kube-apiserver stores timestamps at second precision.
-    let now = jiff::Timestamp::now();
-    Time(jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
-}
-
 /// Server-owned metadata of a new object; clears what clients may not set.
 /// `namespace` is the request's ("" for a cluster-scoped kind, whose objects have none).
 pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str) -> Result<()> {
@@ -163,7 +156,7 @@ pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str)
         }
     }
     meta.uid = Some(uuid::Uuid::new_v4().to_string());
-    meta.creation_timestamp = Some(now());
+    meta.creation_timestamp = Some(crate::resource::now());
     meta.generation = Some(1);
     meta.deletion_timestamp = None;
     meta.deletion_grace_period_seconds = None;
