@@ -261,11 +261,11 @@ async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"apiserver_request_total{verb="get",resource="llamas",code="500"} 1"#),
+        metrics.contains(r#"apiserver_request_total{verb="GET",resource="llamas",code="500"} 1"#),
         "{metrics}"
     );
     assert!(
-        metrics.contains(r#"apiserver_request_total{verb="list",resource="llamas",code="500"} 1"#),
+        metrics.contains(r#"apiserver_request_total{verb="LIST",resource="llamas",code="500"} 1"#),
         "{metrics}"
     );
 }
@@ -759,7 +759,7 @@ async fn a_metadata_watcher_syncs_by_watch_list_alone() {
         .await;
     let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
     assert!(
-        !metrics.contains(r#"apiserver_request_total{verb="list",resource="llamas""#),
+        !metrics.contains(r#"apiserver_request_total{verb="LIST",resource="llamas""#),
         "no LIST: {metrics}"
     );
 }

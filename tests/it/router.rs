@@ -847,10 +847,10 @@ async fn metrics_count_requests_and_objects() {
     get(&app, &format!("{BASE}/namespaces/default/llamas/nope")).await;
     let text = String::from_utf8(get(&app, "/metrics").await.body).unwrap();
     assert!(
-        text.contains(r#"apiserver_request_total{verb="get",resource="llamas",code="200"} 1"#),
+        text.contains(r#"apiserver_request_total{verb="GET",resource="llamas",code="200"} 1"#),
         "{text}"
     );
-    assert!(text.contains(r#"apiserver_request_total{verb="get",resource="llamas",code="404"} 1"#));
+    assert!(text.contains(r#"apiserver_request_total{verb="GET",resource="llamas",code="404"} 1"#));
     assert!(text.contains(r#"apiserver_storage_objects{resource="llamas.farm.example.com"} 1"#));
     assert!(text.contains("apiserver_request_duration_seconds_bucket"));
     assert!(text.contains("apiserver_longrunning_requests"));

@@ -24,7 +24,7 @@ use fake_kube::FakeKube;
 use farm_apiserver::{
     error::Error,
     resource::{ObjectKey, ServedResource},
-    resources::{FarmPod, Llama, LlamaSpec},
+    resources::{FarmPod, Llama},
     selector::{FieldSelector, Filter, LabelSelector},
     store::{
         EventType, ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, PodCache,
@@ -33,7 +33,6 @@ use farm_apiserver::{
     },
 };
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// How long a store may take to answer (a watch item, a cache to show a change) before the
 /// check fails instead of hanging.
@@ -75,18 +74,12 @@ fn fixture() -> Vec<Seed> {
 
 /// A Llama with a fixed uid per key.
 fn llama(ns: &str, name: &str, weight: f64) -> Llama {
-    Llama {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(ns.into()),
-            uid: Some(format!("uid-{ns}-{name}")),
-            ..Default::default()
-        },
-        spec: LlamaSpec {
-            weight,
-            height: 1.5,
-        },
-    }
+    crate::common::fixtures::llama(name)
+        .namespace(ns)
+        .uid(&format!("uid-{ns}-{name}"))
+        .weight(weight)
+        .height(1.5)
+        .build()
 }
 
 fn with_labels(mut llama: Llama, labels: &[(&str, &str)]) -> Llama {

@@ -337,7 +337,7 @@ async fn every_verb_with_the_kinds_strategy() {
     // metrics: the kind's own label and stored-objects series.
     let metrics = String::from_utf8(get(&app, "/metrics").await.body).unwrap();
     assert!(
-        metrics.contains(r#"apiserver_request_total{verb="create",resource="barns",code="201"} 2"#),
+        metrics.contains(r#"apiserver_request_total{verb="POST",resource="barns",code="201"} 2"#),
         "{metrics}"
     );
     assert!(

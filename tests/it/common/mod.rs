@@ -3,6 +3,7 @@
 //! exactly the headers it is given.
 
 pub mod fake_kube;
+pub mod fixtures;
 pub mod install;
 pub mod oneshot;
 pub mod process;

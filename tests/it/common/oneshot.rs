@@ -15,7 +15,7 @@ use farm_apiserver::{
     store::{MemoryStore, PodCache},
 };
 use http_body_util::BodyExt;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tower::ServiceExt;
 
 use super::oneshot_identity as identity;
@@ -114,13 +114,10 @@ pub async fn get(app: &App, uri: &str) -> Reply {
 }
 
 pub fn llama(name: &str, weight: f64, height: f64) -> String {
-    json!({
-        "apiVersion": "farm.example.com/v1alpha",
-        "kind": "Llama",
-        "metadata": { "name": name },
-        "spec": { "weight": weight, "height": height }
-    })
-    .to_string()
+    super::fixtures::llama(name)
+        .weight(weight)
+        .height(height)
+        .json()
 }
 
 pub async fn create(app: &App, ns: &str, body: &str) -> Reply {
