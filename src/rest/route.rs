@@ -171,7 +171,7 @@ impl Target<'_> {
     }
 
     /// The response without waiting, when the request is a GET of one object the store holds
-    /// in memory; None when it has to go through [`Target::call`].
+    /// in memory; None when it has to go through [`Route::call`].
     pub fn call_sync(
         &self,
         method: &Method,

@@ -1,0 +1,358 @@
+//! The edge every request but the probes passes once: who is it and may they, the resource
+//! endpoint or the router, then metrics and one log line; and [`App`], the whole HTTP surface
+//! as one tower service.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use axum::{
+    Router,
+    extract::Request,
+    response::{IntoResponse, Response},
+};
+
+use crate::{
+    auth::{Auth, AuthStep, PeerCertificates, UserInfo, authn::Groups},
+    connection,
+    error::{Error, ErrorReason},
+    health,
+    metrics::Metrics,
+    recovery,
+    request_info::RequestInfo,
+    rest, tls,
+};
+
+/// Every request but the probes passes here once: who is it and may they (auth), then the
+/// resource endpoint or the router, then metrics and one log line labelled as kube-apiserver
+/// labels them. [`App`] calls it directly rather than through `middleware::from_fn`, which
+/// boxes the rest of the stack again for every request.
+pub(super) struct Edge {
+    /// The health probes, which skip the edge's auth, metrics and log.
+    pub(super) probes: Router,
+    pub(super) auth: Arc<Auth>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) endpoints: Arc<rest::Endpoints>,
+    /// Discovery, OpenAPI, /version, /metrics and the 404 fallback.
+    pub(super) router: Router,
+    /// What a request other than a watch may take (kube-apiserver's `--request-timeout`).
+    pub(super) request_timeout: Duration,
+}
+
+/// What the edge learned of a request before it had to wait, handed to [`Edge::handle`] so
+/// nothing is parsed, routed or checked twice.
+struct Pending {
+    started: Instant,
+    auth: AuthStep,
+    /// The resource endpoint, or None for the router (discovery, OpenAPI, ...).
+    route: Option<rest::Route>,
+    log: RequestLog,
+}
+
+/// What the request log and the metrics say of a request, owned.
+struct RequestLog {
+    verb: &'static str,
+    resource: String,
+    namespace: String,
+    name: String,
+    path: String,
+}
+
+impl RequestLog {
+    fn of(info: &RequestInfo<'_>) -> Self {
+        let fields = LogFields::of(info);
+        Self {
+            verb: fields.verb,
+            resource: fields.resource.to_owned(),
+            namespace: fields.namespace.to_owned(),
+            name: fields.name.to_owned(),
+            path: fields.path.to_owned(),
+        }
+    }
+
+    fn fields(&self) -> LogFields<'_> {
+        LogFields {
+            verb: self.verb,
+            resource: &self.resource,
+            namespace: &self.namespace,
+            name: &self.name,
+            path: &self.path,
+        }
+    }
+}
+
+/// [`RequestLog`], borrowed from the request where it is still at hand.
+struct LogFields<'a> {
+    verb: &'static str,
+    /// The resource, or "" for a request that is not a resource request.
+    resource: &'a str,
+    namespace: &'a str,
+    name: &'a str,
+    path: &'a str,
+}
+
+impl<'a> LogFields<'a> {
+    fn of(info: &RequestInfo<'a>) -> Self {
+        Self {
+            verb: info.verb,
+            resource: if info.is_resource_request {
+                info.resource
+            } else {
+                ""
+            },
+            namespace: info.namespace,
+            name: info.name,
+            path: info.path,
+        }
+    }
+}
+
+impl Edge {
+    /// Answers without a future when everything the request needs is in memory (identity from
+    /// the certificate and headers, authorization from the cache, the object from the store):
+    /// a cached GET, most of the traffic. Everything else goes on to [`Edge::handle`] with what
+    /// was learned here.
+    fn handle_sync<B>(
+        &self,
+        peer: Option<&PeerCertificates>,
+        request: &mut axum::http::Request<B>,
+    ) -> Result<Response, Box<Pending>> {
+        let started = Instant::now();
+        // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
+        let uri = request.uri().clone();
+        let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+        // Boxed: the answer at once stays small to return.
+        let pending = |auth, target: Option<rest::Target<'_>>| {
+            Box::new(Pending {
+                started,
+                auth,
+                route: target.map(|t| t.route()),
+                log: RequestLog::of(&info),
+            })
+        };
+        let (response, user) = match self.auth.check_sync(peer, request.headers_mut(), &info) {
+            AuthStep::Checked(Ok(user)) => {
+                let target = self.endpoints.find(uri.path());
+                let answered = target.as_ref().and_then(|target| {
+                    target.call_sync(request.method(), uri.query(), request.headers())
+                });
+                match answered {
+                    Some(response) => (response, user),
+                    None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
+                }
+            }
+            AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
+            step => return Err(pending(step, self.endpoints.find(uri.path()))),
+        };
+        Ok(self.finish(&LogFields::of(&info), user.as_ref(), response, started))
+    }
+
+    /// The rest of a request [`Edge::handle_sync`] could not answer: the review it needs, the
+    /// endpoint or router, within the request timeout (a watch within its own).
+    async fn handle(self: Arc<Self>, mut request: Request, pending: Box<Pending>) -> Response {
+        let Pending {
+            started,
+            auth,
+            route,
+            log,
+        } = *pending;
+        let work = async {
+            let checked = match auth {
+                AuthStep::Checked(checked) => checked,
+                // A review to send (rare: once per user and TTL): it needs the request info
+                // again, which borrowed from the request the first step could not keep.
+                step => {
+                    let uri = request.uri().clone();
+                    let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+                    self.auth.check(step, request.headers_mut(), &info).await
+                }
+            };
+            match checked {
+                Ok(user) => {
+                    let response = match route {
+                        Some(route) => route.call(request).await,
+                        None => match tower::Service::call(&mut self.router.clone(), request).await
+                        {
+                            Ok(response) => response,
+                            Err(never) => match never {},
+                        },
+                    };
+                    (response, user)
+                }
+                Err((error, user)) => (error.into_response(), user),
+            }
+        };
+        let (response, user) = if log.verb == "watch" {
+            work.await
+        } else {
+            match tokio::time::timeout(self.request_timeout, work).await {
+                Ok(answered) => answered,
+                Err(_) => (
+                    Error::Timeout("request did not complete within the allowed duration".into())
+                        .into_response(),
+                    None,
+                ),
+            }
+        };
+        self.finish(&log.fields(), user.as_ref(), response, started)
+    }
+
+    /// A request whose handler panicked: 500, counted, in the request log like any other.
+    fn panicked(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Response {
+        self.metrics.panics.inc();
+        let info = RequestInfo::parse(method, uri.path(), uri.query());
+        self.finish(
+            &LogFields::of(&info),
+            None,
+            recovery::response(),
+            Instant::now(),
+        )
+    }
+
+    /// Metrics and the request's log line.
+    fn finish(
+        &self,
+        info: &LogFields<'_>,
+        user: Option<&UserInfo>,
+        response: Response,
+        started: Instant,
+    ) -> Response {
+        let elapsed = started.elapsed();
+        let code = response.status().as_u16();
+        let resource = info.resource;
+        self.metrics
+            .observe(info.verb, resource, code, elapsed.as_secs_f64());
+        let reason = response
+            .extensions()
+            .get::<ErrorReason>()
+            .map_or("", |r| r.0);
+        tracing::info!(
+            target: "farm_apiserver::request",
+            user = user.map_or("", |u| u.name.as_str()),
+            groups = %Groups(user.map_or(&[], |u| u.groups.as_slice())),
+            verb = %info.verb,
+            resource,
+            namespace = %info.namespace,
+            name = %info.name,
+            path = %info.path,
+            code,
+            reason,
+            latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            "request"
+        );
+        response
+    }
+}
+
+pub(super) async fn not_found() -> Error {
+    Error::NoRoute
+}
+
+/// The whole HTTP surface as one service, for the TLS listener and for `oneshot` tests alike:
+/// the probes go straight to [`health`], everything else through the edge. Not an axum
+/// `Router` with the edge as fallback (see PERFORMANCE.md).
+///
+/// The listener makes one per connection, told the connection's verified client certificates
+/// ([`tls::ConnectionService`]); requests without them (tests) may carry them as an extension.
+///
+/// Two `Arc`s: hyper-util's tower glue clones the service for every request.
+#[derive(Clone)]
+pub struct App {
+    pub(super) edge: Arc<Edge>,
+    pub(super) peer: Option<PeerCertificates>,
+    /// The connection's activity, for its idle bound (none in `oneshot` tests).
+    pub(super) activity: Option<Arc<connection::Activity>>,
+}
+
+impl tls::ConnectionService for App {
+    fn for_connection(
+        mut self,
+        chain: Vec<rustls_pki_types::CertificateDer<'static>>,
+        activity: Arc<connection::Activity>,
+    ) -> Self {
+        self.peer = Some(PeerCertificates::new(chain));
+        self.activity = Some(activity);
+        self
+    }
+}
+
+type AppFuture = futures::future::Either<
+    std::future::Ready<Result<Response, std::convert::Infallible>>,
+    futures::future::BoxFuture<'static, Result<Response, std::convert::Infallible>>,
+>;
+
+impl<B> tower::Service<axum::http::Request<B>> for App
+where
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = AppFuture;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        use futures::future::Either;
+        // A body nobody reads (an early 401, 413...) is still read, so the client sees the
+        // answer (see `connection`).
+        let drain = request.version() <= axum::http::Version::HTTP_11
+            && !request.headers().contains_key(axum::http::header::EXPECT);
+        let mut request = request.map(|body| connection::Drained::new(body, drain));
+        if health::is_probe(request.uri().path()) {
+            // Probes: kubelet polls them every few seconds; they are not traffic.
+            let request = request.map(axum::body::Body::new);
+            return Either::Right(Box::pin(tower::Service::call(
+                &mut self.edge.probes.clone(),
+                request,
+            )));
+        }
+        let from_request;
+        let peer = match &self.peer {
+            Some(peer) => Some(peer),
+            None => {
+                from_request = request.extensions().get::<PeerCertificates>().cloned();
+                from_request.as_ref()
+            }
+        };
+        let edge = &self.edge;
+        let pending = match recovery::catch_sync(|| edge.handle_sync(peer, &mut request)) {
+            Some(Ok(response)) => {
+                return Either::Left(std::future::ready(Ok(response)));
+            }
+            Some(Err(pending)) => pending,
+            None => {
+                let response = edge.panicked(request.method(), request.uri());
+                return Either::Left(std::future::ready(Ok(response)));
+            }
+        };
+        let edge = self.edge.clone();
+        let request = request.map(axum::body::Body::new);
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        let in_flight = self.activity.as_ref().map(|a| a.begin());
+        Either::Right(Box::pin(async move {
+            let response = match recovery::catch(edge.clone().handle(request, pending)).await {
+                Some(response) => response,
+                None => edge.panicked(&method, &uri),
+            };
+            // A streamed body (a watch, a large list) keeps the connection busy until it ends.
+            Ok(match in_flight {
+                Some(guard)
+                    if http_body::Body::size_hint(response.body())
+                        .exact()
+                        .is_none() =>
+                {
+                    response
+                        .map(|body| axum::body::Body::new(connection::Holding::new(body, guard)))
+                }
+                _ => response,
+            })
+        }))
+    }
+}

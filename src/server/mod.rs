@@ -1,0 +1,229 @@
+//! Wiring: the shared state and the one service factory ([`app`]); `edge.rs` is what every
+//! request passes, `listen.rs` serves it over TLS with graceful shutdown.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Router,
+    extract::State,
+    http::{HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::get,
+};
+use tokio_util::sync::CancellationToken;
+
+mod edge;
+mod listen;
+
+pub use edge::App;
+use edge::{Edge, not_found};
+pub use listen::{Bound, Running, ShutdownTiming, bind, serve};
+
+use crate::{
+    auth::{self, Auth, Authenticator, AuthnConfig, Authorizer},
+    discovery::{self, DiscoveryDocuments},
+    group::{self, ApiGroup},
+    health::{self, Health},
+    metrics::Metrics,
+    openapi::{self, OpenApiDocuments},
+    resources::Llama,
+    rest::{self, RestContext, RestSettings},
+    store::{PodCache, Store},
+};
+
+/// Ends watches and tells the health checks the server is going away. Dropping it does
+/// neither: only [`Shutdown::end_watches`] ends watches.
+#[derive(Clone)]
+pub struct Shutdown {
+    watches: CancellationToken,
+    health: Arc<Health>,
+}
+
+impl Shutdown {
+    /// Readiness fails from now on.
+    pub fn begin(&self) {
+        self.health.start_shutdown();
+    }
+
+    /// Open watches end cleanly (their streams close).
+    pub fn end_watches(&self) {
+        self.watches.cancel();
+    }
+}
+
+/// Everything the handlers share. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// The served kinds' REST endpoints.
+    pub endpoints: Arc<rest::Endpoints>,
+    /// Authentication and authorization of every request but the probes.
+    pub auth: Arc<Auth>,
+    /// The registry `/metrics` renders; the same one as in `rest`.
+    pub metrics: Arc<Metrics>,
+    /// What `/healthz`, `/livez` and `/readyz` answer.
+    pub health: Arc<Health>,
+    /// The discovery documents, built once from the served kinds.
+    pub discovery: Arc<DiscoveryDocuments>,
+    /// The OpenAPI v2 and v3 documents, built once from the served kinds.
+    pub openapi: Arc<OpenApiDocuments>,
+    /// What the resource handlers share: metrics, the watch shutdown token, the timeouts.
+    pub rest: RestContext,
+}
+
+/// Who is trusted, and the cluster that reviews tokens and access.
+#[derive(Clone)]
+pub struct AuthOptions {
+    /// The trusted CAs and front-proxy settings at start; with a cluster, `config::Args::run`
+    /// replaces them whenever the `extension-apiserver-authentication` ConfigMap changes.
+    pub config: AuthnConfig,
+    /// TokenReview and SubjectAccessReview go here; None = standalone.
+    pub cluster: Option<kube::Client>,
+    /// How long an allowing SubjectAccessReview answer is cached
+    /// (`--authorization-webhook-cache-authorized-ttl`).
+    pub allow_ttl: Duration,
+    /// How long a denying SubjectAccessReview answer is cached
+    /// (`--authorization-webhook-cache-unauthorized-ttl`).
+    pub deny_ttl: Duration,
+    /// How long a TokenReview answer is cached (`--authentication-token-webhook-cache-ttl`).
+    pub token_ttl: Duration,
+}
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        Self {
+            config: AuthnConfig::default(),
+            cluster: None,
+            allow_ttl: Duration::from_secs(10),
+            deny_ttl: Duration::from_secs(10),
+            token_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+impl AuthOptions {
+    /// The authenticator and authorizer; bearer tokens are reviewed only with a cluster.
+    pub fn build(self) -> Arc<Auth> {
+        let tokens = self
+            .cluster
+            .clone()
+            .map(|c| auth::authn::TokenReviewer::new(c, self.token_ttl));
+        Arc::new(Auth {
+            authn: Authenticator::new(self.config, tokens),
+            authz: Authorizer::new(self.cluster, self.allow_ttl, self.deny_ttl),
+        })
+    }
+}
+
+/// What [`AppState::new`] takes besides the kinds.
+#[derive(Clone)]
+pub struct StateOptions {
+    /// Watch and request timeouts, bookmark interval.
+    pub rest: RestSettings,
+    /// Shared with whatever replaces its configuration (the ConfigMap follower).
+    pub auth: Arc<Auth>,
+}
+
+impl Default for StateOptions {
+    /// Nobody can authenticate: tests and callers set `auth`.
+    fn default() -> Self {
+        Self {
+            rest: RestSettings::default(),
+            auth: AuthOptions::default().build(),
+        }
+    }
+}
+
+impl AppState {
+    /// farm-apiserver's kinds: Llamas from `llamas`, FarmPods from `farmpods` (whose sync
+    /// readiness joins `/readyz`).
+    pub fn farm(
+        llamas: Arc<dyn Store<Llama>>,
+        farmpods: Arc<PodCache>,
+        options: StateOptions,
+    ) -> (Self, Shutdown) {
+        let (state, shutdown) = Self::new(group::farm(llamas, farmpods.clone()), options);
+        for check in farmpods.readiness_checks() {
+            state.health.add_readiness_check(check);
+        }
+        (state, shutdown)
+    }
+
+    /// Serves the kinds of `group`.
+    pub fn new(group: ApiGroup, options: StateOptions) -> (Self, Shutdown) {
+        let watches = CancellationToken::new();
+        let health = Health::new();
+        let plurals: Vec<&'static str> = group.resources().iter().map(|r| r.plural).collect();
+        let metrics = Metrics::new(&plurals);
+        let rest = RestContext {
+            metrics: metrics.clone(),
+            shutdown: watches.clone(),
+            settings: Arc::new(options.rest),
+        };
+        let (resources, endpoints) = group.endpoints(&rest);
+        let state = Self {
+            endpoints: Arc::new(endpoints),
+            auth: options.auth,
+            metrics,
+            health: health.clone(),
+            discovery: Arc::new(DiscoveryDocuments::new(&resources)),
+            openapi: Arc::new(OpenApiDocuments::new(&resources)),
+            rest,
+        };
+        let shutdown = Shutdown { watches, health };
+        (state, shutdown)
+    }
+}
+
+async fn version() -> Response {
+    let info = k8s_openapi::apimachinery::pkg::version::Info {
+        major: "0".into(),
+        minor: env!("CARGO_PKG_VERSION_MINOR").into(),
+        git_version: concat!("v", env!("CARGO_PKG_VERSION")).into(),
+        git_commit: option_env!("FARM_GIT_COMMIT").unwrap_or("").into(),
+        compiler: "rustc".into(),
+        platform: format!("{}/{}", std::env::consts::OS, std::env::consts::ARCH),
+        ..Default::default()
+    };
+    let mut response = axum::Json(info).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    for (resource, objects) in state.endpoints.stored_objects().await {
+        state.metrics.set_stored(&resource, objects);
+    }
+    let mut response = (StatusCode::OK, state.metrics.render()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// The service for `state`: [`App`] without a connection yet, as `oneshot` tests use it and
+/// [`Bound::spawn`] serves it.
+pub fn app(state: AppState) -> App {
+    let router = Router::new()
+        .merge(discovery::router(state.discovery.clone()))
+        .merge(openapi::router(state.openapi.clone()))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics_handler).with_state(state.clone()))
+        .fallback(not_found);
+    let endpoints = state.endpoints.clone();
+    App {
+        edge: Arc::new(Edge {
+            probes: health::router(state.health.clone()),
+            auth: state.auth.clone(),
+            metrics: state.metrics.clone(),
+            endpoints,
+            router,
+            request_timeout: state.rest.settings.request_timeout,
+        }),
+        peer: None,
+        activity: None,
+    }
+}
