@@ -1,6 +1,6 @@
 //! Command line and environment: every flag has a `FARM_…` variable.
 
-use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{io::IsTerminal, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -8,9 +8,13 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::{
     auth::source::{self, StaticSources},
+    resources::Llama,
     rest::RestSettings,
     server::{self, AppState, AuthOptions, ShutdownTiming, StateOptions},
-    store::PodCache,
+    store::{
+        PodCache, Store,
+        etcd::{EtcdClient, EtcdConfig, EtcdStore},
+    },
     tls::{self, ServingFiles, ServingTls},
 };
 
@@ -107,9 +111,40 @@ pub struct Args {
     #[arg(long, env = "FARM_SYNTHETIC_LLAMAS", default_value_t = 0)]
     pub synthetic_llamas: usize,
 
-    /// Start with an empty Llama store instead of the sample `default/dolly`.
+    /// Start with an empty Llama store instead of the sample `default/dolly` (memory storage;
+    /// etcd storage never seeds).
     #[arg(long, env = "FARM_NO_SAMPLE_DATA")]
     pub no_sample_data: bool,
+
+    /// Where Llamas live: `memory` (this process, lost on restart) or `etcd` (durable, shared
+    /// by every replica pointed at the same etcd).
+    #[arg(long, env = "FARM_STORAGE", value_enum, default_value_t = Storage::Memory)]
+    pub storage: Storage,
+
+    /// etcd client URLs (comma-separated), tried in turn (`--storage etcd`).
+    #[arg(
+        long,
+        env = "FARM_ETCD_SERVERS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub etcd_servers: Vec<String>,
+
+    /// The CA that signs etcd's serving certificates (`https://` servers).
+    #[arg(long, env = "FARM_ETCD_CAFILE")]
+    pub etcd_cafile: Option<PathBuf>,
+
+    /// A client certificate for etcd (with `--etcd-keyfile`).
+    #[arg(long, env = "FARM_ETCD_CERTFILE", requires = "etcd_keyfile")]
+    pub etcd_certfile: Option<PathBuf>,
+
+    /// The client certificate's private key.
+    #[arg(long, env = "FARM_ETCD_KEYFILE", requires = "etcd_certfile")]
+    pub etcd_keyfile: Option<PathBuf>,
+
+    /// The prefix of every key farm-apiserver writes in etcd.
+    #[arg(long, env = "FARM_ETCD_PREFIX", default_value = "/farm.example.com/")]
+    pub etcd_prefix: String,
 
     /// Seconds between SIGTERM (readiness fails at once) and closing the listener, so that load
     /// balancers stop sending traffic first.
@@ -204,7 +239,54 @@ fn seconds(value: u64) -> Duration {
     Duration::from_secs(value.clamp(1, 365 * 24 * 3600))
 }
 
+/// Where Llamas live (`--storage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Storage {
+    /// In this process: the embedded default.
+    Memory,
+    /// In etcd, shared by every replica.
+    Etcd,
+}
+
 impl Args {
+    /// How to reach etcd, from the `--etcd-*` flags.
+    pub fn etcd_config(&self) -> anyhow::Result<EtcdConfig> {
+        let tls = match (&self.etcd_cafile, &self.etcd_certfile, &self.etcd_keyfile) {
+            (None, None, None) => None,
+            (ca, cert, key) => {
+                let mut roots = rustls::RootCertStore::empty();
+                if let Some(ca) = ca {
+                    let pem =
+                        std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+                    for cert in tls::load_certs(&pem)? {
+                        roots.add(cert)?;
+                    }
+                }
+                let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+                Some(match (cert, key) {
+                    (Some(cert), Some(key)) => {
+                        let chain = tls::load_certs(
+                            &std::fs::read(cert)
+                                .with_context(|| format!("reading {}", cert.display()))?,
+                        )?;
+                        let key = <rustls_pki_types::PrivateKeyDer as rustls_pki_types::pem::PemObject>::from_pem_slice(
+                            &std::fs::read(key)
+                                .with_context(|| format!("reading {}", key.display()))?,
+                        )
+                        .with_context(|| format!("reading the key {}", key.display()))?;
+                        builder.with_client_auth_cert(chain, key)?
+                    }
+                    _ => builder.with_no_client_auth(),
+                })
+            }
+        };
+        Ok(EtcdConfig {
+            endpoints: self.etcd_servers.clone(),
+            tls,
+            request_timeout: Duration::from_secs(5),
+        })
+    }
+
     /// Installs the global tracing subscriber for `--log-level` and `--log-format`; an error
     /// when the filter does not parse or a subscriber is already installed.
     pub fn init_logging(&self) -> anyhow::Result<()> {
@@ -339,7 +421,20 @@ impl Args {
                 serving.clone(),
             ));
         }
-        let llamas = crate::group::memory_llamas(!self.no_sample_data, self.synthetic_llamas);
+        let (llamas, etcd_checks): (Arc<dyn Store<Llama>>, _) = match self.storage {
+            Storage::Memory => (
+                crate::group::memory_llamas(!self.no_sample_data, self.synthetic_llamas),
+                Vec::new(),
+            ),
+            Storage::Etcd => {
+                let client =
+                    EtcdClient::new(self.etcd_config()?).map_err(|e| anyhow::anyhow!("{e}"))?;
+                tracing::info!(servers = ?self.etcd_servers, prefix = %self.etcd_prefix, "Llamas are stored in etcd");
+                let store = EtcdStore::<Llama>::start(client, &self.etcd_prefix);
+                let checks = store.readiness_checks();
+                (store, checks)
+            }
+        };
         let (state, shutdown) = AppState::farm(
             llamas,
             farmpods,
@@ -348,6 +443,9 @@ impl Args {
                 auth,
             },
         );
+        for check in etcd_checks {
+            state.health.add_readiness_check(check);
+        }
         let app = server::app(state);
         let limits = crate::connection::Limits {
             header_read: seconds(self.header_read_timeout),

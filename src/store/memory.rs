@@ -317,6 +317,91 @@ impl<K: ServedResource> MemoryStore<K> {
         Ok(())
     }
 
+    /// Makes the store hold exactly `objects` (each at its own resourceVersion) as of
+    /// `revision`: the first list of a watch cache, or its relist after its watch was lost.
+    /// Differences from what it held are sent to its watchers at `revision`.
+    pub fn reset_at(&self, objects: Vec<K>, revision: u64) -> Result<()> {
+        let mut state = self.write()?;
+        let incoming: BTreeMap<ObjectKey, K> = objects
+            .into_iter()
+            .map(|o| (ObjectKey::of(o.meta()), o))
+            .collect();
+        if state.current.objects.is_empty() && state.events.is_empty() {
+            // Nobody has seen anything yet: load, no events.
+            for (key, object) in incoming {
+                let object = Stored::new(object);
+                for hash in &object.label_hashes {
+                    let mut set = state
+                        .current
+                        .by_label
+                        .get(hash)
+                        .cloned()
+                        .unwrap_or_default();
+                    set.insert(key.clone(), object.clone());
+                    state.current.by_label.insert(*hash, set);
+                }
+                *state
+                    .current
+                    .per_namespace
+                    .entry(key.namespace.clone())
+                    .or_insert(0) += 1;
+                state.current.objects.insert(key, object);
+            }
+            state.current.resource_version = revision.max(state.current.resource_version);
+            state.oldest_watchable = state.current.resource_version;
+            return Ok(());
+        }
+        let revision = revision.max(state.current.resource_version + 1);
+        let gone: Vec<Object<K>> = state
+            .current
+            .objects
+            .iter()
+            .filter(|(k, _)| !incoming.contains_key(k))
+            .map(|(_, v)| v.clone())
+            .collect();
+        for object in gone {
+            let mut deleted = (*object).clone();
+            set_resource_version(&mut deleted, revision);
+            Self::commit(
+                &mut state,
+                &self.shared,
+                revision,
+                EventType::Deleted,
+                Stored::new(deleted),
+            );
+        }
+        for (key, object) in incoming {
+            let type_ = match state.current.objects.get(&key) {
+                Some(current)
+                    if current.meta().resource_version == object.meta().resource_version =>
+                {
+                    continue;
+                }
+                Some(_) => EventType::Modified,
+                None => EventType::Added,
+            };
+            Self::commit(
+                &mut state,
+                &self.shared,
+                revision,
+                type_,
+                Stored::new(object),
+            );
+        }
+        state.current.resource_version = revision;
+        Ok(())
+    }
+
+    /// The store is current as of `revision` with no change since its last one (a watch
+    /// cache told so by its source).
+    pub fn advance(&self, revision: u64) -> Result<()> {
+        let mut state = self.write()?;
+        if revision > state.current.resource_version {
+            state.current.resource_version = revision;
+        }
+        Ok(())
+    }
+
     /// Removes an object at an externally given resourceVersion.
     pub fn delete_external(&self, mut object: K) -> Result<()> {
         let mut state = self.write()?;

@@ -5,6 +5,7 @@
 //! made from JSON already encoded, and continue tokens belong to each store. What every store
 //! must do is checked by one conformance suite (`tests/it/store_conformance.rs`).
 
+pub mod etcd;
 pub mod memory;
 pub mod pod_cache;
 
@@ -26,6 +27,7 @@ use crate::{
     selector::Filter,
 };
 
+pub use etcd::EtcdStore;
 pub use memory::MemoryStore;
 pub use pod_cache::PodCache;
 

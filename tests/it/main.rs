@@ -16,6 +16,7 @@ mod common;
 mod binary;
 mod e2e_cluster;
 mod e2e_tls;
+mod etcd;
 mod farmpods;
 mod hardening;
 mod manifests;

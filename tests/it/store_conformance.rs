@@ -27,9 +27,9 @@ use farm_apiserver::{
     resources::{FarmPod, Llama},
     selector::{FieldSelector, Filter, LabelSelector},
     store::{
-        EventType, ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, PodCache,
-        Preconditions, ReadAt, Store, StoreStats, WatchItem, WatchRequest, WatchStart, WatchStream,
-        memory::MemoryStoreConfig,
+        EtcdStore, EventType, ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo,
+        PodCache, Preconditions, ReadAt, Store, StoreStats, WatchItem, WatchRequest, WatchStart,
+        WatchStream, WritableStore, memory::MemoryStoreConfig,
     },
 };
 use futures::StreamExt;
@@ -1877,4 +1877,243 @@ async fn pod_cache_is_read_only() {
     let h = pod_cache(&fixture()).await;
     assert!(h.store().writable().is_none());
     assert!(PodCache::synthetic(3).writable().is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The etcd store (Llamas), against a real etcd of its own per check.
+// ---------------------------------------------------------------------------------------------
+
+/// An etcd store with the etcd it uses (killed when dropped).
+struct EtcdBacked {
+    _etcd: crate::common::etcd::Etcd,
+    store: Arc<EtcdStore<Llama>>,
+}
+
+#[async_trait::async_trait]
+impl Store<Llama> for EtcdBacked {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<Llama>, Error> {
+        self.store.get(key).await
+    }
+    async fn list_each(
+        &self,
+        request: &ListRequest,
+        visit: &mut (dyn for<'o> FnMut(&'o Object<Llama>) + Send),
+    ) -> Result<PageInfo, Error> {
+        self.store.list_each(request, visit).await
+    }
+    async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<Llama>>, Error> {
+        self.store.list_cursor(request).await
+    }
+    fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
+        self.store.count_sync(namespace)
+    }
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<Llama>, Error> {
+        self.store.watch(request).await
+    }
+    async fn stats(&self) -> Result<StoreStats, Error> {
+        self.store.stats().await
+    }
+    fn check_ready(&self) -> Result<(), Error> {
+        self.store.check_ready()
+    }
+    fn writable(&self) -> Option<&dyn WritableStore<Llama>> {
+        self.store.writable()
+    }
+}
+
+/// A fresh etcd and an etcd store of Llamas on it, once its cache has synced.
+async fn etcd_store() -> EtcdBacked {
+    let etcd = crate::common::etcd::Etcd::start()
+        .await
+        .expect("etcd (the test checks for it first)");
+    let store = EtcdStore::<Llama>::start(etcd.client(), "/farm.example.com/");
+    let deadline = Instant::now() + WAIT;
+    while store.check_ready().is_err() {
+        assert!(Instant::now() < deadline, "the etcd store did not sync");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    EtcdBacked { _etcd: etcd, store }
+}
+
+/// Writes through the store, then waits until its cache shows them (as the memory harness's
+/// writes show at once).
+struct EtcdHarness {
+    backed: EtcdBacked,
+}
+
+async fn etcd(seeds: &[Seed]) -> EtcdHarness {
+    let harness = EtcdHarness {
+        backed: etcd_store().await,
+    };
+    for seed in seeds {
+        harness.put(seed.ns, seed.name, seed.labels).await;
+    }
+    harness
+}
+
+impl EtcdHarness {
+    async fn shown(&self, rv: u64) {
+        let deadline = Instant::now() + WAIT;
+        while stats(&self.backed).await.resource_version < rv {
+            assert!(
+                Instant::now() < deadline,
+                "the etcd cache did not reach {rv}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Harness for EtcdHarness {
+    type K = Llama;
+    type S = EtcdBacked;
+
+    fn store(&self) -> &EtcdBacked {
+        &self.backed
+    }
+
+    fn key(&self, ns: &str, name: &str) -> ObjectKey {
+        ObjectKey::new(ns, name)
+    }
+
+    async fn put(&self, ns: &str, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let writes = self.backed.writable().expect("writable");
+        let written = match self.backed.get(&self.key(ns, name)).await {
+            Ok(current) => {
+                writes
+                    .update(with_labels(current.get().clone(), labels), false)
+                    .await
+            }
+            Err(Error::NotFound(_)) => {
+                writes
+                    .create(with_labels(llama(ns, name, 40.0), labels), false)
+                    .await
+            }
+            Err(e) => panic!("get {ns}/{name}: {e}"),
+        }
+        .unwrap_or_else(|e| panic!("put {ns}/{name}: {e}"));
+        let rv = rv_of(written.get());
+        self.shown(rv).await;
+        rv
+    }
+
+    async fn remove(&self, ns: &str, name: &str) -> u64 {
+        let writes = self.backed.writable().expect("writable");
+        let deleted = writes
+            .delete(&self.key(ns, name), &Preconditions::default(), false)
+            .await
+            .unwrap_or_else(|e| panic!("delete {ns}/{name}: {e}"));
+        let rv = rv_of(deleted.get());
+        self.shown(rv).await;
+        rv
+    }
+}
+
+/// Runs `check` when there is an etcd (else the test prints SKIPPED).
+async fn with_etcd(check: impl Future<Output = ()>) {
+    if crate::common::etcd::binary().is_some() {
+        run(check).await;
+    }
+}
+
+#[tokio::test]
+async fn etcd_get_and_missing() {
+    with_etcd(get_and_missing(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_stats_agree() {
+    with_etcd(stats_agree(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_pages_and_continue() {
+    with_etcd(pages_and_continue(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_pages_with_selectors() {
+    with_etcd(pages_with_selectors(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_writes_between_pages() {
+    with_etcd(writes_between_pages(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_malformed_continue() {
+    with_etcd(malformed_continue(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_read_at_versions() {
+    with_etcd(read_at_versions(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_selectors() {
+    with_etcd(selectors(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_namespace_scoping() {
+    with_etcd(namespace_scoping(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_cursor_agrees_with_list() {
+    with_etcd(cursor_agrees_with_list(etcd, true)).await;
+}
+
+#[tokio::test]
+async fn etcd_watch_after_resumes() {
+    with_etcd(watch_after_resumes(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_watch_initial_state() {
+    with_etcd(watch_initial_state(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_watch_scoped() {
+    with_etcd(watch_scoped(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_watch_selection_transitions() {
+    with_etcd(watch_selection_transitions(etcd)).await;
+}
+
+#[tokio::test]
+async fn etcd_create_assigns_versions() {
+    with_etcd(create_assigns_versions(etcd_store)).await;
+}
+
+#[tokio::test]
+async fn etcd_update_compare_and_swap() {
+    with_etcd(update_compare_and_swap(etcd_store)).await;
+}
+
+#[tokio::test]
+async fn etcd_delete_preconditions() {
+    with_etcd(delete_preconditions(etcd_store)).await;
+}
+
+#[tokio::test]
+async fn etcd_dry_runs_change_nothing() {
+    with_etcd(dry_runs_change_nothing(etcd_store)).await;
+}
+
+#[tokio::test]
+async fn etcd_stats_follow_writes() {
+    with_etcd(stats_follow_writes(etcd_store)).await;
+}
+
+#[tokio::test]
+async fn etcd_is_writable() {
+    if crate::common::etcd::binary().is_some() {
+        assert!(etcd_store().await.writable().is_some());
+    }
 }

@@ -2,6 +2,7 @@
 //! the clients the tests talk to it with: kube::Client, kubectl, and a raw HTTPS client that sends
 //! exactly the headers it is given.
 
+pub mod etcd;
 pub mod fake_kube;
 pub mod fixtures;
 pub mod install;

@@ -1,0 +1,599 @@
+//! etcd's v3 API through its JSON gateway (`/v3/kv/range`, `/v3/kv/txn`, `/v3/watch`, ...): the
+//! same RPCs as gRPC, served by every etcd on its client port.
+//!
+//! Why not the `etcd-client` crate: it generates its gRPC code at build time with `protoc`,
+//! which a fresh machine lacks, and every build of farm-apiserver (the embedded default
+//! included) would then need it. The gateway needs nothing but HTTP, which the server already
+//! speaks (hyper, rustls). Proto3 JSON rules apply: 64-bit integers are strings, bytes are
+//! base64, and fields at their zero value are left out.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use base64::{Engine, engine::general_purpose::STANDARD as B64};
+use bytes::Bytes;
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned};
+
+/// What went wrong talking to etcd.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    /// No endpoint answered (or answered garbage): the cluster is unreachable from here.
+    #[error("etcd is unavailable: {0}")]
+    Unavailable(String),
+    /// The revision asked for was compacted away.
+    #[error("etcd: required revision has been compacted (compacted at {0})")]
+    Compacted(i64),
+    /// etcd refused the request.
+    #[error("etcd: {0}")]
+    Refused(String),
+}
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+type RequestBody = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+/// Where etcd is and how to reach it.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// Client URLs (`http://127.0.0.1:2379`, `https://etcd-0:2379`), tried in turn.
+    pub endpoints: Vec<String>,
+    /// TLS to etcd (`https://` endpoints): the CA that signs etcd's certificates and a client
+    /// certificate, when etcd requires one.
+    pub tls: Option<rustls::ClientConfig>,
+    /// How long one request may take.
+    pub request_timeout: Duration,
+}
+
+/// A client of one etcd cluster: requests go to the endpoint that answered last, and move on
+/// to the next one when it does not.
+pub struct EtcdClient {
+    http: Client<Connector, RequestBody>,
+    endpoints: Vec<String>,
+    current: AtomicUsize,
+    request_timeout: Duration,
+}
+
+/// A key and its value at a revision.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct KeyValue {
+    /// The key.
+    #[serde(default, deserialize_with = "base64_bytes")]
+    pub key: Vec<u8>,
+    /// The revision of the key's last change.
+    #[serde(default, deserialize_with = "string_i64")]
+    pub mod_revision: i64,
+    /// The value.
+    #[serde(default, deserialize_with = "base64_bytes")]
+    pub value: Vec<u8>,
+}
+
+/// The header of every response: the store's revision when it was served.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Header {
+    /// The store's revision.
+    #[serde(default, deserialize_with = "string_i64")]
+    pub revision: i64,
+}
+
+/// A range read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct RangeResponse {
+    /// The revision the read was served at.
+    #[serde(default)]
+    pub header: Header,
+    /// The keys, in key order.
+    #[serde(default)]
+    pub kvs: Vec<KeyValue>,
+    /// Whether more keys are in the range than `limit` returned.
+    #[serde(default)]
+    pub more: bool,
+    /// How many keys the range holds.
+    #[serde(default, deserialize_with = "string_i64")]
+    pub count: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TxnReply {
+    #[serde(default)]
+    header: Header,
+    #[serde(default)]
+    succeeded: bool,
+    #[serde(default)]
+    responses: Vec<OpReply>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct OpReply {
+    #[serde(default)]
+    response_range: Option<RangeResponse>,
+}
+
+/// The outcome of a transaction.
+#[derive(Debug)]
+pub struct TxnResult {
+    /// The revision after it (the new one when it wrote).
+    pub revision: i64,
+    /// Whether the comparison held (the success operations ran).
+    pub succeeded: bool,
+    /// The key's value when the comparison failed and the failure branch read it.
+    pub current: Option<KeyValue>,
+}
+
+/// A comparison a transaction makes on one key.
+#[derive(Debug, Clone, Copy)]
+pub enum Compare {
+    /// The key does not exist.
+    Absent,
+    /// The key's last change was at this revision.
+    ModRevision(i64),
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone)]
+pub enum WatchEvent {
+    /// A key was written: its new value.
+    Put(KeyValue),
+    /// A key was deleted at `revision`; `previous` is its value before.
+    Delete {
+        /// The deletion's revision.
+        revision: i64,
+        /// The value before the deletion.
+        previous: KeyValue,
+    },
+    /// Nothing in the range changed up to this revision (a progress notification).
+    Progress(i64),
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WatchLine {
+    #[serde(default)]
+    result: Option<WatchReply>,
+    #[serde(default)]
+    error: Option<GatewayError>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct WatchReply {
+    #[serde(default)]
+    header: Header,
+    #[serde(default)]
+    created: bool,
+    #[serde(default)]
+    canceled: bool,
+    #[serde(default, deserialize_with = "string_i64")]
+    compact_revision: i64,
+    #[serde(default)]
+    cancel_reason: String,
+    #[serde(default)]
+    events: Vec<RawEvent>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawEvent {
+    #[serde(default, rename = "type")]
+    type_: String,
+    #[serde(default)]
+    kv: KeyValue,
+    #[serde(default)]
+    prev_kv: Option<KeyValue>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct GatewayError {
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    code: i32,
+}
+
+/// An open watch: its events as they come.
+pub struct Watch {
+    /// Batches of events, in revision order; an error ends the watch.
+    pub events: futures::stream::BoxStream<'static, Result<Vec<WatchEvent>, EtcdError>>,
+}
+
+fn string_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+fn base64_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    let text = String::deserialize(d)?;
+    B64.decode(text).map_err(serde::de::Error::custom)
+}
+
+fn b64(bytes: &[u8]) -> String {
+    B64.encode(bytes)
+}
+
+/// The end of the range of every key starting with `prefix` (etcd's `WithPrefix`).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl EtcdClient {
+    /// A client of the cluster `config` names; nothing is sent until the first request.
+    pub fn new(config: EtcdConfig) -> Result<Arc<Self>, EtcdError> {
+        if config.endpoints.is_empty() {
+            return Err(EtcdError::Unavailable("no etcd endpoints given".into()));
+        }
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(2)));
+        let tls = match config.tls {
+            Some(tls) => tls,
+            None => rustls::ClientConfig::builder()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Arc::new(Self {
+            http: Client::builder(TokioExecutor::new()).build(connector),
+            endpoints: config
+                .endpoints
+                .iter()
+                .map(|e| e.trim_end_matches('/').to_owned())
+                .collect(),
+            current: AtomicUsize::new(0),
+            request_timeout: config.request_timeout,
+        }))
+    }
+
+    /// Sends `body` to `path` on the current endpoint; returns the response body.
+    async fn post(
+        &self,
+        path: &str,
+        body: RequestBody,
+    ) -> Result<hyper::body::Incoming, EtcdError> {
+        let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let endpoint = &self.endpoints[index];
+        let request = http::Request::post(format!("{endpoint}{path}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .map_err(|e| EtcdError::Unavailable(e.to_string()))?;
+        let response = match tokio::time::timeout(self.request_timeout, self.http.request(request))
+            .await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => return Err(EtcdError::Unavailable(format!("{endpoint}: {error}"))),
+            Err(_) => {
+                return Err(EtcdError::Unavailable(format!(
+                    "{endpoint}: no answer within {:?}",
+                    self.request_timeout
+                )));
+            }
+        };
+        let status = response.status();
+        let body = response.into_body();
+        if status.is_success() {
+            return Ok(body);
+        }
+        let bytes = tokio::time::timeout(self.request_timeout, body.collect())
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        Err(gateway_error(&bytes))
+    }
+
+    /// Moves on to the next endpoint (the current one did not answer).
+    pub fn fail_over(&self) {
+        if self.endpoints.len() > 1 {
+            self.current.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A unary call: JSON in, JSON out, failing over between endpoints before anything was sent.
+    async fn call<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        request: &impl Serialize,
+    ) -> Result<T, EtcdError> {
+        let json = serde_json::to_vec(request).map_err(|e| EtcdError::Refused(e.to_string()))?;
+        let mut last = None;
+        for _ in 0..self.endpoints.len() {
+            let body = Full::new(Bytes::from(json.clone())).boxed();
+            match self.post(path, body).await {
+                Ok(body) => {
+                    let bytes = tokio::time::timeout(self.request_timeout, body.collect())
+                        .await
+                        .map_err(|_| EtcdError::Unavailable("etcd stopped answering".into()))?
+                        .map_err(|e| EtcdError::Unavailable(e.to_string()))?
+                        .to_bytes();
+                    return serde_json::from_slice(&bytes).map_err(|e| {
+                        EtcdError::Unavailable(format!("unexpected answer from etcd: {e}"))
+                    });
+                }
+                Err(EtcdError::Unavailable(reason)) => {
+                    self.fail_over();
+                    last = Some(reason);
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Err(EtcdError::Unavailable(last.unwrap_or_default()))
+    }
+
+    /// The keys in `[key, range_end)` at `revision` (0: the latest), at most `limit` (0: all).
+    pub async fn range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        revision: i64,
+        limit: i64,
+    ) -> Result<RangeResponse, EtcdError> {
+        #[derive(Serialize)]
+        struct Range {
+            key: String,
+            range_end: String,
+            revision: String,
+            limit: String,
+        }
+        self.call(
+            "/v3/kv/range",
+            &Range {
+                key: b64(key),
+                range_end: b64(range_end),
+                revision: revision.to_string(),
+                limit: limit.to_string(),
+            },
+        )
+        .await
+    }
+
+    /// The store's current revision (a one-key read of `key`).
+    pub async fn revision(&self, key: &[u8]) -> Result<i64, EtcdError> {
+        Ok(self.range(key, &[], 0, 1).await?.header.revision)
+    }
+
+    /// Where `[key, range_end)` stands now: the latest `mod_revision` of its keys (0 when it
+    /// is empty) and how many keys it holds. One read, no values.
+    pub async fn latest(&self, key: &[u8], range_end: &[u8]) -> Result<(i64, i64), EtcdError> {
+        #[derive(Serialize)]
+        struct Latest {
+            key: String,
+            range_end: String,
+            limit: String,
+            sort_order: &'static str,
+            sort_target: &'static str,
+            keys_only: bool,
+        }
+        let reply: RangeResponse = self
+            .call(
+                "/v3/kv/range",
+                &Latest {
+                    key: b64(key),
+                    range_end: b64(range_end),
+                    limit: "1".into(),
+                    sort_order: "DESCEND",
+                    sort_target: "MOD",
+                    keys_only: true,
+                },
+            )
+            .await?;
+        let latest = reply.kvs.first().map_or(0, |kv| kv.mod_revision);
+        Ok((latest, reply.count))
+    }
+
+    /// If `compare` holds for `key`: puts `value` (Some) or deletes the key (None). Otherwise
+    /// reads the key's current value.
+    pub async fn txn(
+        &self,
+        key: &[u8],
+        compare: Compare,
+        value: Option<&[u8]>,
+    ) -> Result<TxnResult, EtcdError> {
+        let key64 = b64(key);
+        let compare = match compare {
+            Compare::Absent => serde_json::json!({
+                "key": key64, "target": "CREATE", "result": "EQUAL", "create_revision": "0"
+            }),
+            Compare::ModRevision(revision) => serde_json::json!({
+                "key": key64, "target": "MOD", "result": "EQUAL", "mod_revision": revision.to_string()
+            }),
+        };
+        let success = match value {
+            Some(value) => serde_json::json!({"request_put": {"key": key64, "value": b64(value)}}),
+            None => serde_json::json!({"request_delete_range": {"key": key64}}),
+        };
+        let request = serde_json::json!({
+            "compare": [compare],
+            "success": [success],
+            "failure": [{"request_range": {"key": key64}}],
+        });
+        let reply: TxnReply = self.call("/v3/kv/txn", &request).await?;
+        let current = (!reply.succeeded)
+            .then(|| {
+                reply
+                    .responses
+                    .into_iter()
+                    .find_map(|r| r.response_range)
+                    .and_then(|r| r.kvs.into_iter().next())
+            })
+            .flatten();
+        Ok(TxnResult {
+            revision: reply.header.revision,
+            succeeded: reply.succeeded,
+            current,
+        })
+    }
+
+    /// Compacts the store's history up to `revision` (tests and operators).
+    pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        let _: serde_json::Value = self
+            .call(
+                "/v3/kv/compaction",
+                &serde_json::json!({"revision": revision.to_string(), "physical": true}),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Watches `[key, range_end)` from `start_revision` on: etcd sends each change after it,
+    /// with the previous value of deleted keys.
+    pub async fn watch(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        start_revision: i64,
+    ) -> Result<Watch, EtcdError> {
+        let create = serde_json::json!({"create_request": {
+            "key": b64(key),
+            "range_end": b64(range_end),
+            "start_revision": start_revision.to_string(),
+            "prev_kv": true,
+        }});
+        let body = Full::new(Bytes::from(serde_json::to_vec(&create).unwrap_or_default())).boxed();
+        let response = self.post("/v3/watch", body).await?;
+        let lines = lines(response);
+        let events = lines
+            .map(|line| {
+                let line = line?;
+                let parsed: WatchLine = serde_json::from_slice(&line).map_err(|e| {
+                    EtcdError::Unavailable(format!("unexpected watch answer from etcd: {e}"))
+                })?;
+                if let Some(error) = parsed.error {
+                    return Err(EtcdError::Refused(error.message));
+                }
+                let Some(reply) = parsed.result else {
+                    return Ok(Vec::new());
+                };
+                if reply.compact_revision > 0 {
+                    return Err(EtcdError::Compacted(reply.compact_revision));
+                }
+                if reply.canceled {
+                    return Err(EtcdError::Unavailable(format!(
+                        "etcd cancelled the watch: {}",
+                        reply.cancel_reason
+                    )));
+                }
+                if reply.created && reply.events.is_empty() {
+                    return Ok(Vec::new());
+                }
+                if reply.events.is_empty() {
+                    return Ok(vec![WatchEvent::Progress(reply.header.revision)]);
+                }
+                Ok(reply
+                    .events
+                    .into_iter()
+                    .map(|event| match event.type_.as_str() {
+                        "DELETE" => WatchEvent::Delete {
+                            revision: event.kv.mod_revision,
+                            previous: event.prev_kv.unwrap_or(KeyValue {
+                                key: event.kv.key,
+                                ..Default::default()
+                            }),
+                        },
+                        _ => WatchEvent::Put(event.kv),
+                    })
+                    .collect())
+            })
+            .boxed();
+        Ok(Watch { events })
+    }
+}
+
+fn gateway_error(bytes: &[u8]) -> EtcdError {
+    match serde_json::from_slice::<GatewayError>(bytes) {
+        // gRPC OutOfRange: "mvcc: required revision has been compacted".
+        Ok(error) if error.code == 11 => EtcdError::Compacted(0),
+        Ok(error) if !error.message.is_empty() => EtcdError::Refused(error.message),
+        _ => EtcdError::Unavailable(String::from_utf8_lossy(bytes).into_owned()),
+    }
+}
+
+/// The newline-separated JSON messages of a streamed response.
+fn lines(
+    body: hyper::body::Incoming,
+) -> impl futures::Stream<Item = Result<Vec<u8>, EtcdError>> + Send + 'static {
+    futures::stream::unfold(
+        (body, Vec::<u8>::new(), false),
+        |(mut body, mut buffer, done)| async move {
+            loop {
+                if let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = buffer.drain(..=end).collect();
+                    if line.iter().all(u8::is_ascii_whitespace) {
+                        continue;
+                    }
+                    return Some((Ok(line), (body, buffer, done)));
+                }
+                if done {
+                    return None;
+                }
+                match body.frame().await {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            buffer.extend_from_slice(&data);
+                        }
+                    }
+                    Some(Err(error)) => {
+                        return Some((
+                            Err(EtcdError::Unavailable(format!("etcd watch broke: {error}"))),
+                            (body, buffer, true),
+                        ));
+                    }
+                    None => {
+                        return Some((
+                            Err(EtcdError::Unavailable("etcd closed the watch".into())),
+                            (body, buffer, true),
+                        ));
+                    }
+                }
+            }
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(prefix_end(b"/a/"), b"/a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff"), [0]);
+    }
+
+    #[test]
+    fn proto3_json_is_read() {
+        let reply: RangeResponse = serde_json::from_str(
+            r#"{"header":{"revision":"7"},"kvs":[{"key":"L2E=","mod_revision":"5","value":"e30="}],"more":true}"#,
+        )
+        .unwrap();
+        assert_eq!(reply.header.revision, 7);
+        assert_eq!(reply.kvs[0].key, b"/a");
+        assert_eq!(reply.kvs[0].mod_revision, 5);
+        assert_eq!(reply.kvs[0].value, b"{}");
+        assert!(reply.more);
+        let empty: RangeResponse = serde_json::from_str(r#"{"header":{"revision":"2"}}"#).unwrap();
+        assert!(empty.kvs.is_empty() && !empty.more);
+        assert!(matches!(
+            gateway_error(br#"{"error":"x","code":11,"message":"etcdserver: mvcc: required revision has been compacted"}"#),
+            EtcdError::Compacted(_)
+        ));
+    }
+}

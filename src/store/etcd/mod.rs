@@ -1,0 +1,506 @@
+//! A kind's objects in etcd, as kube-apiserver keeps them: one key per object
+//! (`<prefix><plural>/<namespace>/<name>`), its JSON as the value, its resourceVersion the key's
+//! `mod_revision`. Writes are compare-and-swap transactions on that revision. Reads are served
+//! from a watch cache (a [`MemoryStore`]) fed by one etcd watch per process, as kube-apiserver's
+//! cacher serves them. A read of the latest state is consistent (kube-apiserver 1.31's
+//! consistent reads from cache): it first asks etcd where the kind's keys stand (their latest
+//! `mod_revision` and their count, one read without values) and waits until the cache has
+//! caught up with that, so a write made through any replica is seen by the next read on every
+//! other one. (Once the cache holds every key at or below the latest revision, equal counts
+//! mean it holds no key etcd has deleted.)
+
+pub mod client;
+
+use std::{sync::Arc, time::Duration};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use client::{Compare, KeyValue, WatchEvent, prefix_end};
+pub use client::{EtcdClient, EtcdConfig, EtcdError};
+
+use super::{
+    ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, ReadAt, Store,
+    StoreStats, Stored, WatchRequest, WatchStream, WritableStore, memory::MemoryStoreConfig,
+};
+use crate::{
+    error::{Error, Result},
+    health::Check,
+    resource::{ObjectKey, ServedResource},
+};
+
+/// How long a read waits for the cache to catch up with etcd before it gives up (503).
+const CATCH_UP: Duration = Duration::from_secs(5);
+
+/// The state of the cache's feed, for readiness and for reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Feed {
+    /// The first list has not completed.
+    Syncing,
+    /// Current, fed by the watch.
+    Watching,
+    /// The watch is broken (etcd unreachable): reads and writes answer 503 until it is back.
+    Broken(String),
+}
+
+struct Shared<K> {
+    client: Arc<EtcdClient>,
+    /// `<prefix><plural>/`.
+    prefix: Vec<u8>,
+    cache: MemoryStore<K>,
+    feed: watch::Sender<Feed>,
+    /// Bumped whenever the feed applied something, for reads waiting for the cache.
+    applied: watch::Sender<u64>,
+}
+
+/// A kind stored in etcd; see the module docs.
+pub struct EtcdStore<K> {
+    shared: Arc<Shared<K>>,
+}
+
+fn unavailable(error: EtcdError) -> Error {
+    match error {
+        EtcdError::Compacted(_) => Error::Expired(error.to_string()),
+        other => Error::ServiceUnavailable(other.to_string()),
+    }
+}
+
+impl<K: ServedResource> EtcdStore<K> {
+    /// Serves `K` from the etcd `client` reaches, under `prefix` (`/farm.example.com/`), and
+    /// starts feeding the cache (list, then watch; again whenever the watch breaks).
+    pub fn start(client: Arc<EtcdClient>, prefix: &str) -> Arc<Self> {
+        let mut key = prefix.as_bytes().to_vec();
+        if !key.ends_with(b"/") {
+            key.push(b'/');
+        }
+        key.extend_from_slice(K::plural(&()).as_bytes());
+        key.push(b'/');
+        let store = Arc::new(Self {
+            shared: Arc::new(Shared {
+                client,
+                prefix: key,
+                cache: MemoryStore::new(MemoryStoreConfig {
+                    first_resource_version: 0,
+                    // etcd is the source of truth: a watch from a revision the cache has not
+                    // reached waits for it, as kube-apiserver's cacher does.
+                    authoritative: false,
+                    ..Default::default()
+                }),
+                feed: watch::Sender::new(Feed::Syncing),
+                applied: watch::Sender::new(0),
+            }),
+        });
+        tokio::spawn(feed(store.shared.clone()));
+        store
+    }
+
+    /// Readiness: not ready until the cache holds etcd's objects, nor while etcd is unreachable.
+    pub fn readiness_checks(self: &Arc<Self>) -> Vec<Check> {
+        let store = self.clone();
+        vec![Check::new("etcd", move || {
+            match &*store.shared.feed.borrow() {
+                Feed::Watching => Ok(()),
+                Feed::Syncing => Err("the cache has not read etcd yet".into()),
+                Feed::Broken(reason) => Err(reason.clone()),
+            }
+        })]
+    }
+
+    fn key(&self, key: &ObjectKey) -> Vec<u8> {
+        let mut out = self.shared.prefix.clone();
+        if K::namespaced() {
+            out.extend_from_slice(key.namespace.as_bytes());
+            out.push(b'/');
+        }
+        out.extend_from_slice(key.name.as_bytes());
+        out
+    }
+
+    /// Waits until the cache has caught up with etcd as of now (see the module docs).
+    async fn catch_up(&self) -> Result<()> {
+        self.check_ready()?;
+        let end = prefix_end(&self.shared.prefix);
+        let (latest, count) = self
+            .shared
+            .client
+            .latest(&self.shared.prefix, &end)
+            .await
+            .map_err(unavailable)?;
+        let caught_up = || {
+            let stats = self.shared.cache.counts();
+            stats.resource_version >= latest.max(0) as u64 && stats.objects as i64 == count
+        };
+        let mut applied = self.shared.applied.subscribe();
+        let wait = async {
+            while !caught_up() {
+                if applied.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        match tokio::time::timeout(CATCH_UP, wait).await {
+            Ok(()) if caught_up() => Ok(()),
+            _ => Err(Error::ServiceUnavailable(
+                "the etcd cache did not catch up with etcd in time; retry".into(),
+            )),
+        }
+    }
+
+    /// Waits until the cache holds `revision` (a read `NotOlderThan` it).
+    async fn reach(&self, revision: u64) -> Result<()> {
+        self.check_ready()?;
+        if self.shared.cache.counts().resource_version >= revision {
+            return Ok(());
+        }
+        self.catch_up().await?;
+        let current = self.shared.cache.counts().resource_version;
+        if current >= revision {
+            Ok(())
+        } else {
+            Err(super::too_large(revision, current))
+        }
+    }
+
+    async fn read_at(&self, read_at: ReadAt) -> Result<()> {
+        match read_at {
+            ReadAt::Latest => self.catch_up().await,
+            ReadAt::Any => self.check_ready(),
+            ReadAt::NotOlderThan(revision) | ReadAt::Exact(revision) => self.reach(revision).await,
+        }
+    }
+
+    fn decode(&self, kv: &KeyValue, revision: i64) -> Result<K> {
+        let mut object: K = serde_json::from_slice(&kv.value).map_err(|e| {
+            Error::Internal(format!(
+                "etcd key {} does not hold a {}: {e}",
+                String::from_utf8_lossy(&kv.key),
+                K::kind(&())
+            ))
+        })?;
+        object.meta_mut().resource_version = Some(revision.to_string());
+        Ok(object)
+    }
+
+    /// The object's JSON as stored: without its resourceVersion (the key's revision is).
+    fn encode(object: &K) -> Result<Vec<u8>> {
+        let mut object = object.clone();
+        object.meta_mut().resource_version = None;
+        serde_json::to_vec(&object).map_err(|e| Error::Internal(format!("encoding: {e}")))
+    }
+
+    fn conflict(name: &str) -> Error {
+        Error::Conflict {
+            subject: K::subject(name),
+            message: "the object has been modified; please apply your changes to the latest version and try again".into(),
+        }
+    }
+}
+
+/// Feeds the cache: list, then watch from the list's revision; on a broken watch, watch again
+/// from where the cache is (or list again when etcd has compacted that far), forever.
+async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
+    let store = EtcdStore {
+        shared: shared.clone(),
+    };
+    let end = prefix_end(&shared.prefix);
+    let mut listed = false;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if Arc::strong_count(&shared) == 1 {
+            return; // the store is gone
+        }
+        if !listed {
+            match list_all(&store, &end).await {
+                Ok(()) => listed = true,
+                Err(error) => {
+                    broken(&shared, &error);
+                    shared.client.fail_over();
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            }
+        }
+        let from = shared.cache.counts().resource_version + 1;
+        let watch = match shared.client.watch(&shared.prefix, &end, from as i64).await {
+            Ok(watch) => watch,
+            Err(error) => {
+                broken(&shared, &error);
+                shared.client.fail_over();
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(100);
+        shared.feed.send_replace(Feed::Watching);
+        shared.applied.send_modify(|n| *n += 1);
+        let mut events = watch.events;
+        let error = loop {
+            match futures::StreamExt::next(&mut events).await {
+                Some(Ok(batch)) => {
+                    if let Err(error) = apply(&store, batch) {
+                        break EtcdError::Refused(error.to_string());
+                    }
+                    shared.applied.send_modify(|n| *n += 1);
+                }
+                Some(Err(error)) => break error,
+                None => break EtcdError::Unavailable("etcd closed the watch".into()),
+            }
+        };
+        if let EtcdError::Compacted(_) = error {
+            listed = false;
+        }
+        broken(&shared, &error);
+        shared.client.fail_over();
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+fn broken<K>(shared: &Shared<K>, error: &EtcdError) {
+    tracing::warn!(%error, "etcd watch broken; retrying");
+    let reason = match error {
+        EtcdError::Compacted(_) => "relisting etcd after a compaction".to_owned(),
+        other => other.to_string(),
+    };
+    shared.feed.send_replace(Feed::Broken(reason));
+}
+
+/// Reads every object under the prefix at one revision, a page at a time, into the cache.
+async fn list_all<K: ServedResource>(store: &EtcdStore<K>, end: &[u8]) -> Result<(), EtcdError> {
+    const PAGE: i64 = 500;
+    let mut objects = Vec::new();
+    let mut from = store.shared.prefix.clone();
+    let mut revision = 0;
+    loop {
+        let page = store
+            .shared
+            .client
+            .range(&from, end, revision, PAGE)
+            .await?;
+        revision = page.header.revision;
+        for kv in &page.kvs {
+            match store.decode(kv, kv.mod_revision) {
+                Ok(object) => objects.push(object),
+                Err(error) => tracing::warn!(%error, "skipping an undecodable etcd key"),
+            }
+        }
+        match page.kvs.last() {
+            Some(last) if page.more => {
+                from = last.key.clone();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    store
+        .shared
+        .cache
+        .reset_at(objects, revision as u64)
+        .map_err(|e| EtcdError::Refused(e.to_string()))?;
+    Ok(())
+}
+
+/// Applies one batch of watch events to the cache.
+fn apply<K: ServedResource>(store: &EtcdStore<K>, batch: Vec<WatchEvent>) -> Result<()> {
+    let shared = &store.shared;
+    for event in batch {
+        match event {
+            WatchEvent::Put(kv) => match store.decode(&kv, kv.mod_revision) {
+                Ok(object) => shared.cache.apply_external(object)?,
+                Err(error) => tracing::warn!(%error, "skipping an undecodable etcd value"),
+            },
+            WatchEvent::Delete { revision, previous } => {
+                if let Ok(object) = store.decode(&previous, revision) {
+                    shared.cache.delete_external(object)?;
+                }
+                shared.cache.advance(revision as u64)?;
+            }
+            WatchEvent::Progress(revision) => shared.cache.advance(revision as u64)?,
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl<K: ServedResource> Store<K> for EtcdStore<K> {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
+        self.catch_up().await?;
+        self.shared.cache.get(key).await
+    }
+
+    async fn list_each(
+        &self,
+        request: &ListRequest,
+        visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
+    ) -> Result<PageInfo> {
+        if request.continue_token.is_none() {
+            self.read_at(request.read_at).await?;
+        }
+        self.shared.cache.list_each(request, visit).await
+    }
+
+    async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {
+        if request.continue_token.is_none() {
+            self.read_at(request.read_at).await?;
+        }
+        self.shared.cache.list(request).await
+    }
+
+    async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<K>>> {
+        if request.continue_token.is_none() {
+            self.read_at(request.read_at).await?;
+        }
+        self.shared.cache.list_cursor(request).await
+    }
+
+    fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
+        self.shared.cache.count_sync(namespace)
+    }
+
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>> {
+        self.check_ready()?;
+        self.shared.cache.watch(request).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        Ok(self.shared.cache.counts())
+    }
+
+    fn check_ready(&self) -> Result<()> {
+        match &*self.shared.feed.borrow() {
+            Feed::Watching => Ok(()),
+            Feed::Syncing => Err(Error::ServiceUnavailable(
+                "the etcd cache has not synced yet; retry shortly".into(),
+            )),
+            Feed::Broken(reason) => Err(Error::ServiceUnavailable(format!(
+                "etcd is unavailable: {reason}"
+            ))),
+        }
+    }
+
+    fn writable(&self) -> Option<&dyn WritableStore<K>> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
+    async fn create(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
+        let key = ObjectKey::of(object.meta());
+        let etcd_key = self.key(&key);
+        if dry_run {
+            let existing = self.shared.client.range(&etcd_key, &[], 0, 1).await;
+            if !existing.map_err(unavailable)?.kvs.is_empty() {
+                return Err(Error::AlreadyExists(K::subject(&key.name)));
+            }
+            return Ok(Stored::new(object));
+        }
+        let value = Self::encode(&object)?;
+        let done = self
+            .shared
+            .client
+            .txn(&etcd_key, Compare::Absent, Some(&value))
+            .await
+            .map_err(unavailable)?;
+        if !done.succeeded {
+            return Err(Error::AlreadyExists(K::subject(&key.name)));
+        }
+        object.meta_mut().resource_version = Some(done.revision.to_string());
+        Ok(Stored::new(object))
+    }
+
+    async fn update(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
+        let key = ObjectKey::of(object.meta());
+        let etcd_key = self.key(&key);
+        let expected: i64 = object
+            .meta()
+            .resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse().ok())
+            .ok_or_else(|| Self::conflict(&key.name))?;
+        if dry_run {
+            let current = self.shared.client.range(&etcd_key, &[], 0, 1).await;
+            return match current.map_err(unavailable)?.kvs.first() {
+                None => Err(Error::NotFound(K::subject(&key.name))),
+                Some(kv) if kv.mod_revision != expected => Err(Self::conflict(&key.name)),
+                Some(_) => Ok(Stored::new(object)),
+            };
+        }
+        let value = Self::encode(&object)?;
+        let done = self
+            .shared
+            .client
+            .txn(&etcd_key, Compare::ModRevision(expected), Some(&value))
+            .await
+            .map_err(unavailable)?;
+        if !done.succeeded {
+            return Err(match done.current {
+                None => Error::NotFound(K::subject(&key.name)),
+                Some(_) => Self::conflict(&key.name),
+            });
+        }
+        object.meta_mut().resource_version = Some(done.revision.to_string());
+        Ok(Stored::new(object))
+    }
+
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Object<K>> {
+        let etcd_key = self.key(key);
+        // As kube-apiserver's GuaranteedUpdate: read, check, delete if unchanged, else again.
+        for _ in 0..5 {
+            let read = self
+                .shared
+                .client
+                .range(&etcd_key, &[], 0, 1)
+                .await
+                .map_err(unavailable)?;
+            let Some(kv) = read.kvs.into_iter().next() else {
+                return Err(Error::NotFound(K::subject(&key.name)));
+            };
+            let current = self.decode(&kv, kv.mod_revision)?;
+            let meta = current.meta();
+            if let Some(uid) = &preconditions.uid
+                && meta.uid.as_ref() != Some(uid)
+            {
+                return Err(Error::Conflict {
+                    subject: K::subject(&key.name),
+                    message: format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        meta.uid.as_deref().unwrap_or("")
+                    ),
+                });
+            }
+            if let Some(rv) = &preconditions.resource_version
+                && meta.resource_version.as_ref() != Some(rv)
+            {
+                return Err(Error::Conflict {
+                    subject: K::subject(&key.name),
+                    message: format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                        meta.resource_version.as_deref().unwrap_or("")
+                    ),
+                });
+            }
+            if dry_run {
+                return Ok(Stored::new(current));
+            }
+            let done = self
+                .shared
+                .client
+                .txn(&etcd_key, Compare::ModRevision(kv.mod_revision), None)
+                .await
+                .map_err(unavailable)?;
+            if done.succeeded {
+                let mut deleted = current;
+                deleted.meta_mut().resource_version = Some(done.revision.to_string());
+                return Ok(Stored::new(deleted));
+            }
+        }
+        Err(Self::conflict(&key.name))
+    }
+}

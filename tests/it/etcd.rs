@@ -1,0 +1,209 @@
+//! Llamas on etcd through the shipped binary: several replicas behave as one server, Llamas
+//! survive restarts, and an unreachable etcd is a 503 and not ready until it is back. Needs a
+//! real etcd (see `common::etcd`).
+
+use std::{path::Path, time::Duration};
+
+use crate::common::{Alpn, RawClient, RawResponse, etcd::Etcd, fixtures, process::Running};
+
+const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+
+fn start(certs: &Path, etcd: &Etcd) -> Running {
+    let endpoint = etcd.endpoint();
+    Running::start([
+        "--cert-dir",
+        certs.to_str().expect("utf-8 path"),
+        "--standalone",
+        "--storage",
+        "etcd",
+        "--etcd-servers",
+        &endpoint,
+    ])
+}
+
+fn client(server: &Running, certs: &Path) -> RawClient {
+    let ca = std::fs::read_to_string(certs.join("ca.crt")).expect("ca.crt");
+    let admin = farm_apiserver::tls::DevCa::load_or_create(certs)
+        .expect("dev ca")
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .expect("client cert");
+    RawClient::new(server.addr, &ca, Some(admin), Alpn::Http2)
+}
+
+async fn send(client: &RawClient, method: &str, path: &str, body: &str) -> RawResponse {
+    let content_type = [("content-type", "application/json")];
+    client
+        .send(
+            method,
+            path,
+            &content_type,
+            Some(body.as_bytes().to_vec()),
+        )
+        .await
+}
+
+/// Waits until `check` holds of `GET path` (the server's cache or etcd catching up).
+async fn eventually(
+    client: &RawClient,
+    path: &str,
+    check: impl Fn(&RawResponse) -> bool,
+) -> RawResponse {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = client.get(path, &[]).await;
+        if check(&reply) {
+            return reply;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "GET {path} never passed: {} {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn two_replicas_on_one_etcd_behave_as_one_server_and_llamas_survive_restarts() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let a = start(&certs, &etcd);
+    let b = start(&certs, &etcd);
+    let (on_a, on_b) = (client(&a, &certs), client(&b, &certs));
+    // etcd mode starts empty: no sample.
+    eventually(&on_a, LLAMAS, |r| r.status == 200).await;
+    assert_eq!(on_b.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 404);
+
+    let created = send(
+        &on_a,
+        "POST",
+        LLAMAS,
+        &fixtures::llama("kuzco").weight(120.0).json(),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    let created = created.json();
+    let rv = created["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Written on A: the very next read on B sees it (consistent reads).
+    let got = on_b.get(&format!("{LLAMAS}/kuzco"), &[]).await;
+    assert_eq!(got.status, 200, "{}", String::from_utf8_lossy(&got.body));
+    assert_eq!(got.json()["metadata"]["resourceVersion"], rv.as_str());
+    let list = on_b.get(LLAMAS, &[]).await.json();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert!(
+        list["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            >= rv.parse::<u64>().unwrap()
+    );
+
+    // A watch on B from that version hears of an update made on A.
+    let watch_path = format!("{LLAMAS}?watch=true&resourceVersion={rv}&timeoutSeconds=3");
+    let watching = tokio::spawn({
+        let on_b = client(&b, &certs);
+        async move { on_b.get(&watch_path, &[]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut updated = created.clone();
+    updated["spec"]["weight"] = serde_json::json!(121.0);
+    let on_a_update = send(
+        &on_a,
+        "PUT",
+        &format!("{LLAMAS}/kuzco"),
+        &updated.to_string(),
+    )
+    .await;
+    assert_eq!(on_a_update.status, 200);
+    let events = watching.await.unwrap();
+    let text = String::from_utf8_lossy(&events.body);
+    assert!(
+        text.contains("\"MODIFIED\"") && text.contains("121"),
+        "{text}"
+    );
+
+    // The same stale update on B: 409, as on one server.
+    let stale = send(
+        &on_b,
+        "PUT",
+        &format!("{LLAMAS}/kuzco"),
+        &updated.to_string(),
+    )
+    .await;
+    assert_eq!(
+        stale.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&stale.body)
+    );
+    assert!(
+        stale.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("the object has been modified")
+    );
+
+    // Both replicas gone and back: the Llama is still there.
+    drop(a);
+    drop(b);
+    let a = start(&certs, &etcd);
+    let on_a = client(&a, &certs);
+    let back = eventually(&on_a, &format!("{LLAMAS}/kuzco"), |r| r.status == 200).await;
+    assert_eq!(back.json()["spec"]["weight"], 121.0);
+}
+
+#[tokio::test]
+async fn an_unreachable_etcd_is_503_and_not_ready_then_the_server_recovers() {
+    let Some(mut etcd) = Etcd::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let server = start(&certs, &etcd);
+    let api = client(&server, &certs);
+    eventually(&api, LLAMAS, |r| r.status == 200).await;
+    let created = send(&api, "POST", LLAMAS, &fixtures::llama("kept").json()).await;
+    assert_eq!(created.status, 201);
+
+    etcd.kill();
+    let down = eventually(&api, LLAMAS, |r| r.status == 503).await;
+    assert_eq!(down.json()["reason"], "ServiceUnavailable");
+    let write = send(&api, "POST", LLAMAS, &fixtures::llama("lost").json()).await;
+    assert_eq!(
+        write.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&write.body)
+    );
+    let readyz = api.get("/readyz?verbose", &[]).await;
+    assert_ne!(readyz.status, 200);
+    assert!(
+        String::from_utf8_lossy(&readyz.body).contains("etcd"),
+        "{}",
+        String::from_utf8_lossy(&readyz.body)
+    );
+
+    etcd.restart().await;
+    let back = eventually(&api, &format!("{LLAMAS}/kept"), |r| r.status == 200).await;
+    assert_eq!(back.json()["metadata"]["name"], "kept");
+    assert_eq!(
+        api.get(&format!("{LLAMAS}/lost"), &[]).await.status,
+        404,
+        "a refused write left nothing"
+    );
+    eventually(&api, "/readyz", |r| r.status == 200).await;
+}
