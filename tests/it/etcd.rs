@@ -33,12 +33,7 @@ fn client(server: &Running, certs: &Path) -> RawClient {
 async fn send(client: &RawClient, method: &str, path: &str, body: &str) -> RawResponse {
     let content_type = [("content-type", "application/json")];
     client
-        .send(
-            method,
-            path,
-            &content_type,
-            Some(body.as_bytes().to_vec()),
-        )
+        .send(method, path, &content_type, Some(body.as_bytes().to_vec()))
         .await
 }
 

@@ -613,6 +613,64 @@ fn mirrord_targets_the_deployment_and_readme_runs_it_with_the_mounted_certificat
 }
 
 #[test]
+fn the_etcd_component_runs_replicas_on_etcd_and_keeps_one_through_disruptions() {
+    let Some(rendered) = rendered() else { return };
+    // A user's overlay of the default install with the etcd component.
+    let overlay = rendered.dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../manifests
+components:
+  - ../manifests/components/etcd
+",
+    )
+    .unwrap();
+    let objects = &kustomize(&overlay);
+    let deployment = find(objects, "Deployment", "farm-apiserver");
+    let replicas = deployment["spec"]["replicas"].as_u64().unwrap();
+    assert!(replicas >= 2, "{replicas} replicas");
+    let args = server_args(container(deployment));
+    assert_eq!(args.storage, farm_apiserver::config::Storage::Etcd);
+    assert!(!args.etcd_servers.is_empty());
+    assert!(args.etcd_servers.iter().all(|s| s.starts_with("https://")));
+    // The client certificate's files are where the Secret is mounted.
+    let mount = secret_mount(deployment, "farm-apiserver-etcd");
+    let dir = Path::new(mount["mountPath"].as_str().unwrap());
+    for file in [&args.etcd_cafile, &args.etcd_certfile, &args.etcd_keyfile] {
+        let file = file.as_deref().expect("etcd TLS files are set");
+        assert!(
+            file.starts_with(dir),
+            "{} outside {}",
+            file.display(),
+            dir.display()
+        );
+    }
+    // Spread over nodes, and one always up.
+    let pod = &deployment["spec"]["template"]["spec"];
+    let spread = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        [0]["podAffinityTerm"];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        spread["labelSelector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let budget = find(objects, "PodDisruptionBudget", "farm-apiserver");
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+    assert_eq!(
+        budget["spec"]["selector"]["matchLabels"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        (budget["spec"]["minAvailable"].as_u64().unwrap()) < replicas,
+        "a drain can still evict one"
+    );
+}
+
+#[test]
 fn the_cert_manager_overlay_issues_the_mounted_secret_and_injects_its_ca() {
     let Some(rendered) = rendered_overlay(Some("cert-manager")) else {
         return;
