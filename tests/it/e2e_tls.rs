@@ -5,7 +5,7 @@ use crate::common;
 
 use std::{process::Stdio, time::Duration};
 
-use common::{Alpn, TestServer, kubectl, run};
+use common::{Alpn, TestServer, TestStorage, kubectl, run};
 use farm_apiserver::resources::{Llama, LlamaSpec};
 use futures::{StreamExt, TryStreamExt};
 use kube::{
@@ -14,9 +14,10 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-#[tokio::test]
-async fn kube_client_crud_and_watch_from_list_resource_version() {
-    let server = TestServer::start().await;
+async fn kube_client_crud_and_watch_from_list_resource_version(storage: TestStorage) {
+    let Some(server) = TestServer::start_on(storage).await else {
+        return;
+    };
     let client = server.kube_client().await;
     let api: Api<Llama> = Api::namespaced(client.clone(), "default");
 
@@ -226,9 +227,10 @@ async fn too_old_resource_version_is_410_error_event() {
     );
 }
 
-#[tokio::test]
-async fn watch_list_sends_initial_events_end_bookmark() {
-    let server = TestServer::start().await;
+async fn watch_list_sends_initial_events_end_bookmark(storage: TestStorage) {
+    let Some(server) = TestServer::start_on(storage).await else {
+        return;
+    };
     let raw = server.raw(Some(server.admin_identity()), Alpn::Http1);
     let reply = raw
         .get(
@@ -501,9 +503,10 @@ async fn http2_and_http1_are_both_negotiated() {
     }
 }
 
-#[tokio::test]
-async fn kubectl_works_as_a_user_would_use_it() {
-    let server = TestServer::start().await;
+async fn kubectl_works_as_a_user_would_use_it(storage: TestStorage) {
+    let Some(server) = TestServer::start_on(storage).await else {
+        return;
+    };
     let cache = tempfile::tempdir().unwrap();
     let kubeconfig = server.kubeconfig();
     let Some(_) = kubectl(&kubeconfig, cache.path()) else {
@@ -610,9 +613,10 @@ spec:
     assert_eq!(out.trim(), "llama.farm.example.com \"kuzco\" deleted");
 }
 
-#[tokio::test]
-async fn kubectl_get_watch_prints_the_first_event() {
-    let server = TestServer::start().await;
+async fn kubectl_get_watch_prints_the_first_event(storage: TestStorage) {
+    let Some(server) = TestServer::start_on(storage).await else {
+        return;
+    };
     let cache = tempfile::tempdir().unwrap();
     let Some(mut cmd) = kubectl(&server.kubeconfig(), cache.path()) else {
         return;
@@ -743,3 +747,11 @@ async fn large_unlimited_lists_are_streamed_and_read_whole_by_every_client() {
             .any(|l| l.starts_with("bench-7") && l.contains("llama-2997 "))
     );
 }
+
+// The Llama API on both storages: in memory and on a real etcd.
+crate::on_both_storages!(
+    kube_client_crud_and_watch_from_list_resource_version,
+    watch_list_sends_initial_events_end_bookmark,
+    kubectl_works_as_a_user_would_use_it,
+    kubectl_get_watch_prints_the_first_event,
+);

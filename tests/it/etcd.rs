@@ -202,3 +202,136 @@ async fn an_unreachable_etcd_is_503_and_not_ready_then_the_server_recovers() {
     );
     eventually(&api, "/readyz", |r| r.status == 200).await;
 }
+
+#[tokio::test]
+async fn a_server_killed_during_writes_loses_no_acknowledged_llama() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let mut server = start(&certs, &etcd);
+    let api = client(&server, &certs);
+    eventually(&api, LLAMAS, |r| r.status == 200).await;
+    let mut acknowledged = Vec::new();
+    for i in 0..20 {
+        let name = format!("before-{i}");
+        let reply = send(&api, "POST", LLAMAS, &fixtures::llama(&name).json()).await;
+        assert_eq!(reply.status, 201);
+        acknowledged.push(name);
+    }
+    // Writes in flight when the process dies (SIGKILL: no shutdown of any kind).
+    let in_flight: Vec<_> = (0..20)
+        .map(|i| {
+            let api = client(&server, &certs);
+            tokio::spawn(async move {
+                let name = format!("during-{i}");
+                let reply = send(&api, "POST", LLAMAS, &fixtures::llama(&name).json()).await;
+                (reply.status == 201).then_some(name)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    server.child.kill().expect("SIGKILL");
+    for write in in_flight {
+        // A write that lost its connection panicked its task: not acknowledged.
+        if let Ok(Some(name)) = write.await {
+            acknowledged.push(name);
+        }
+    }
+    drop(server);
+
+    let server = start(&certs, &etcd);
+    let api = client(&server, &certs);
+    let list = eventually(&api, LLAMAS, |r| r.status == 200).await.json();
+    let stored: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    for name in &acknowledged {
+        assert!(
+            stored.contains(&name.as_str()),
+            "{name} was acknowledged and is gone"
+        );
+    }
+}
+
+#[tokio::test]
+async fn compacted_history_is_410_and_the_cache_relists_past_a_compaction() {
+    let Some(mut etcd) = Etcd::start().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let server = start(&certs, &etcd);
+    let api = client(&server, &certs);
+    eventually(&api, LLAMAS, |r| r.status == 200).await;
+    let first = send(&api, "POST", LLAMAS, &fixtures::llama("old").json())
+        .await
+        .json();
+    let old_rv = first["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for weight in [2.0, 3.0, 4.0] {
+        let current = api.get(&format!("{LLAMAS}/old"), &[]).await.json();
+        let mut next = current.clone();
+        next["spec"]["weight"] = serde_json::json!(weight);
+        assert_eq!(
+            send(&api, "PUT", &format!("{LLAMAS}/old"), &next.to_string())
+                .await
+                .status,
+            200
+        );
+    }
+
+    // The watch is lost (etcd down); while it is, history is written and compacted away.
+    etcd.kill();
+    eventually(&api, LLAMAS, |r| r.status == 503).await;
+    etcd.restart().await;
+    let writer = etcd.client();
+    let key = b"/farm.example.com/llamas/default/fresh";
+    let value = fixtures::llama("fresh").namespace("default").json();
+    let put = writer
+        .txn(
+            key,
+            farm_apiserver::store::etcd::client::Compare::Absent,
+            Some(value.as_bytes()),
+        )
+        .await
+        .expect("put");
+    writer.compact(put.revision).await.expect("compact");
+    // The cache cannot resume from where it was: it lists again, and serves what etcd holds.
+    eventually(&api, &format!("{LLAMAS}/fresh"), |r| r.status == 200).await;
+    let old = api.get(&format!("{LLAMAS}/old"), &[]).await.json();
+    assert_eq!(old["spec"]["weight"], 4.0);
+
+    // A restarted server remembers nothing before its start: a watch or an exact list from
+    // the old version is 410 Expired, and the client relists.
+    drop(server);
+    let server = start(&certs, &etcd);
+    let api = client(&server, &certs);
+    eventually(&api, LLAMAS, |r| r.status == 200).await;
+    let watch = api
+        .get(
+            &format!("{LLAMAS}?watch=true&resourceVersion={old_rv}&timeoutSeconds=2"),
+            &[],
+        )
+        .await;
+    let text = String::from_utf8_lossy(&watch.body);
+    assert!(text.contains("\"ERROR\"") && text.contains("410"), "{text}");
+    let exact = api
+        .get(
+            &format!("{LLAMAS}?resourceVersion={old_rv}&resourceVersionMatch=Exact"),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        exact.status,
+        410,
+        "{}",
+        String::from_utf8_lossy(&exact.body)
+    );
+}

@@ -76,6 +76,42 @@ pub struct TestServer {
     pub serving: Arc<ServingTls>,
     pub shutdown: Shutdown,
     running: server::Running,
+    /// The etcd of an etcd-backed server, stopped with it.
+    _etcd: Option<etcd::Etcd>,
+}
+
+/// Where a test server keeps its Llamas: the Llama API tests run on both (see
+/// [`on_both_storages`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestStorage {
+    /// The embedded default.
+    Memory,
+    /// A real etcd of the server's own (`common::etcd`).
+    Etcd,
+}
+
+/// Runs each listed `async fn name(storage: TestStorage)` as two tests, `on_memory::name` and
+/// `on_etcd::name`: one Llama API suite for both storages, not two copies.
+#[macro_export]
+macro_rules! on_both_storages {
+    ($($name:ident),* $(,)?) => {
+        mod on_memory {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::common::TestStorage::Memory).await
+                }
+            )*
+        }
+        mod on_etcd {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name($crate::common::TestStorage::Etcd).await
+                }
+            )*
+        }
+    };
 }
 
 impl Drop for TestServer {
@@ -102,6 +138,8 @@ pub struct Options {
     pub limits: farm_apiserver::connection::Limits,
     /// What a request other than a watch may take.
     pub request_timeout: Duration,
+    /// Where Llamas live.
+    pub storage: TestStorage,
 }
 
 impl Default for Options {
@@ -116,6 +154,7 @@ impl Default for Options {
             trust_dev_ca: true,
             limits: Default::default(),
             request_timeout: Duration::from_secs(60),
+            storage: TestStorage::Memory,
         }
     }
 }
@@ -123,6 +162,20 @@ impl Default for Options {
 impl TestServer {
     pub async fn start() -> Self {
         Self::start_with(Options::default()).await
+    }
+
+    /// A default server on `storage`; None (SKIPPED printed) for etcd when there is none.
+    pub async fn start_on(storage: TestStorage) -> Option<Self> {
+        if storage == TestStorage::Etcd && etcd::binary().is_none() {
+            return None;
+        }
+        Some(
+            Self::start_with(Options {
+                storage,
+                ..Options::default()
+            })
+            .await,
+        )
     }
 
     pub async fn start_with(options: Options) -> Self {
@@ -158,8 +211,31 @@ impl TestServer {
             ));
         }
         let llamas = farm_apiserver::group::memory_llamas(options.sample_data, 0);
+        use farm_apiserver::store::Store as _;
+        let (store, etcd): (Arc<dyn farm_apiserver::store::Store<_>>, _) = match options.storage {
+            TestStorage::Memory => (llamas.clone(), None),
+            TestStorage::Etcd => {
+                let etcd = etcd::Etcd::start().await.expect("etcd (start_on checks)");
+                let store =
+                    farm_apiserver::store::EtcdStore::<farm_apiserver::resources::Llama>::start(
+                        etcd.client(),
+                        "/farm.example.com/",
+                    );
+                while store.check_ready().is_err() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                if options.sample_data {
+                    let writes = store.writable().expect("writable");
+                    writes
+                        .create(farm_apiserver::resources::llama::sample(), false)
+                        .await
+                        .expect("seeding dolly");
+                }
+                (store as _, Some(etcd))
+            }
+        };
         let (state, shutdown) = AppState::farm(
-            llamas.clone(),
+            store,
             options.farmpods.unwrap_or_else(PodCache::without_cluster),
             StateOptions {
                 rest: RestSettings {
@@ -184,6 +260,7 @@ impl TestServer {
             serving,
             shutdown,
             running,
+            _etcd: etcd,
         }
     }
 
