@@ -9,7 +9,12 @@ use crate::common::{Alpn, RawClient, RawResponse, etcd::Etcd, fixtures, process:
 const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
 
 fn start(certs: &Path, etcd: &Etcd) -> Running {
-    let endpoint = etcd.endpoint();
+    start_on(certs, &etcd.endpoint())
+}
+
+/// The server on the etcd at `servers` (comma-separated client URLs).
+fn start_on(certs: &Path, servers: &str) -> Running {
+    let endpoint = servers.to_owned();
     Running::start([
         "--cert-dir",
         certs.to_str().expect("utf-8 path"),
@@ -334,4 +339,67 @@ async fn compacted_history_is_410_and_the_cache_relists_past_a_compaction() {
         "{}",
         String::from_utf8_lossy(&exact.body)
     );
+}
+
+#[tokio::test]
+async fn a_three_member_etcd_losing_a_member_during_writes_loses_nothing_acknowledged() {
+    let Some(mut cluster) = crate::common::etcd::EtcdCluster::start(3).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let server = start_on(&certs, &cluster.endpoints().join(","));
+    let api = client(&server, &certs);
+    eventually(&api, LLAMAS, |r| r.status == 200).await;
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    for i in 0..60 {
+        if i == 20 {
+            // The member the server talks to first goes away mid-stream.
+            cluster.members[0].kill();
+        }
+        let name = format!("llama-{i}");
+        // As a client does: retry a 503 (etcd electing a leader, the server failing over).
+        for _ in 0..50 {
+            let reply = send(&api, "POST", LLAMAS, &fixtures::llama(&name).json()).await;
+            match reply.status {
+                201 => {
+                    acknowledged.push(name.clone());
+                    break;
+                }
+                // Written before the answer was lost, then retried: it is there.
+                409 => {
+                    acknowledged.push(name.clone());
+                    break;
+                }
+                503 => {
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => panic!(
+                    "create {name}: {other} {}",
+                    String::from_utf8_lossy(&reply.body)
+                ),
+            }
+        }
+    }
+    assert_eq!(
+        acknowledged.len(),
+        60,
+        "every write went through in the end ({refused} retries)"
+    );
+    let list = eventually(&api, LLAMAS, |r| r.status == 200).await.json();
+    let stored: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
+    for name in &acknowledged {
+        assert!(
+            stored.contains(&name.as_str()),
+            "{name} was acknowledged and is gone"
+        );
+    }
+    eventually(&api, "/readyz", |r| r.status == 200).await;
 }

@@ -132,3 +132,83 @@ impl Drop for Etcd {
         self.kill();
     }
 }
+
+/// Several etcd members on loopback forming one cluster.
+pub struct EtcdCluster {
+    /// The members, in the order of [`EtcdCluster::endpoints`].
+    pub members: Vec<Etcd>,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members and waits until each answers; None when there is no etcd.
+    pub async fn start(size: usize) -> Option<Self> {
+        let binary = binary()?;
+        let mut members: Vec<Etcd> = (0..size)
+            .map(|_| Etcd {
+                child: None,
+                binary: binary.clone(),
+                dir: tempfile::tempdir().expect("tempdir"),
+                client_port: free_port(),
+                peer_port: free_port(),
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("farm-{i}=http://127.0.0.1:{}", m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (i, member) in members.iter_mut().enumerate() {
+            member.spawn_member(&format!("farm-{i}"), &initial);
+        }
+        for member in &members {
+            member.wait().await;
+        }
+        Some(Self { members })
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Etcd::endpoint).collect()
+    }
+}
+
+impl Etcd {
+    fn spawn_member(&mut self, name: &str, initial_cluster: &str) {
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new(&self.binary)
+            .args(["--name", name, "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", initial_cluster])
+            .args(["--initial-cluster-state", "new", "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting etcd");
+        self.child = Some(child);
+    }
+
+    async fn wait(&self) {
+        let client = self.client();
+        for _ in 0..300 {
+            if client.revision(b"/").await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("etcd member {} did not start", self.endpoint());
+    }
+}
