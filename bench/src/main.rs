@@ -10,6 +10,7 @@ mod affinity;
 mod ceiling;
 mod client;
 mod cluster;
+mod etcd;
 mod fake;
 mod load;
 mod procfs;
@@ -83,7 +84,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-10); default all.
+    /// Only these scenarios (1-11); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -1290,6 +1291,122 @@ async fn run(args: RunArgs) -> Result<()> {
             Some(fds_after <= fds_before + 4),
         );
         report.abuse = Some(fared);
+    }
+
+    if wants(&args, 11) {
+        println!(
+            "11. Llamas on etcd (--storage etcd) beside memory: reads from the watch cache, writes per second"
+        );
+        let etcd = etcd::Etcd::start(free_port()?, free_port()?).await?;
+        let (on_etcd, _) = start_server(
+            &args,
+            &pki,
+            &["--storage", "etcd", "--etcd-servers", &etcd.endpoint],
+        )
+        .await?;
+        let on_etcd_t = target(&pki, on_etcd.addr)?;
+        let (in_memory, _) = start_server(&args, &pki, &[]).await?;
+        let in_memory_t = target(&pki, in_memory.addr)?;
+        // The same Llamas in both: dolly (the memory store's sample), and a herd of 1,000.
+        let dolly = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": "dolly"}, "spec": {"weight": 31.4, "height": 0.5}});
+        post_llama(&mut on_etcd_t.connect(Proto::H2).await?, "default", &dolly).await?;
+        create_llamas(&on_etcd_t, "etcd-herd", 1000).await?;
+        create_llamas(&in_memory_t, "etcd-herd", 1000).await?;
+        let reads = [
+            (
+                "GET llama h2",
+                64,
+                "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
+                "application/json",
+            ),
+            (
+                "LIST 1000 llamas JSON",
+                16,
+                "/apis/farm.example.com/v1alpha/namespaces/etcd-herd/llamas",
+                "application/json",
+            ),
+        ];
+        for (variant, connections, path, accept) in reads {
+            let (mut etcd_runs, mut memory_runs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..args.rounds {
+                let on_etcd = measure(
+                    &args,
+                    &on_etcd_t,
+                    on_etcd.pid(),
+                    Proto::H2,
+                    connections,
+                    path,
+                    &[("accept", accept)],
+                )
+                .await?;
+                let in_memory = measure(
+                    &args,
+                    &in_memory_t,
+                    in_memory.pid(),
+                    Proto::H2,
+                    connections,
+                    path,
+                    &[("accept", accept)],
+                )
+                .await?;
+                ratios.push(on_etcd.rps / in_memory.rps);
+                etcd_runs.push(on_etcd);
+                memory_runs.push(in_memory);
+            }
+            let (e, m) = (medians(&etcd_runs), medians(&memory_runs));
+            let ratio = median(&mut ratios);
+            println!(
+                "  {variant:<34} etcd {:>9.0} req/s p99 {:>6.0}µs cpu {:>6.1}µs/req | memory {:>9.0} req/s p99 {:>6.0}µs cpu {:>6.1}µs/req | ratio rps {ratio:.2}{}",
+                e.rps,
+                e.p99_us,
+                e.cpu_us_per_request,
+                m.rps,
+                m.p99_us,
+                m.cpu_us_per_request,
+                if e.errors + m.errors > 0 {
+                    format!(" ({} errors)", e.errors + m.errors)
+                } else {
+                    String::new()
+                }
+            );
+            report.metric(
+                "11-etcd",
+                &format!("{variant} rps ratio"),
+                ratio,
+                "×memory",
+                "≥ 0.7",
+                Some(ratio >= 0.7),
+            );
+        }
+        for (variant, update) in [("creates", false), ("updates (merge patch)", true)] {
+            let on_etcd = etcd::writes(&on_etcd_t, "etcd-writes", 16, args.seconds, update).await?;
+            let in_memory =
+                etcd::writes(&in_memory_t, "etcd-writes", 16, args.seconds, update).await?;
+            println!(
+                "  {variant:<34} etcd {:>9.0}/s ({} refused) | memory {:>9.0}/s ({} refused), 16 clients",
+                on_etcd.rate, on_etcd.errors, in_memory.rate, in_memory.errors
+            );
+            report.metric(
+                "11-etcd",
+                &format!("{variant} per second on etcd"),
+                on_etcd.rate,
+                "/s",
+                "reported",
+                None,
+            );
+            report.metric(
+                "11-etcd",
+                &format!("{variant} per second in memory"),
+                in_memory.rate,
+                "/s",
+                "reported",
+                None,
+            );
+        }
+        drop(on_etcd);
+        drop(in_memory);
+        drop(etcd);
     }
 
     if let Some(dir) = args.output.parent() {

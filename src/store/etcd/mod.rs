@@ -51,7 +51,23 @@ struct Shared<K> {
     feed: watch::Sender<Feed>,
     /// Bumped whenever the feed applied something, for reads waiting for the cache.
     applied: watch::Sender<u64>,
+    /// Consistent reads share etcd checks (see [`EtcdStore::latest`]).
+    checks: Checks,
 }
+
+/// The etcd checks consistent reads make: one at a time, each shared by every read that
+/// arrived before it started.
+struct Checks {
+    /// Checks started so far.
+    started: std::sync::atomic::AtomicU64,
+    /// Held while a check is sent.
+    sending: tokio::sync::Mutex<()>,
+    /// The last check: its number and what etcd said.
+    last: std::sync::Mutex<(u64, Checked)>,
+}
+
+/// What a check found: the kind's latest `mod_revision` and its key count, or why not.
+type Checked = std::result::Result<(i64, i64), String>;
 
 /// A kind stored in etcd; see the module docs.
 pub struct EtcdStore<K> {
@@ -88,6 +104,11 @@ impl<K: ServedResource> EtcdStore<K> {
                 }),
                 feed: watch::Sender::new(Feed::Syncing),
                 applied: watch::Sender::new(0),
+                checks: Checks {
+                    started: std::sync::atomic::AtomicU64::new(0),
+                    sending: tokio::sync::Mutex::new(()),
+                    last: std::sync::Mutex::new((0, Ok((0, 0)))),
+                },
             }),
         });
         tokio::spawn(feed(store.shared.clone()));
@@ -116,16 +137,37 @@ impl<K: ServedResource> EtcdStore<K> {
         out
     }
 
-    /// Waits until the cache has caught up with etcd as of now (see the module docs).
-    async fn catch_up(&self) -> Result<()> {
-        self.check_ready()?;
+    /// Where the kind's keys stand in etcd as of now: from a check that started after this
+    /// call did, shared with every other read waiting meanwhile (under load, one etcd read
+    /// serves many consistent reads, as kube-apiserver batches its progress requests).
+    async fn latest(&self) -> Result<(i64, i64)> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let checks = &self.shared.checks;
+        let needed = checks.started.load(SeqCst) + 1;
+        let _sending = checks.sending.lock().await;
+        if let Ok(last) = checks.last.lock()
+            && last.0 >= needed
+        {
+            return last.1.clone().map_err(Error::ServiceUnavailable);
+        }
+        let number = checks.started.fetch_add(1, SeqCst) + 1;
         let end = prefix_end(&self.shared.prefix);
-        let (latest, count) = self
+        let result = self
             .shared
             .client
             .latest(&self.shared.prefix, &end)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| e.to_string());
+        if let Ok(mut last) = checks.last.lock() {
+            *last = (number, result.clone());
+        }
+        result.map_err(Error::ServiceUnavailable)
+    }
+
+    /// Waits until the cache has caught up with etcd as of now (see the module docs).
+    async fn catch_up(&self) -> Result<()> {
+        self.check_ready()?;
+        let (latest, count) = self.latest().await?;
         let caught_up = || {
             let stats = self.shared.cache.counts();
             stats.resource_version >= latest.max(0) as u64 && stats.objects as i64 == count
