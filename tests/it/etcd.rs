@@ -403,3 +403,48 @@ async fn a_three_member_etcd_losing_a_member_during_writes_loses_nothing_acknowl
     }
     eventually(&api, "/readyz", |r| r.status == 200).await;
 }
+
+#[tokio::test]
+async fn etcd_over_tls_with_a_client_certificate() {
+    let Some(etcd) = Etcd::start_tls().await else {
+        return;
+    };
+    let files = etcd.tls_files();
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let flag = |name: &str, path: &Path| format!("--etcd-{name}={}", path.display());
+    let with_cert = Running::start([
+        "--cert-dir".to_owned(),
+        certs.display().to_string(),
+        "--standalone".into(),
+        "--storage=etcd".into(),
+        format!("--etcd-servers={}", etcd.endpoint()),
+        flag("cafile", &files.ca),
+        flag("certfile", &files.cert),
+        flag("keyfile", &files.key),
+    ]);
+    let api = client(&with_cert, &certs);
+    eventually(&api, LLAMAS, |r| r.status == 200).await;
+    let created = send(&api, "POST", LLAMAS, &fixtures::llama("secure").json()).await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(api.get(&format!("{LLAMAS}/secure"), &[]).await.status, 200);
+
+    // Without a client certificate etcd refuses the server: not ready, 503.
+    let without = Running::start([
+        "--cert-dir".to_owned(),
+        certs.display().to_string(),
+        "--standalone".into(),
+        "--storage=etcd".into(),
+        format!("--etcd-servers={}", etcd.endpoint()),
+        flag("cafile", &files.ca),
+    ]);
+    let refused = client(&without, &certs);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(refused.get(LLAMAS, &[]).await.status, 503);
+    assert_ne!(refused.get("/readyz", &[]).await.status, 200);
+}

@@ -45,6 +45,15 @@ pub struct Etcd {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    /// Serving TLS and requiring client certificates (see [`Etcd::start_tls`]).
+    tls: bool,
+}
+
+/// The files of a TLS etcd: its CA, and a client certificate it accepts.
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl Etcd {
@@ -57,21 +66,79 @@ impl Etcd {
             dir: tempfile::tempdir().expect("tempdir"),
             client_port: free_port(),
             peer_port: free_port(),
+            tls: false,
         };
         etcd.spawn().await;
         Some(etcd)
     }
 
-    /// The client URL.
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+    /// Starts etcd serving TLS with a certificate from a CA of its own and requiring client
+    /// certificates from that CA; None when there is no etcd.
+    pub async fn start_tls() -> Option<Self> {
+        let binary = binary()?;
+        let mut etcd = Self {
+            child: None,
+            binary,
+            dir: tempfile::tempdir().expect("tempdir"),
+            client_port: free_port(),
+            peer_port: free_port(),
+            tls: true,
+        };
+        let (ca_pem, cert, key, client_cert, client_key) = etcd_pki();
+        let ca = Ca { cert_pem: ca_pem };
+        let pki = etcd.dir.path().join("pki");
+        std::fs::create_dir_all(&pki).expect("pki dir");
+        for (name, pem) in [
+            ("ca.crt", ca.cert_pem.as_str()),
+            ("server.crt", &cert),
+            ("server.key", &key),
+            ("client.crt", &client_cert),
+            ("client.key", &client_key),
+        ] {
+            std::fs::write(pki.join(name), pem).expect("writing etcd pki");
+        }
+        etcd.spawn().await;
+        Some(etcd)
     }
 
-    /// A client of this etcd.
+    /// The CA and client certificate files of a TLS etcd.
+    pub fn tls_files(&self) -> EtcdTls {
+        let pki = self.dir.path().join("pki");
+        EtcdTls {
+            ca: pki.join("ca.crt"),
+            cert: pki.join("client.crt"),
+            key: pki.join("client.key"),
+        }
+    }
+
+    /// The client URL.
+    pub fn endpoint(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// A client of this etcd (with the client certificate, for a TLS etcd).
     pub fn client(&self) -> Arc<EtcdClient> {
+        let tls = self.tls.then(|| {
+            let files = self.tls_files();
+            let read = |p: &PathBuf| std::fs::read(p).expect("etcd pki");
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in farm_apiserver::tls::load_certs(&read(&files.ca)).expect("ca") {
+                roots.add(cert).expect("ca");
+            }
+            let chain = farm_apiserver::tls::load_certs(&read(&files.cert)).expect("cert");
+            let key = <rustls_pki_types::PrivateKeyDer as rustls_pki_types::pem::PemObject>::from_pem_slice(
+                &read(&files.key),
+            )
+            .expect("key");
+            rustls::ClientConfig::builder()
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)
+                .expect("client config")
+        });
         EtcdClient::new(EtcdConfig {
             endpoints: vec![self.endpoint()],
-            tls: None,
+            tls,
             request_timeout: Duration::from_secs(5),
         })
         .expect("etcd client")
@@ -80,7 +147,19 @@ impl Etcd {
     async fn spawn(&mut self) {
         let client = self.endpoint();
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(&self.binary)
+        let mut command = Command::new(&self.binary);
+        if self.tls {
+            let pki = self.dir.path().join("pki");
+            command
+                .arg("--cert-file")
+                .arg(pki.join("server.crt"))
+                .arg("--key-file")
+                .arg(pki.join("server.key"))
+                .arg("--trusted-ca-file")
+                .arg(pki.join("ca.crt"))
+                .arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "farm-test", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args([
@@ -150,6 +229,7 @@ impl EtcdCluster {
                 dir: tempfile::tempdir().expect("tempdir"),
                 client_port: free_port(),
                 peer_port: free_port(),
+                tls: false,
             })
             .collect();
         let initial = members
@@ -211,4 +291,53 @@ impl Etcd {
         }
         panic!("etcd member {} did not start", self.endpoint());
     }
+}
+
+struct Ca {
+    cert_pem: String,
+}
+
+/// A CA of etcd's own, a serving certificate for 127.0.0.1 and a client certificate. The
+/// serving certificate is for client authentication too, as kubeadm issues etcd's: with
+/// `--client-cert-auth`, etcd's JSON gateway dials etcd's gRPC with it.
+fn etcd_pki() -> (String, String, String, String, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "etcd-ca");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca");
+    let issuer = Issuer::new(ca_params, ca_key);
+    let issue = |sans: Vec<String>, cn: &str, usages: Vec<ExtendedKeyUsagePurpose>| {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(sans).expect("params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.extended_key_usages = usages;
+        let cert = params.signed_by(&key, &issuer).expect("cert");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = issue(
+        vec!["127.0.0.1".into(), "localhost".into()],
+        "etcd",
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    );
+    let (client_cert, client_key) = issue(
+        Vec::new(),
+        "farm-apiserver",
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    );
+    (
+        ca_cert.pem(),
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+    )
 }
