@@ -4,7 +4,7 @@
 use crate::common;
 
 use axum::http::StatusCode;
-use common::{oneshot::*, oneshot_identity as identity};
+use common::{TestStorage, oneshot::*, oneshot_identity as identity};
 use farm_apiserver::server::{self, AppState};
 use serde_json::{Value, json};
 
@@ -119,9 +119,10 @@ async fn group_api_and_version_for_standalone_kubectl() {
     assert!(version["gitVersion"].as_str().unwrap().starts_with('v'));
 }
 
-#[tokio::test]
-async fn get_returns_the_sample_and_404_is_a_status() {
-    let app = app();
+async fn get_returns_the_sample_and_404_is_a_status(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     let dolly = get(&app, &format!("{BASE}/namespaces/default/llamas/dolly"))
         .await
         .json();
@@ -149,9 +150,10 @@ async fn get_returns_the_sample_and_404_is_a_status() {
 
 /// A GET of one object is answered without a future; the same path with `watch=true` (the
 /// old single-object watch) and with bad options must still take the full path.
-#[tokio::test]
-async fn a_named_get_with_watch_streams_that_object_and_bad_options_are_400() {
-    let app = app();
+async fn a_named_get_with_watch_streams_that_object_and_bad_options_are_400(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     assert_eq!(
         create(&app, "default", &llama("other", 1.0, 1.0))
             .await
@@ -192,9 +194,10 @@ async fn a_named_get_with_watch_streams_that_object_and_bad_options_are_400() {
         .status(400, "BadRequest");
 }
 
-#[tokio::test]
-async fn table_has_columns_rows_and_partial_metadata() {
-    let app = app();
+async fn table_has_columns_rows_and_partial_metadata(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     let reply = call(
         &app,
         "GET",
@@ -291,9 +294,10 @@ async fn table_has_columns_rows_and_partial_metadata() {
     refused.status(406, "NotAcceptable");
 }
 
-#[tokio::test]
-async fn create_update_patch_delete_round_trip() {
-    let app = app();
+async fn create_update_patch_delete_round_trip(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     let created = create(&app, "farm", &llama("kuzco", 120.5, 1.7)).await;
     assert_eq!(
         created.status,
@@ -398,9 +402,10 @@ async fn create_update_patch_delete_round_trip() {
     .status(404, "NotFound");
 }
 
-#[tokio::test]
-async fn generate_name_dry_run_and_already_exists() {
-    let app = app();
+async fn generate_name_dry_run_and_already_exists(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"generateName": "baby-"}, "spec": {"weight": 3, "height": 0.4}});
     let created = create(&app, "default", &body.to_string()).await.json();
     let name = created["metadata"]["name"].as_str().unwrap();
@@ -555,9 +560,10 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     assert!(warn.json()["spec"].get("color").is_none());
 }
 
-#[tokio::test]
-async fn list_query_errors() {
-    let app = app();
+async fn list_query_errors(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     for (query, code, reason) in [
         ("labelSelector=app%20in%20(", 400, "BadRequest"),
         ("labelSelector=%3Dx", 400, "BadRequest"),
@@ -593,9 +599,10 @@ async fn list_query_errors() {
 
 /// `-l key=value` lists read the label index, which holds the objects themselves: it must
 /// follow every update, relabel and delete.
-#[tokio::test]
-async fn label_selected_lists_follow_updates_relabels_and_deletes() {
-    let app = app();
+async fn label_selected_lists_follow_updates_relabels_and_deletes(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
         "metadata": {"name": "tina", "labels": {"herd": "north"}},
         "spec": {"weight": 10, "height": 1}});
@@ -646,9 +653,10 @@ async fn label_selected_lists_follow_updates_relabels_and_deletes() {
     assert!(selected("south").await.is_empty(), "deleted");
 }
 
-#[tokio::test]
-async fn selectors_and_pagination() {
-    let app = app();
+async fn selectors_and_pagination(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     for i in 0..7 {
         let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
             "metadata": {"name": format!("l{i}"), "labels": {"herd": if i % 2 == 0 { "even" } else { "odd" }, "n": i.to_string()}},
@@ -769,9 +777,10 @@ async fn a_continue_token_whose_snapshot_is_gone_is_410_expired() {
     );
 }
 
-#[tokio::test]
-async fn unsupported_methods_are_405_status() {
-    let app = app();
+async fn unsupported_methods_are_405_status(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     let reply = call(&app, "PUT", &format!("{BASE}/llamas"), &[], "").await;
     let message = reply.status(405, "MethodNotAllowed");
     assert!(message.contains("llamas.farm.example.com"), "{message}");
@@ -786,9 +795,10 @@ async fn unsupported_methods_are_405_status() {
     .status(405, "MethodNotAllowed");
 }
 
-#[tokio::test]
-async fn deletecollection_honours_selectors() {
-    let app = app();
+async fn deletecollection_honours_selectors(storage: TestStorage) {
+    let Some((app, _etcd)) = app_on(storage).await else {
+        return;
+    };
     create(&app, "default", &json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "a", "labels": {"gone": "yes"}}, "spec": {"weight": 1, "height": 1}}).to_string()).await;
     create(&app, "default", &json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "b", "labels": {"gone": "yes"}}, "spec": {"weight": 1, "height": 1}}).to_string()).await;
     let reply = call(
@@ -893,3 +903,17 @@ async fn resource_paths_match_exactly_as_kube_apiserver_lays_them_out() {
         .await
         .status(400, "BadRequest");
 }
+
+// The Llama API on both storages: in memory and on a real etcd.
+crate::on_both_storages!(
+    get_returns_the_sample_and_404_is_a_status,
+    a_named_get_with_watch_streams_that_object_and_bad_options_are_400,
+    table_has_columns_rows_and_partial_metadata,
+    create_update_patch_delete_round_trip,
+    generate_name_dry_run_and_already_exists,
+    list_query_errors,
+    label_selected_lists_follow_updates_relabels_and_deletes,
+    selectors_and_pagination,
+    unsupported_methods_are_405_status,
+    deletecollection_honours_selectors,
+);

@@ -33,6 +33,41 @@ pub fn app() -> App {
     app_with_state().0
 }
 
+/// The app with its Llamas on `storage` (seeded with dolly), and the etcd it uses (kept
+/// running while held); None (SKIPPED printed) for etcd when there is none.
+pub async fn app_on(storage: super::TestStorage) -> Option<(App, Option<super::etcd::Etcd>)> {
+    use farm_apiserver::store::Store as _;
+    let (options, peer) = identity();
+    let (llamas, etcd): (Arc<dyn farm_apiserver::store::Store<Llama>>, _) = match storage {
+        super::TestStorage::Memory => (group::memory_llamas(true, 0), None),
+        super::TestStorage::Etcd => {
+            let etcd = super::etcd::Etcd::start().await?;
+            let store = farm_apiserver::store::EtcdStore::<Llama>::start(
+                etcd.client(),
+                "/farm.example.com/",
+            );
+            while store.check_ready().is_err() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            store
+                .writable()
+                .expect("writable")
+                .create(farm_apiserver::resources::llama::sample(), false)
+                .await
+                .expect("seeding dolly");
+            (store as _, Some(etcd))
+        }
+    };
+    let (state, _shutdown) = AppState::farm(llamas, PodCache::without_cluster(), options);
+    Some((
+        App {
+            router: server::app(state),
+            peer,
+        },
+        etcd,
+    ))
+}
+
 /// The app, and its Llama store.
 pub fn app_with_state() -> (App, Arc<MemoryStore<Llama>>) {
     let (options, peer) = identity();
