@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     ObjectMeta,
 };
 use kube::core::discovery::v2::{
-    APIGroupDiscovery, APIGroupDiscoveryList, APIResourceDiscovery, APIVersionDiscovery,
-    GroupVersionKind,
+    APIGroupDiscovery, APIGroupDiscoveryList, APIResourceDiscovery, APISubresourceDiscovery,
+    APIVersionDiscovery, GroupVersionKind,
 };
 use serde::Serialize;
 use sha2::{Digest, Sha512};
@@ -69,6 +69,16 @@ struct Typed<'a, T: Serialize> {
     api_version: &'static str,
     #[serde(flatten)]
     inner: &'a T,
+}
+
+/// The verbs of a kind's status subresource, as kube-apiserver lists them.
+fn status_verbs(info: &ResourceInfo) -> Vec<String> {
+    let verbs: &[&str] = if info.writable {
+        &["get", "patch", "update"]
+    } else {
+        &["get"]
+    };
+    verbs.iter().map(|v| (*v).to_owned()).collect()
 }
 
 fn api_resource(info: &ResourceInfo) -> APIResource {
@@ -133,7 +143,20 @@ fn aggregated(resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
                         verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
                         short_names: info.short_names.iter().map(|s| (*s).to_owned()).collect(),
                         categories: info.categories.iter().map(|s| (*s).to_owned()).collect(),
-                        subresources: Vec::new(),
+                        subresources: info
+                            .status
+                            .then(|| APISubresourceDiscovery {
+                                subresource: Some("status".into()),
+                                response_kind: Some(GroupVersionKind {
+                                    group: Some(GROUP.into()),
+                                    version: Some(VERSION.into()),
+                                    kind: Some(info.kind.clone()),
+                                }),
+                                accepted_types: Vec::new(),
+                                verbs: status_verbs(info),
+                            })
+                            .into_iter()
+                            .collect(),
                     })
                     .collect(),
             }],
@@ -156,7 +179,20 @@ impl DiscoveryDocuments {
             group: Document::new(&group()),
             resource_list: Document::new(&APIResourceList {
                 group_version: GROUP_VERSION.into(),
-                resources: resources.iter().map(api_resource).collect(),
+                resources: resources
+                    .iter()
+                    .flat_map(|info| {
+                        let status = info.status.then(|| APIResource {
+                            name: format!("{}/status", info.plural),
+                            singular_name: String::new(),
+                            verbs: status_verbs(info),
+                            short_names: None,
+                            categories: None,
+                            ..api_resource(info)
+                        });
+                        std::iter::once(api_resource(info)).chain(status)
+                    })
+                    .collect(),
             }),
             aggregated_v2: Document::new(&Typed {
                 kind: "APIGroupDiscoveryList",

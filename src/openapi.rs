@@ -500,14 +500,79 @@ fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
                 ),
             );
         }
+        // `<object>/status`: read, and when writable replace and patch, of the status.
+        let mut status = Map::new();
+        if info.status {
+            status.insert(
+                "get".into(),
+                operation(
+                    flavor,
+                    Op {
+                        id: format!("read{scope}{kind}Status"),
+                        description: format!("read status of the specified {kind}"),
+                        action: "get",
+                        kind,
+                        params: Vec::new(),
+                        body: None,
+                        responses: vec![("200", response(flavor, "OK", &object))],
+                    },
+                ),
+            );
+            if info.writable {
+                status.insert(
+                    "put".into(),
+                    operation(
+                        flavor,
+                        Op {
+                            id: format!("replace{scope}{kind}Status"),
+                            description: format!("replace status of the specified {kind}"),
+                            action: "put",
+                            kind,
+                            params: write_params(),
+                            body: Some((&["application/json"], object.clone())),
+                            responses: vec![("200", response(flavor, "OK", &object))],
+                        },
+                    ),
+                );
+                status.insert(
+                    "patch".into(),
+                    operation(
+                        flavor,
+                        Op {
+                            id: format!("patch{scope}{kind}Status"),
+                            description: format!("partially update status of the specified {kind}"),
+                            action: "patch",
+                            kind,
+                            params: write_params(),
+                            body: Some((
+                                &[
+                                    "application/json-patch+json",
+                                    "application/merge-patch+json",
+                                ],
+                                format!("{META}.Patch"),
+                            )),
+                            responses: vec![("200", response(flavor, "OK", &object))],
+                        },
+                    ),
+                );
+            }
+        }
         let collection_path = if info.namespaced {
             collection.insert("parameters".into(), json!([ns_param()]));
             item.insert("parameters".into(), json!([name_param(), ns_param()]));
+            status.insert("parameters".into(), json!([name_param(), ns_param()]));
             format!("{base}/namespaces/{{namespace}}/{plural}")
         } else {
             item.insert("parameters".into(), json!([name_param()]));
+            status.insert("parameters".into(), json!([name_param()]));
             format!("{base}/{plural}")
         };
+        if info.status {
+            paths.insert(
+                format!("{collection_path}/{{name}}/status"),
+                Value::Object(status),
+            );
+        }
         paths.insert(format!("{collection_path}/{{name}}"), Value::Object(item));
         paths.insert(collection_path, Value::Object(collection));
     }

@@ -91,6 +91,15 @@ pub trait ServedResource:
         Vec::new()
     }
 
+    /// Whether the kind has a `status` subresource (`<object>/status`): then its status is
+    /// written only through it, and writes of the object keep the stored status, as
+    /// kube-apiserver treats a CRD with `subresources.status`.
+    const STATUS_SUBRESOURCE: bool = false;
+
+    /// Sets this object's status to `from`'s (a kind with [`ServedResource::STATUS_SUBRESOURCE`]
+    /// implements it).
+    fn set_status_from(&mut self, _from: &Self) {}
+
     /// Fields a `fieldSelector` may name besides `metadata.name` and `metadata.namespace`.
     const SELECTABLE_FIELDS: &'static [&'static str] = &[];
 
@@ -170,6 +179,8 @@ pub struct ResourceInfo {
     pub writable: bool,
     /// [`ServedResource::namespaced`].
     pub namespaced: bool,
+    /// Whether `<plural>/status` is served ([`ServedResource::STATUS_SUBRESOURCE`]).
+    pub status: bool,
     /// Builds the OpenAPI schema of `.spec` (and `.status`) in a given generator.
     pub schema: fn(&mut SchemaGenerator) -> (Schema, Option<Schema>),
 }
@@ -200,6 +211,7 @@ impl ResourceInfo {
             description: K::DESCRIPTION,
             writable,
             namespaced: K::namespaced(),
+            status: K::STATUS_SUBRESOURCE,
             schema: |generator| {
                 (
                     generator.subschema_for::<K::Spec>(),

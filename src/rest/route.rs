@@ -10,6 +10,7 @@ use axum::{
 };
 
 use super::read::{get_item, get_item_sync, list_all, list_namespaced};
+use super::strategy::Part;
 use super::write::{create, delete, delete_collection, patch, update};
 use super::{KindApi, KindApiInner, RestContext};
 use crate::{
@@ -35,6 +36,8 @@ pub struct Endpoints {
 struct Kind {
     plural: &'static str,
     namespaced: bool,
+    /// `<object>/status` is served.
+    status: bool,
     endpoint: Arc<dyn Endpoint>,
 }
 
@@ -44,6 +47,8 @@ pub struct Target<'a> {
     endpoint: &'a Arc<dyn Endpoint>,
     namespace: Option<&'a str>,
     name: Option<&'a str>,
+    /// The object or, for `<object>/status`, its status.
+    part: Part,
 }
 
 /// One kind's REST verbs behind a path.
@@ -52,6 +57,7 @@ pub(crate) trait Endpoint: Send + Sync {
         &self,
         namespace: Option<String>,
         name: Option<String>,
+        part: Part,
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response>;
 
@@ -78,6 +84,7 @@ impl Endpoints {
         self.kinds.push(Kind {
             plural: info.plural,
             namespaced: info.namespaced,
+            status: info.status,
             endpoint,
         });
         self
@@ -107,7 +114,12 @@ impl Endpoints {
                 false => (kind, Some(""), name),
             }
         };
-        // No subresources are served.
+        // The status subresource, when the kind has one; no other.
+        let part = match segments.next() {
+            None => Part::Object,
+            Some("status") if kind.status && name.is_some() => Part::Status,
+            Some(_) => return None,
+        };
         if segments.next().is_some()
             || (kind.namespaced && namespace == Some(""))
             || name == Some("")
@@ -118,6 +130,7 @@ impl Endpoints {
             endpoint: &kind.endpoint,
             namespace,
             name,
+            part,
         })
     }
 
@@ -140,6 +153,7 @@ impl Endpoints {
 /// from the path that answers at once to the one that waits.
 pub struct Route {
     endpoint: Arc<dyn Endpoint>,
+    part: Part,
     /// Namespace and name as the client meant them, or why the path cannot be decoded.
     segments: Result<(Option<String>, Option<String>)>,
 }
@@ -148,7 +162,11 @@ impl Route {
     /// Serves the request.
     pub async fn call(self, request: Request) -> Response {
         match self.segments {
-            Ok((namespace, name)) => self.endpoint.call(namespace, name, request).await,
+            Ok((namespace, name)) => {
+                self.endpoint
+                    .call(namespace, name, self.part, request)
+                    .await
+            }
             Err(error) => error.into_response(),
         }
     }
@@ -166,6 +184,7 @@ impl Target<'_> {
         };
         Route {
             endpoint: self.endpoint.clone(),
+            part: self.part,
             segments,
         }
     }
@@ -208,9 +227,10 @@ impl<K: ServedResource> Endpoint for KindApi<K> {
         &self,
         namespace: Option<String>,
         name: Option<String>,
+        part: Part,
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response> {
-        Box::pin(self.clone().serve(namespace, name, request))
+        Box::pin(self.clone().serve(namespace, name, part, request))
     }
 
     fn get_sync(
@@ -234,11 +254,29 @@ impl<K: ServedResource> KindApi<K> {
         self,
         namespace: Option<String>,
         name: Option<String>,
+        part: Part,
         request: Request,
     ) -> Response {
         let method = request.method().clone();
         let read = method == Method::GET || method == Method::HEAD;
         let writable = self.store.writable().is_some();
+        if part == Part::Status {
+            // `<object>/status`: get, update and patch (of the status alone).
+            let (Some(namespace), Some(name)) = (namespace, name) else {
+                return Error::NoRoute.into_response();
+            };
+            let result = match method {
+                _ if read => get_item(self, namespace, name, request).await,
+                Method::PUT if writable => {
+                    Box::pin(update(self, namespace, name, part, request)).await
+                }
+                Method::PATCH if writable => {
+                    Box::pin(patch(self, namespace, name, part, request)).await
+                }
+                _ => Err(method_not_allowed::<K>(&method, None)),
+            };
+            return result.into_response();
+        }
         let result = match (namespace, name) {
             (None, _) if read => list_all(self, request).await,
             (Some(namespace), None) if read => list_namespaced(self, namespace, request).await,
@@ -252,10 +290,10 @@ impl<K: ServedResource> KindApi<K> {
                 Box::pin(delete_collection(self, namespace, request)).await
             }
             (Some(namespace), Some(name)) if writable && method == Method::PUT => {
-                Box::pin(update(self, namespace, name, request)).await
+                Box::pin(update(self, namespace, name, part, request)).await
             }
             (Some(namespace), Some(name)) if writable && method == Method::PATCH => {
-                Box::pin(patch(self, namespace, name, request)).await
+                Box::pin(patch(self, namespace, name, part, request)).await
             }
             (Some(namespace), Some(name)) if writable && method == Method::DELETE => {
                 Box::pin(delete(self, namespace, name, request)).await

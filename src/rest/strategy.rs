@@ -167,7 +167,32 @@ pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str)
 }
 
 /// Carries the server-owned metadata of `current` into the replacement `next`.
-pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K) {
+/// Which part of an object a write may change: the object (its status kept when the kind has a
+/// status subresource) or, through `/status`, its status alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    Object,
+    Status,
+}
+
+/// What a write of `part` makes of `sent`: for `/status`, the stored object with the status
+/// sent (anything else sent is ignored, as kube-apiserver does).
+pub(crate) fn written_part<K: ServedResource>(sent: K, current: &K, part: Part) -> K {
+    match part {
+        Part::Object => sent,
+        Part::Status => {
+            let mut next = current.clone();
+            next.set_status_from(&sent);
+            next.meta_mut().resource_version = sent.meta().resource_version.clone();
+            next
+        }
+    }
+}
+
+pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K, part: Part) {
+    if K::STATUS_SUBRESOURCE && part == Part::Object {
+        next.set_status_from(current);
+    }
     let spec_changed = next.spec_changed(current);
     let old = current.meta();
     let generation = old.generation.unwrap_or(1) + i64::from(spec_changed);

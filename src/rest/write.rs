@@ -12,8 +12,8 @@ use super::options::{dry_run_of, parse_delete_options, parse_query};
 use super::patch::{MAX_JSON_PATCH_OPERATIONS, PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, to_json, with_warnings};
 use super::strategy::{
-    check_name, check_namespace, decode_object, parse_json, prepare_create, prepare_update,
-    validate,
+    Part, check_name, check_namespace, decode_object, parse_json, prepare_create, prepare_update,
+    validate, written_part,
 };
 use super::{KindApi, MAX_BODY_BYTES};
 use crate::{
@@ -73,6 +73,7 @@ pub(crate) async fn update<K: ServedResource>(
     api: KindApi<K>,
     namespace: String,
     name: String,
+    part: Part,
     request: Request,
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
@@ -83,7 +84,7 @@ pub(crate) async fn update<K: ServedResource>(
     let output = negotiate::output(&headers)?;
     negotiate::require_json_body(&headers)?;
     let body = read_body(body).await?;
-    let (mut object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    let (object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
     check_name(&object, &name)?;
     check_namespace(&object, &namespace)?;
     let current = api.store.get(&ObjectKey::new(&namespace, &name)).await?;
@@ -103,7 +104,8 @@ pub(crate) async fn update<K: ServedResource>(
             )],
         });
     }
-    prepare_update(&mut object, current.as_ref());
+    let mut object = written_part(object, current.as_ref(), part);
+    prepare_update(&mut object, current.as_ref(), part);
     let mut warnings = warnings;
     warnings.extend(validate(&object, Some(current.as_ref()))?);
     let updated = api.writer()?.update(object, dry_run).await?;
@@ -115,6 +117,7 @@ pub(crate) async fn patch<K: ServedResource>(
     api: KindApi<K>,
     namespace: String,
     name: String,
+    part: Part,
     request: Request,
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
@@ -163,7 +166,8 @@ pub(crate) async fn patch<K: ServedResource>(
         {
             object.meta_mut().resource_version = current.meta().resource_version.clone();
         }
-        prepare_update(&mut object, current.as_ref());
+        let mut object = written_part(object, current.as_ref(), part);
+        prepare_update(&mut object, current.as_ref(), part);
         let mut warnings = warnings;
         warnings.extend(validate(&object, Some(current.as_ref()))?);
         match api.writer()?.update(object, dry_run).await {

@@ -28,6 +28,7 @@ use serde_json::{Value, json};
     kind = "Barn",
     plural = "barns",
     namespaced,
+    status = "BarnStatus",
     shortname = "bn",
     category = "farm"
 )]
@@ -39,8 +40,25 @@ pub struct BarnSpec {
     pub stalls: u32,
 }
 
+/// What the barn's controller observed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BarnStatus {
+    /// Whether the barn is ready for llamas.
+    pub ready: bool,
+}
+
 impl ServedResource for Barn {
     type Spec = BarnSpec;
+    const STATUS_SUBRESOURCE: bool = true;
+
+    fn set_status_from(&mut self, from: &Self) {
+        self.status = from.status.clone();
+    }
+
+    fn status_schema(generator: &mut schemars::SchemaGenerator) -> Option<schemars::Schema> {
+        Some(generator.subschema_for::<BarnStatus>())
+    }
+
     const SINGULAR: &'static str = "barn";
     const CATEGORIES: &'static [&'static str] = &["farm"];
     const DESCRIPTION: &'static str = "Barn is a barn of the farm (a test kind).";
@@ -58,6 +76,8 @@ impl ServedResource for Barn {
     }
 
     fn prepare_for_create(&mut self) {
+        // The status is the controller's, written through /status only.
+        self.status = None;
         if self.spec.color.is_empty() {
             self.spec.color = "red".into();
         }
@@ -384,4 +404,94 @@ async fn a_cluster_scoped_kind_lives_outside_namespaces() {
     .await;
     assert_eq!(deleted.status, 200);
     assert_eq!(get(&app, &format!("{PASTURES}/north")).await.status, 404);
+}
+
+#[tokio::test]
+async fn a_status_subresource_writes_the_status_alone() {
+    let app = app();
+    let mut body: Value = serde_json::from_str(&barn("red", "red", 4)).unwrap();
+    body["status"] = json!({"ready": true});
+    let created = send(&app, "POST", BARNS, "application/json", &body.to_string()).await;
+    assert_eq!(created.status, 201);
+    assert!(
+        created.json().get("status").is_none(),
+        "a create sets no status"
+    );
+
+    // PUT /status: the status changes, anything else sent is ignored.
+    let mut sent = created.json();
+    sent["status"] = json!({"ready": true});
+    sent["spec"]["color"] = json!("black");
+    let status = format!("{BARNS}/red/status");
+    let written = send(&app, "PUT", &status, "application/json", &sent.to_string()).await;
+    assert_eq!(
+        written.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&written.body)
+    );
+    let written = written.json();
+    assert_eq!(written["status"]["ready"], true);
+    assert_eq!(written["spec"]["color"], "red");
+    assert_eq!(
+        written["metadata"]["generation"], 1,
+        "a status write is no spec change"
+    );
+
+    // PUT of the object: the spec changes, the status sent is ignored.
+    let mut sent = written.clone();
+    sent["spec"]["color"] = json!("green");
+    sent["status"] = json!({"ready": false});
+    let updated = send(
+        &app,
+        "PUT",
+        &format!("{BARNS}/red"),
+        "application/json",
+        &sent.to_string(),
+    )
+    .await;
+    assert_eq!(updated.status, 200);
+    let updated = updated.json();
+    assert_eq!(updated["spec"]["color"], "green");
+    assert_eq!(updated["status"]["ready"], true);
+
+    // PATCH /status, and GET /status (the whole object, as kube-apiserver answers).
+    let patched = send(
+        &app,
+        "PATCH",
+        &status,
+        "application/merge-patch+json",
+        r#"{"status":{"ready":false},"spec":{"color":"pink"}}"#,
+    )
+    .await;
+    assert_eq!(patched.status, 200);
+    let got = get(&app, &status).await.json();
+    assert_eq!(got["status"]["ready"], false);
+    assert_eq!(got["spec"]["color"], "green");
+    assert_eq!(
+        send(&app, "DELETE", &status, "application/json", "")
+            .await
+            .status,
+        405
+    );
+
+    // Discovery and OpenAPI know it; a kind without one has none.
+    let list = get(&app, BASE).await.json();
+    let sub = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "barns/status")
+        .expect("barns/status in discovery");
+    assert_eq!(sub["verbs"], json!(["get", "patch", "update"]));
+    let v3 = get(&app, "/openapi/v3/apis/farm.example.com/v1alpha")
+        .await
+        .json();
+    let path =
+        &v3["paths"]["/apis/farm.example.com/v1alpha/namespaces/{namespace}/barns/{name}/status"];
+    assert_eq!(path["put"]["operationId"], "replaceNamespacedBarnStatus");
+    assert_eq!(
+        get(&app, &format!("{PASTURES}/north/status")).await.status,
+        404
+    );
 }

@@ -405,7 +405,9 @@ impl<K: ServedResource> Store<K> for EtcdStore<K> {
         self.shared.cache.watch(request).await
     }
 
+    /// As of now: after catching up with etcd, so a write that returned is counted.
     async fn stats(&self) -> Result<StoreStats> {
+        self.catch_up().await?;
         Ok(self.shared.cache.counts())
     }
 
