@@ -87,7 +87,10 @@ pub(crate) async fn update<K: ServedResource>(
     let (object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
     check_name(&object, &name)?;
     check_namespace(&object, &namespace)?;
-    let current = api.store.get(&ObjectKey::new(&namespace, &name)).await?;
+    let current = api
+        .writer()?
+        .get_for_update(&ObjectKey::new(&namespace, &name))
+        .await?;
     if object
         .meta()
         .resource_version
@@ -144,7 +147,7 @@ pub(crate) async fn patch<K: ServedResource>(
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let current = api.store.get(&key).await?;
+        let current = api.writer()?.get_for_update(&key).await?;
         let patched = apply_patch(&current, patch_type, &body)?;
         let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
         // Patch after patch must not grow an object past what one request may send.

@@ -406,6 +406,13 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
 /// and delete are compare-and-swap on it.
 #[async_trait]
 pub trait WritableStore<K: ServedResource>: Store<K> {
+    /// The object an update or patch starts from: the freshest the store has at hand, read
+    /// without the wait of a consistent read (the compare-and-swap of the update catches a
+    /// stale one, as kube-apiserver's GuaranteedUpdate does).
+    async fn get_for_update(&self, key: &ObjectKey) -> Result<Object<K>> {
+        self.get(key).await
+    }
+
     /// Stores a new object (409 AlreadyExists when its key is taken).
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     /// Replaces an object whose `metadata.resourceVersion` must still be current (409 Conflict).

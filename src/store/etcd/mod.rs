@@ -430,6 +430,29 @@ impl<K: ServedResource> Store<K> for EtcdStore<K> {
 
 #[async_trait]
 impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
+    /// Straight from etcd (one read of the key): the cache may be behind a write another
+    /// replica just made, and waiting for it to catch up would serialize writes behind reads.
+    async fn get_for_update(&self, key: &ObjectKey) -> Result<Object<K>> {
+        let read = self
+            .shared
+            .client
+            .range(&self.key(key), &[], 0, 1)
+            .await
+            .map_err(unavailable)?;
+        let kv = read
+            .kvs
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
+        // The cached object when it is that version: its JSON is encoded already.
+        if let Ok(cached) = self.shared.cache.get(key).await
+            && cached.meta().resource_version.as_deref() == Some(&kv.mod_revision.to_string())
+        {
+            return Ok(cached);
+        }
+        Ok(Stored::new(self.decode(&kv, kv.mod_revision)?))
+    }
+
     async fn create(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
         let key = ObjectKey::of(object.meta());
         let etcd_key = self.key(&key);
