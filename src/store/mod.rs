@@ -334,6 +334,39 @@ pub enum WatchItem<K> {
 /// A watch's items. It ends after a [`WatchItem::Error`], or when the store goes away.
 pub type WatchStream<K> = BoxStream<'static, WatchItem<K>>;
 
+/// Checks a delete's `preconditions` against the object it would delete: 409 Conflict with
+/// kube-apiserver's words when the uid or resourceVersion differs.
+pub fn check_preconditions<K: ServedResource>(
+    current: &K,
+    preconditions: &Preconditions,
+) -> Result<()> {
+    let meta = current.meta();
+    let name = meta.name.as_deref().unwrap_or("");
+    if let Some(uid) = &preconditions.uid
+        && meta.uid.as_ref() != Some(uid)
+    {
+        return Err(Error::Conflict {
+            subject: K::subject(name),
+            message: format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                meta.uid.as_deref().unwrap_or("")
+            ),
+        });
+    }
+    if let Some(rv) = &preconditions.resource_version
+        && meta.resource_version.as_ref() != Some(rv)
+    {
+        return Err(Error::Conflict {
+            subject: K::subject(name),
+            message: format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                meta.resource_version.as_deref().unwrap_or("")
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// What a delete requires of the object it deletes (uid, resourceVersion).
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Preconditions;
 

@@ -530,29 +530,7 @@ impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
                 return Err(Error::NotFound(K::subject(&key.name)));
             };
             let current = self.decode(&kv, kv.mod_revision)?;
-            let meta = current.meta();
-            if let Some(uid) = &preconditions.uid
-                && meta.uid.as_ref() != Some(uid)
-            {
-                return Err(Error::Conflict {
-                    subject: K::subject(&key.name),
-                    message: format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
-                        meta.uid.as_deref().unwrap_or("")
-                    ),
-                });
-            }
-            if let Some(rv) = &preconditions.resource_version
-                && meta.resource_version.as_ref() != Some(rv)
-            {
-                return Err(Error::Conflict {
-                    subject: K::subject(&key.name),
-                    message: format!(
-                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
-                        meta.resource_version.as_deref().unwrap_or("")
-                    ),
-                });
-            }
+            super::check_preconditions(&current, preconditions)?;
             if dry_run {
                 return Ok(Stored::new(current));
             }
