@@ -183,15 +183,34 @@ async fn through_kube_apiserver() {
     step("certificates and manifests, as a user makes them");
     let rendered = install::render(None);
     let certs = rendered.certs();
-    let server = Running::start([
-        "--tls-cert-file".as_ref(),
-        certs.join("tls.crt").as_os_str(),
-        "--tls-private-key-file".as_ref(),
-        certs.join("tls.key").as_os_str(),
-        "--kubeconfig".as_ref(),
-        cluster.kubeconfig.as_os_str(),
-        "--no-sample-data".as_ref(),
-    ]);
+    // FARM_E2E_STORAGE=etcd: the same suite with Llamas on a real etcd of the test's own.
+    let etcd = match std::env::var("FARM_E2E_STORAGE").as_deref() {
+        Ok("etcd") => Some(
+            crate::common::etcd::Etcd::start()
+                .await
+                .expect("FARM_E2E_STORAGE=etcd needs etcd on PATH"),
+        ),
+        _ => None,
+    };
+    let mut args: Vec<std::ffi::OsString> = vec![
+        "--tls-cert-file".into(),
+        certs.join("tls.crt").into(),
+        "--tls-private-key-file".into(),
+        certs.join("tls.key").into(),
+        "--kubeconfig".into(),
+        cluster.kubeconfig.clone().into(),
+        "--no-sample-data".into(),
+    ];
+    if let Some(etcd) = &etcd {
+        step(&format!("Llamas on etcd at {}", etcd.endpoint()));
+        args.extend([
+            "--storage".into(),
+            "etcd".into(),
+            "--etcd-servers".into(),
+            etcd.endpoint().into(),
+        ]);
+    }
+    let server = Running::start(args);
     let port = server.addr.port();
     step(&format!("farm-apiserver serving on {}", server.addr));
 
