@@ -18,12 +18,13 @@ use std::{
 use base64::{Engine, engine::general_purpose::STANDARD as B64};
 use bytes::Bytes;
 use futures::StreamExt;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
 use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned};
+use tokio::sync::mpsc;
 
 /// What went wrong talking to etcd.
 #[derive(Debug, thiserror::Error)]
@@ -196,11 +197,17 @@ struct GatewayError {
     code: i32,
 }
 
-/// An open watch: its events as they come.
+/// An open watch: its events as they come, and a way to ask for a progress notification.
 pub struct Watch {
     /// Batches of events, in revision order; an error ends the watch.
     pub events: futures::stream::BoxStream<'static, Result<Vec<WatchEvent>, EtcdError>>,
+    /// Further messages on the watch's request stream.
+    pub requests: mpsc::UnboundedSender<Bytes>,
 }
+
+/// The message asking a watch for a progress notification (etcd's `RequestProgress`): etcd
+/// answers with its current revision once every event before it was sent.
+pub const PROGRESS_REQUEST: &[u8] = b"{\"progress_request\":{}}\n";
 
 fn string_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     let text = String::deserialize(d)?;
@@ -269,8 +276,16 @@ impl EtcdClient {
     ) -> Result<hyper::body::Incoming, EtcdError> {
         let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
         let endpoint = &self.endpoints[index];
-        let request = http::Request::post(format!("{endpoint}{path}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
+        let mut request = http::Request::post(format!("{endpoint}{path}"));
+        if http_body::Body::size_hint(&body).exact().is_none() {
+            // A streamed body (a watch's): with `Expect: 100-continue` and no content type,
+            // etcd's gateway answers while the body is still open (full duplex); otherwise it
+            // waits for the body to end.
+            request = request.header(http::header::EXPECT, "100-continue");
+        } else {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
             .body(body)
             .map_err(|e| EtcdError::Unavailable(e.to_string()))?;
         let response = match tokio::time::timeout(self.request_timeout, self.http.request(request))
@@ -369,35 +384,6 @@ impl EtcdClient {
         Ok(self.range(key, &[], 0, 1).await?.header.revision)
     }
 
-    /// Where `[key, range_end)` stands now: the latest `mod_revision` of its keys (0 when it
-    /// is empty) and how many keys it holds. One read, no values.
-    pub async fn latest(&self, key: &[u8], range_end: &[u8]) -> Result<(i64, i64), EtcdError> {
-        #[derive(Serialize)]
-        struct Latest {
-            key: String,
-            range_end: String,
-            limit: String,
-            sort_order: &'static str,
-            sort_target: &'static str,
-            keys_only: bool,
-        }
-        let reply: RangeResponse = self
-            .call(
-                "/v3/kv/range",
-                &Latest {
-                    key: b64(key),
-                    range_end: b64(range_end),
-                    limit: "1".into(),
-                    sort_order: "DESCEND",
-                    sort_target: "MOD",
-                    keys_only: true,
-                },
-            )
-            .await?;
-        let latest = reply.kvs.first().map_or(0, |kv| kv.mod_revision);
-        Ok((latest, reply.count))
-    }
-
     /// If `compare` holds for `key`: puts `value` (Some) or deletes the key (None). Otherwise
     /// reads the key's current value.
     pub async fn txn(
@@ -453,7 +439,8 @@ impl EtcdClient {
     }
 
     /// Watches `[key, range_end)` from `start_revision` on: etcd sends each change after it,
-    /// with the previous value of deleted keys.
+    /// with the previous value of deleted keys. The request stays open, so that progress can
+    /// be asked for ([`Watch::request_progress`]).
     pub async fn watch(
         &self,
         key: &[u8],
@@ -466,7 +453,16 @@ impl EtcdClient {
             "start_revision": start_revision.to_string(),
             "prev_kv": true,
         }});
-        let body = Full::new(Bytes::from(serde_json::to_vec(&create).unwrap_or_default())).boxed();
+        let (requests, rx) = mpsc::unbounded_channel::<Bytes>();
+        let mut first = serde_json::to_vec(&create).unwrap_or_default();
+        first.push(b'\n');
+        let _ = requests.send(Bytes::from(first));
+        let mut rx = rx;
+        let frames = futures::stream::poll_fn(move |cx| {
+            rx.poll_recv(cx)
+                .map(|bytes| bytes.map(|b| Ok(http_body::Frame::data(b))))
+        });
+        let body = BodyExt::boxed(StreamBody::new(frames));
         let response = self.post("/v3/watch", body).await?;
         let lines = lines(response);
         let events = lines
@@ -512,7 +508,7 @@ impl EtcdClient {
                     .collect())
             })
             .boxed();
-        Ok(Watch { events })
+        Ok(Watch { events, requests })
     }
 }
 

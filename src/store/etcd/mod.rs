@@ -3,11 +3,11 @@
 //! `mod_revision`. Writes are compare-and-swap transactions on that revision. Reads are served
 //! from a watch cache (a [`MemoryStore`]) fed by one etcd watch per process, as kube-apiserver's
 //! cacher serves them. A read of the latest state is consistent (kube-apiserver 1.31's
-//! consistent reads from cache): it first asks etcd where the kind's keys stand (their latest
-//! `mod_revision` and their count, one read without values) and waits until the cache has
-//! caught up with that, so a write made through any replica is seen by the next read on every
-//! other one. (Once the cache holds every key at or below the latest revision, equal counts
-//! mean it holds no key etcd has deleted.)
+//! consistent reads from cache): it reads etcd's current revision (one key, no values), asks
+//! the watch for a progress notification (etcd's `RequestProgress`: its revision, once every
+//! event before it was sent) and waits until the cache has reached that revision, so a write
+//! made through any replica is seen by the next read on every other one. Concurrent reads
+//! share one check.
 
 pub mod client;
 
@@ -53,6 +53,8 @@ struct Shared<K> {
     applied: watch::Sender<u64>,
     /// Consistent reads share etcd checks (see [`EtcdStore::latest`]).
     checks: Checks,
+    /// The current watch's request stream, for progress requests.
+    progress: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<bytes::Bytes>>>,
 }
 
 /// The etcd checks consistent reads make: one at a time, each shared by every read that
@@ -66,8 +68,8 @@ struct Checks {
     last: std::sync::Mutex<(u64, Checked)>,
 }
 
-/// What a check found: the kind's latest `mod_revision` and its key count, or why not.
-type Checked = std::result::Result<(i64, i64), String>;
+/// What a check found: etcd's revision, or why not.
+type Checked = std::result::Result<i64, String>;
 
 /// A kind stored in etcd; see the module docs.
 pub struct EtcdStore<K> {
@@ -107,8 +109,9 @@ impl<K: ServedResource> EtcdStore<K> {
                 checks: Checks {
                     started: std::sync::atomic::AtomicU64::new(0),
                     sending: tokio::sync::Mutex::new(()),
-                    last: std::sync::Mutex::new((0, Ok((0, 0)))),
+                    last: std::sync::Mutex::new((0, Ok(0))),
                 },
+                progress: std::sync::Mutex::new(None),
             }),
         });
         tokio::spawn(feed(store.shared.clone()));
@@ -140,7 +143,7 @@ impl<K: ServedResource> EtcdStore<K> {
     /// Where the kind's keys stand in etcd as of now: from a check that started after this
     /// call did, shared with every other read waiting meanwhile (under load, one etcd read
     /// serves many consistent reads, as kube-apiserver batches its progress requests).
-    async fn latest(&self) -> Result<(i64, i64)> {
+    async fn latest(&self) -> Result<i64> {
         use std::sync::atomic::Ordering::SeqCst;
         let checks = &self.shared.checks;
         let needed = checks.started.load(SeqCst) + 1;
@@ -151,13 +154,22 @@ impl<K: ServedResource> EtcdStore<K> {
             return last.1.clone().map_err(Error::ServiceUnavailable);
         }
         let number = checks.started.fetch_add(1, SeqCst) + 1;
-        let end = prefix_end(&self.shared.prefix);
+        // etcd's current revision: the header of a read of one key (the prefix itself).
         let result = self
             .shared
             .client
-            .latest(&self.shared.prefix, &end)
+            .revision(&self.shared.prefix)
             .await
             .map_err(|e| e.to_string());
+        // Unless the cache is there already, ask the watch for a progress notification: etcd
+        // answers with its revision once every event before it was sent.
+        if let Ok(revision) = result
+            && self.shared.cache.counts().resource_version < revision.max(0) as u64
+            && let Ok(progress) = self.shared.progress.lock()
+            && let Some(requests) = progress.as_ref()
+        {
+            let _ = requests.send(bytes::Bytes::from_static(client::PROGRESS_REQUEST));
+        }
         if let Ok(mut last) = checks.last.lock() {
             *last = (number, result.clone());
         }
@@ -167,11 +179,8 @@ impl<K: ServedResource> EtcdStore<K> {
     /// Waits until the cache has caught up with etcd as of now (see the module docs).
     async fn catch_up(&self) -> Result<()> {
         self.check_ready()?;
-        let (latest, count) = self.latest().await?;
-        let caught_up = || {
-            let stats = self.shared.cache.counts();
-            stats.resource_version >= latest.max(0) as u64 && stats.objects as i64 == count
-        };
+        let revision = self.latest().await?.max(0) as u64;
+        let caught_up = || self.shared.cache.counts().resource_version >= revision;
         let mut applied = self.shared.applied.subscribe();
         let wait = async {
             while !caught_up() {
@@ -277,6 +286,9 @@ async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
         backoff = Duration::from_millis(100);
         shared.feed.send_replace(Feed::Watching);
         shared.applied.send_modify(|n| *n += 1);
+        if let Ok(mut progress) = shared.progress.lock() {
+            *progress = Some(watch.requests.clone());
+        }
         let mut events = watch.events;
         let error = loop {
             match futures::StreamExt::next(&mut events).await {
@@ -290,6 +302,9 @@ async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
                 None => break EtcdError::Unavailable("etcd closed the watch".into()),
             }
         };
+        if let Ok(mut progress) = shared.progress.lock() {
+            *progress = None;
+        }
         if let EtcdError::Compacted(_) = error {
             listed = false;
         }
