@@ -120,12 +120,71 @@ struct Snapshot<K> {
 }
 
 impl<K> Snapshot<K> {
+    fn empty(resource_version: u64) -> Self {
+        Self {
+            objects: OrdMap::new(),
+            per_namespace: PHashMap::new(),
+            by_label: PHashMap::new(),
+            resource_version,
+        }
+    }
+
+    /// Puts `object` at `key`, keeping the label index and the namespace counts; returns the
+    /// object it replaced.
+    fn put(&mut self, key: ObjectKey, object: Object<K>) -> Option<Object<K>> {
+        let previous = self.remove(&key);
+        for hash in &object.label_hashes {
+            let mut set = self.by_label.get(hash).cloned().unwrap_or_default();
+            set.insert(key.clone(), object.clone());
+            self.by_label.insert(*hash, set);
+        }
+        *self.per_namespace.entry(key.namespace.clone()).or_insert(0) += 1;
+        self.objects.insert(key, object);
+        previous
+    }
+
+    /// Removes the object at `key`, keeping the label index and the namespace counts.
+    fn remove(&mut self, key: &ObjectKey) -> Option<Object<K>> {
+        let previous = self.objects.remove(key)?;
+        for hash in &previous.label_hashes {
+            if let Some(set) = self.by_label.get(hash) {
+                let mut set = set.clone();
+                set.remove(key);
+                if set.is_empty() {
+                    self.by_label.remove(hash);
+                } else {
+                    self.by_label.insert(*hash, set);
+                }
+            }
+        }
+        match self.per_namespace.get(&key.namespace).copied() {
+            Some(n) if n > 1 => {
+                self.per_namespace.insert(key.namespace.clone(), n - 1);
+            }
+            _ => {
+                self.per_namespace.remove(&key.namespace);
+            }
+        }
+        Some(previous)
+    }
+
     /// Objects in `namespace`, or in all of them.
     fn count_in(&self, namespace: Option<&str>) -> usize {
         match namespace {
             Some(ns) => self.per_namespace.get(ns).copied().unwrap_or(0),
             None => self.objects.len(),
         }
+    }
+}
+
+impl<K: ServedResource> Snapshot<K> {
+    /// `objects` as of `resource_version`.
+    fn build(objects: impl IntoIterator<Item = Object<K>>, resource_version: u64) -> Self {
+        let mut snapshot = Self::empty(resource_version);
+        for object in objects {
+            snapshot.put(ObjectKey::of(object.meta()), object);
+        }
+        snapshot
     }
 }
 
@@ -183,12 +242,7 @@ impl<K: ServedResource> MemoryStore<K> {
         Self {
             shared: Arc::new(Shared {
                 state: RwLock::new(State {
-                    current: Snapshot {
-                        objects: OrdMap::new(),
-                        per_namespace: PHashMap::new(),
-                        by_label: PHashMap::new(),
-                        resource_version: config.first_resource_version,
-                    },
+                    current: Snapshot::empty(config.first_resource_version),
                     events: VecDeque::new(),
                     oldest_watchable: config.first_resource_version,
                     snapshots: BTreeMap::new(),
@@ -218,61 +272,10 @@ impl<K: ServedResource> MemoryStore<K> {
         object: Object<K>,
     ) {
         let key = ObjectKey::of(object.meta());
-        let previous = state.current.objects.get(&key).cloned();
-        let existed = previous.is_some();
-        if let Some(previous) = &previous {
-            for hash in &previous.label_hashes {
-                if let Some(set) = state.current.by_label.get(hash) {
-                    let mut set = set.clone();
-                    set.remove(&key);
-                    if set.is_empty() {
-                        state.current.by_label.remove(hash);
-                    } else {
-                        state.current.by_label.insert(*hash, set);
-                    }
-                }
-            }
-        }
-        if type_ != EventType::Deleted {
-            for hash in &object.label_hashes {
-                let mut set = state
-                    .current
-                    .by_label
-                    .get(hash)
-                    .cloned()
-                    .unwrap_or_default();
-                set.insert(key.clone(), object.clone());
-                state.current.by_label.insert(*hash, set);
-            }
-        }
-        match type_ {
-            EventType::Deleted => {
-                if state.current.objects.remove(&key).is_some() {
-                    let count = state.current.per_namespace.get(&key.namespace).copied();
-                    match count {
-                        Some(n) if n > 1 => {
-                            state
-                                .current
-                                .per_namespace
-                                .insert(key.namespace.clone(), n - 1);
-                        }
-                        _ => {
-                            state.current.per_namespace.remove(&key.namespace);
-                        }
-                    }
-                }
-            }
-            EventType::Added | EventType::Modified => {
-                state.current.objects.insert(key.clone(), object.clone());
-                if !existed {
-                    *state
-                        .current
-                        .per_namespace
-                        .entry(key.namespace.clone())
-                        .or_insert(0) += 1;
-                }
-            }
-        }
+        let previous = match type_ {
+            EventType::Deleted => state.current.remove(&key),
+            EventType::Added | EventType::Modified => state.current.put(key, object.clone()),
+        };
         state.current.resource_version = rv;
         let previous = previous.filter(|_| type_ == EventType::Modified);
         let event = Arc::new(Event::new(rv, type_, object).with_previous(previous));
@@ -329,23 +332,7 @@ impl<K: ServedResource> MemoryStore<K> {
         if state.current.objects.is_empty() && state.events.is_empty() {
             // Nobody has seen anything yet: load, no events.
             for (key, object) in incoming {
-                let object = Stored::new(object);
-                for hash in &object.label_hashes {
-                    let mut set = state
-                        .current
-                        .by_label
-                        .get(hash)
-                        .cloned()
-                        .unwrap_or_default();
-                    set.insert(key.clone(), object.clone());
-                    state.current.by_label.insert(*hash, set);
-                }
-                *state
-                    .current
-                    .per_namespace
-                    .entry(key.namespace.clone())
-                    .or_insert(0) += 1;
-                state.current.objects.insert(key, object);
+                state.current.put(key, Stored::new(object));
             }
             state.current.resource_version = revision.max(state.current.resource_version);
             state.oldest_watchable = state.current.resource_version;
@@ -390,6 +377,35 @@ impl<K: ServedResource> MemoryStore<K> {
         }
         state.current.resource_version = revision;
         Ok(())
+    }
+
+    /// The snapshot `request` reads that this store lacks, if any: a continue token from
+    /// another replica (or one whose snapshot expired here), or an Exact list older than the
+    /// snapshots kept. A watch cache loads it from its source ([`MemoryStore::remember_at`]).
+    pub fn missing_snapshot(&self, request: &ListRequest) -> Result<Option<u64>> {
+        let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+        let current = state.current.resource_version;
+        let wanted = match (&request.continue_token, request.read_at) {
+            (Some(token), _) => ContinueToken::decode(token)?.rv,
+            (None, ReadAt::Exact(rv)) if rv < current => rv,
+            _ => return Ok(None),
+        };
+        let kept = wanted == current
+            || state
+                .snapshots
+                .get(&wanted)
+                .is_some_and(|(taken, _)| taken.elapsed() < self.shared.config.snapshot_ttl);
+        Ok((!kept).then_some(wanted))
+    }
+
+    /// Keeps `objects` as the snapshot at `revision` (read from the cache's source), for the
+    /// continue tokens and Exact lists [`MemoryStore::missing_snapshot`] named.
+    pub fn remember_at(&self, objects: Vec<K>, revision: u64) -> Result<()> {
+        let snapshot = Snapshot::build(objects.into_iter().map(Stored::new), revision);
+        let mut state = self.write()?;
+        state.snapshots.remove(&revision);
+        drop(state);
+        self.remember_snapshot(&snapshot)
     }
 
     /// The store is current as of `revision` with no change since its last one (a watch

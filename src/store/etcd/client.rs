@@ -209,6 +209,26 @@ pub struct Watch {
 /// answers with its current revision once every event before it was sent.
 pub const PROGRESS_REQUEST: &[u8] = b"{\"progress_request\":{}}\n";
 
+/// Whether etcd `version` sends a progress notification only after every event before it:
+/// fixed in 3.4.31 and 3.5.13 (etcd issues 15220 and 17507). kube-apiserver checks the same
+/// versions before it serves consistent reads from its cache.
+pub fn orders_progress(version: &str) -> bool {
+    let mut parts = version
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor, patch) = (
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+        parts.next().unwrap_or(0),
+    );
+    match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    }
+}
+
 fn string_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     let text = String::deserialize(d)?;
     text.parse().map_err(serde::de::Error::custom)
@@ -382,6 +402,51 @@ impl EtcdClient {
     /// The store's current revision (a one-key read of `key`).
     pub async fn revision(&self, key: &[u8]) -> Result<i64, EtcdError> {
         Ok(self.range(key, &[], 0, 1).await?.header.revision)
+    }
+
+    /// Puts `value` at `key` unconditionally; returns the revision of the write.
+    pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<i64, EtcdError> {
+        #[derive(Deserialize)]
+        struct Put {
+            header: Header,
+        }
+        let reply: Put = self
+            .call(
+                "/v3/kv/put",
+                &serde_json::json!({"key": b64(key), "value": b64(value)}),
+            )
+            .await?;
+        Ok(reply.header.revision)
+    }
+
+    /// The version of the etcd server at the current endpoint (`/version`, e.g. "3.5.1").
+    pub async fn server_version(&self) -> Result<String, EtcdError> {
+        #[derive(Deserialize)]
+        struct Version {
+            etcdserver: String,
+        }
+        let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let endpoint = &self.endpoints[index];
+        let request = http::Request::get(format!("{endpoint}/version"))
+            .body(Full::new(Bytes::new()).boxed())
+            .map_err(|e| EtcdError::Unavailable(e.to_string()))?;
+        let response = tokio::time::timeout(self.request_timeout, async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| EtcdError::Unavailable(format!("{endpoint}: {e}")))?;
+            response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| EtcdError::Unavailable(e.to_string()))
+        })
+        .await
+        .map_err(|_| EtcdError::Unavailable(format!("{endpoint}: no answer to /version")))??;
+        let version: Version = serde_json::from_slice(&response.to_bytes())
+            .map_err(|e| EtcdError::Unavailable(format!("unexpected /version answer: {e}")))?;
+        Ok(version.etcdserver)
     }
 
     /// If `compare` holds for `key`: puts `value` (Some) or deletes the key (None). Otherwise
@@ -566,6 +631,23 @@ fn lines(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_is_ordered_from_3_4_31_and_3_5_13() {
+        for (version, ordered) in [
+            ("3.4.30", false),
+            ("3.4.31", true),
+            ("3.5.1", false),
+            ("3.5.12", false),
+            ("3.5.13", true),
+            ("3.6.0", true),
+            ("3.3.27", false),
+            ("4.0.0", true),
+            ("garbage", false),
+        ] {
+            assert_eq!(orders_progress(version), ordered, "{version}");
+        }
+    }
 
     #[test]
     fn prefix_ends() {

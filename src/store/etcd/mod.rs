@@ -3,11 +3,12 @@
 //! `mod_revision`. Writes are compare-and-swap transactions on that revision. Reads are served
 //! from a watch cache (a [`MemoryStore`]) fed by one etcd watch per process, as kube-apiserver's
 //! cacher serves them. A read of the latest state is consistent (kube-apiserver 1.31's
-//! consistent reads from cache): it reads etcd's current revision (one key, no values), asks
-//! the watch for a progress notification (etcd's `RequestProgress`: its revision, once every
-//! event before it was sent) and waits until the cache has reached that revision, so a write
-//! made through any replica is seen by the next read on every other one. Concurrent reads
-//! share one check.
+//! consistent reads from cache): it learns etcd's current revision (one key, no values) and
+//! waits until the cache has reached it, so a write made through any replica is seen by the
+//! next read on every other one. When only keys outside the kind moved the revision, the watch
+//! is asked for a progress notification (etcd's `RequestProgress`) on etcd versions that order
+//! it after their events, and older ones get a write of the marker key `<prefix><plural>/`
+//! instead. Concurrent reads share one check.
 
 pub mod client;
 
@@ -57,15 +58,21 @@ struct Shared<K> {
     progress: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<bytes::Bytes>>>,
 }
 
-/// The etcd checks consistent reads make: one at a time, each shared by every read that
-/// arrived before it started.
+/// The etcd checks consistent reads make, by one task ([`check`]): a read takes a ticket and
+/// waits for the first check that started after it took it, so one etcd round trip serves
+/// every read that arrived while the previous one was out, and no read waits in a queue of
+/// locks.
 struct Checks {
-    /// Checks started so far.
-    started: std::sync::atomic::AtomicU64,
-    /// Held while a check is sent.
-    sending: tokio::sync::Mutex<()>,
-    /// The last check: its number and what etcd said.
-    last: std::sync::Mutex<(u64, Checked)>,
+    /// Tickets taken so far.
+    tickets: std::sync::atomic::AtomicU64,
+    /// Wakes the task.
+    wanted: Arc<tokio::sync::Notify>,
+    /// The last check done: the tickets it covers (all taken before it started) and what it
+    /// found.
+    done: watch::Sender<(u64, Checked)>,
+    /// Whether the etcd serving the watch orders its progress notifications after its events
+    /// ([`client::orders_progress`]).
+    ordered_progress: std::sync::atomic::AtomicBool,
 }
 
 /// What a check found: etcd's revision, or why not.
@@ -107,14 +114,19 @@ impl<K: ServedResource> EtcdStore<K> {
                 feed: watch::Sender::new(Feed::Syncing),
                 applied: watch::Sender::new(0),
                 checks: Checks {
-                    started: std::sync::atomic::AtomicU64::new(0),
-                    sending: tokio::sync::Mutex::new(()),
-                    last: std::sync::Mutex::new((0, Ok(0))),
+                    tickets: std::sync::atomic::AtomicU64::new(0),
+                    wanted: Arc::new(tokio::sync::Notify::new()),
+                    done: watch::Sender::new((0, Ok(0))),
+                    ordered_progress: std::sync::atomic::AtomicBool::new(false),
                 },
                 progress: std::sync::Mutex::new(None),
             }),
         });
         tokio::spawn(feed(store.shared.clone()));
+        tokio::spawn(check(
+            Arc::downgrade(&store.shared),
+            store.shared.checks.wanted.clone(),
+        ));
         store
     }
 
@@ -140,40 +152,19 @@ impl<K: ServedResource> EtcdStore<K> {
         out
     }
 
-    /// Where the kind's keys stand in etcd as of now: from a check that started after this
-    /// call did, shared with every other read waiting meanwhile (under load, one etcd read
-    /// serves many consistent reads, as kube-apiserver batches its progress requests).
+    /// A revision the cache must reach to be current as of this call: from a check that
+    /// started after it (see [`Checks`]).
     async fn latest(&self) -> Result<i64> {
         use std::sync::atomic::Ordering::SeqCst;
         let checks = &self.shared.checks;
-        let needed = checks.started.load(SeqCst) + 1;
-        let _sending = checks.sending.lock().await;
-        if let Ok(last) = checks.last.lock()
-            && last.0 >= needed
-        {
-            return last.1.clone().map_err(Error::ServiceUnavailable);
-        }
-        let number = checks.started.fetch_add(1, SeqCst) + 1;
-        // etcd's current revision: the header of a read of one key (the prefix itself).
-        let result = self
-            .shared
-            .client
-            .revision(&self.shared.prefix)
+        let mut done = checks.done.subscribe();
+        let ticket = checks.tickets.fetch_add(1, SeqCst) + 1;
+        checks.wanted.notify_one();
+        let checked = done
+            .wait_for(|(covers, _)| *covers >= ticket)
             .await
-            .map_err(|e| e.to_string());
-        // Unless the cache is there already, ask the watch for a progress notification: etcd
-        // answers with its revision once every event before it was sent.
-        if let Ok(revision) = result
-            && self.shared.cache.counts().resource_version < revision.max(0) as u64
-            && let Ok(progress) = self.shared.progress.lock()
-            && let Some(requests) = progress.as_ref()
-        {
-            let _ = requests.send(bytes::Bytes::from_static(client::PROGRESS_REQUEST));
-        }
-        if let Ok(mut last) = checks.last.lock() {
-            *last = (number, result.clone());
-        }
-        result.map_err(Error::ServiceUnavailable)
+            .map_err(|_| Error::ServiceUnavailable("the etcd store is stopping".into()))?;
+        checked.1.clone().map_err(Error::ServiceUnavailable)
     }
 
     /// Waits until the cache has caught up with etcd as of now (see the module docs).
@@ -220,6 +211,30 @@ impl<K: ServedResource> EtcdStore<K> {
         }
     }
 
+    /// Brings the cache to where `request` reads: as of now for a first page, and the snapshot
+    /// a continue token (from any replica) or an Exact list names, read from etcd at its
+    /// revision when the cache does not keep it, as kube-apiserver reads such pages from etcd.
+    async fn prepare_list(&self, request: &ListRequest) -> Result<()> {
+        if request.continue_token.is_none() {
+            self.read_at(request.read_at).await?;
+        }
+        let Some(revision) = self.shared.cache.missing_snapshot(request)? else {
+            return Ok(());
+        };
+        let objects = match read_all(self, revision as i64).await {
+            Ok((objects, _)) => objects,
+            Err(EtcdError::Compacted(oldest)) if request.continue_token.is_some() => {
+                tracing::debug!(revision, oldest, "continue token older than etcd's history");
+                return Err(super::expired_continue());
+            }
+            Err(EtcdError::Compacted(oldest)) => {
+                return Err(Error::Expired(super::too_old(revision, oldest as u64)));
+            }
+            Err(error) => return Err(unavailable(error)),
+        };
+        self.shared.cache.remember_at(objects, revision)
+    }
+
     fn decode(&self, kv: &KeyValue, revision: i64) -> Result<K> {
         let mut object: K = serde_json::from_slice(&kv.value).map_err(|e| {
             Error::Internal(format!(
@@ -247,6 +262,59 @@ impl<K: ServedResource> EtcdStore<K> {
     }
 }
 
+/// Makes the checks consistent reads wait for ([`Checks`]), one at a time, while reads want
+/// them; ends with the store.
+async fn check<K: ServedResource>(
+    shared: std::sync::Weak<Shared<K>>,
+    wanted: Arc<tokio::sync::Notify>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let covered = shared.checks.done.borrow().0;
+        let covers = shared.checks.tickets.load(SeqCst);
+        if covers <= covered {
+            drop(shared);
+            // The timeout only notices a dropped store.
+            let _ = tokio::time::timeout(Duration::from_secs(1), wanted.notified()).await;
+            continue;
+        }
+        let found = revision_to_reach(&shared).await.map_err(|e| e.to_string());
+        let _previous = shared.checks.done.send_replace((covers, found));
+    }
+}
+
+/// The revision the cache must reach to hold every write etcd has acknowledged so far.
+///
+/// etcd's current revision comes from the header of a read of one key. A cache at it already
+/// is current. Otherwise the revision moved for keys of this kind whose events are on their way,
+/// or for keys outside it, which the watch never sends: an etcd that orders its progress
+/// notifications after its events is asked for one (as kube-apiserver does); an older one
+/// (3.5.1, the PyPI build, may send the notification ahead of events still queued) gets a write
+/// of the kind's prefix key instead, whose event comes through the watch after every earlier
+/// one, and the cache waits for that.
+async fn revision_to_reach<K: ServedResource>(shared: &Shared<K>) -> Result<i64, EtcdError> {
+    let revision = shared.client.revision(&shared.prefix).await?;
+    if shared.cache.counts().resource_version >= revision.max(0) as u64 {
+        return Ok(revision);
+    }
+    if shared
+        .checks
+        .ordered_progress
+        .load(std::sync::atomic::Ordering::SeqCst)
+        && let Ok(progress) = shared.progress.lock()
+        && let Some(requests) = progress.as_ref()
+        && requests
+            .send(bytes::Bytes::from_static(client::PROGRESS_REQUEST))
+            .is_ok()
+    {
+        return Ok(revision);
+    }
+    shared.client.put(&shared.prefix, b"").await
+}
+
 /// Feeds the cache: list, then watch from the list's revision; on a broken watch, watch again
 /// from where the cache is (or list again when etcd has compacted that far), forever.
 async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
@@ -261,7 +329,7 @@ async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
             return; // the store is gone
         }
         if !listed {
-            match list_all(&store, &end).await {
+            match list_all(&store).await {
                 Ok(()) => listed = true,
                 Err(error) => {
                     broken(&shared, &error);
@@ -284,6 +352,17 @@ async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
             }
         };
         backoff = Duration::from_millis(100);
+        let ordered = match shared.client.server_version().await {
+            Ok(version) => client::orders_progress(&version),
+            Err(error) => {
+                tracing::debug!(%error, "etcd's version unknown: progress notifications unused");
+                false
+            }
+        };
+        shared
+            .checks
+            .ordered_progress
+            .store(ordered, std::sync::atomic::Ordering::SeqCst);
         shared.feed.send_replace(Feed::Watching);
         shared.applied.send_modify(|n| *n += 1);
         if let Ok(mut progress) = shared.progress.lock() {
@@ -323,20 +402,40 @@ fn broken<K>(shared: &Shared<K>, error: &EtcdError) {
     shared.feed.send_replace(Feed::Broken(reason));
 }
 
-/// Reads every object under the prefix at one revision, a page at a time, into the cache.
-async fn list_all<K: ServedResource>(store: &EtcdStore<K>, end: &[u8]) -> Result<(), EtcdError> {
+/// Reads every object under the prefix into the cache, at one revision.
+async fn list_all<K: ServedResource>(store: &EtcdStore<K>) -> Result<(), EtcdError> {
+    let (objects, revision) = read_all(store, 0).await?;
+    store
+        .shared
+        .cache
+        .reset_at(objects, revision as u64)
+        .map_err(|e| EtcdError::Refused(e.to_string()))
+}
+
+/// Every object under the prefix at `revision` (0: the latest), a page at a time, and the
+/// revision read.
+async fn read_all<K: ServedResource>(
+    store: &EtcdStore<K>,
+    mut revision: i64,
+) -> Result<(Vec<K>, i64), EtcdError> {
     const PAGE: i64 = 500;
+    let end = prefix_end(&store.shared.prefix);
     let mut objects = Vec::new();
     let mut from = store.shared.prefix.clone();
-    let mut revision = 0;
     loop {
         let page = store
             .shared
             .client
-            .range(&from, end, revision, PAGE)
+            .range(&from, &end, revision, PAGE)
             .await?;
-        revision = page.header.revision;
+        revision = page
+            .header
+            .revision
+            .min(if revision > 0 { revision } else { i64::MAX });
         for kv in &page.kvs {
+            if kv.key == store.shared.prefix {
+                continue; // the marker key checks write (see `revision_to_reach`)
+            }
             match store.decode(kv, kv.mod_revision) {
                 Ok(object) => objects.push(object),
                 Err(error) => tracing::warn!(%error, "skipping an undecodable etcd key"),
@@ -350,12 +449,7 @@ async fn list_all<K: ServedResource>(store: &EtcdStore<K>, end: &[u8]) -> Result
             _ => break,
         }
     }
-    store
-        .shared
-        .cache
-        .reset_at(objects, revision as u64)
-        .map_err(|e| EtcdError::Refused(e.to_string()))?;
-    Ok(())
+    Ok((objects, revision))
 }
 
 /// Applies one batch of watch events to the cache.
@@ -363,6 +457,10 @@ fn apply<K: ServedResource>(store: &EtcdStore<K>, batch: Vec<WatchEvent>) -> Res
     let shared = &store.shared;
     for event in batch {
         match event {
+            // The marker key checks write: it only says how far the watch has come.
+            WatchEvent::Put(kv) if kv.key == shared.prefix => {
+                shared.cache.advance(kv.mod_revision as u64)?
+            }
             WatchEvent::Put(kv) => match store.decode(&kv, kv.mod_revision) {
                 Ok(object) => shared.cache.apply_external(object)?,
                 Err(error) => tracing::warn!(%error, "skipping an undecodable etcd value"),
@@ -373,7 +471,16 @@ fn apply<K: ServedResource>(store: &EtcdStore<K>, batch: Vec<WatchEvent>) -> Res
                 }
                 shared.cache.advance(revision as u64)?;
             }
-            WatchEvent::Progress(revision) => shared.cache.advance(revision as u64)?,
+            // Trusted only from an etcd that sends it after every earlier event.
+            WatchEvent::Progress(revision)
+                if shared
+                    .checks
+                    .ordered_progress
+                    .load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                shared.cache.advance(revision as u64)?
+            }
+            WatchEvent::Progress(_) => {}
         }
     }
     Ok(())
@@ -391,23 +498,17 @@ impl<K: ServedResource> Store<K> for EtcdStore<K> {
         request: &ListRequest,
         visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
     ) -> Result<PageInfo> {
-        if request.continue_token.is_none() {
-            self.read_at(request.read_at).await?;
-        }
+        self.prepare_list(request).await?;
         self.shared.cache.list_each(request, visit).await
     }
 
     async fn list(&self, request: &ListRequest) -> Result<ListPage<K>> {
-        if request.continue_token.is_none() {
-            self.read_at(request.read_at).await?;
-        }
+        self.prepare_list(request).await?;
         self.shared.cache.list(request).await
     }
 
     async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<K>>> {
-        if request.continue_token.is_none() {
-            self.read_at(request.read_at).await?;
-        }
+        self.prepare_list(request).await?;
         self.shared.cache.list_cursor(request).await
     }
 
