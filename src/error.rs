@@ -78,6 +78,16 @@ pub enum Error {
         message: String,
     },
 
+    /// 409 `Conflict` of a server-side apply: fields other managers own with other values,
+    /// each a `FieldManagerConflict` cause (apimachinery's `NewApplyConflict`).
+    #[error("{message}")]
+    ApplyConflict {
+        /// kube-apiserver's text, e.g. `Apply failed with 1 conflict: conflict with "x": .spec.weight`.
+        message: String,
+        /// One per conflicting field.
+        causes: Vec<FieldError>,
+    },
+
     /// 422 `Invalid`: an object (or ListOptions) that fails validation, every failing field
     /// listed as a `StatusCause`.
     #[error("{}.{} \"{}\" is invalid: {}", .subject.kind, .subject.group, .subject.name, join_causes(.causes))]
@@ -154,6 +164,17 @@ fn not_found_message(subject: &Subject) -> String {
     }
 }
 
+fn status_causes(causes: &[FieldError]) -> Vec<StatusCause> {
+    causes
+        .iter()
+        .map(|c| StatusCause {
+            field: Some(c.field.clone()),
+            message: Some(c.message.clone()),
+            reason: Some(c.reason.to_owned()),
+        })
+        .collect()
+}
+
 fn join_causes(causes: &[FieldError]) -> String {
     let parts: Vec<String> = causes
         .iter()
@@ -171,7 +192,9 @@ impl Error {
     pub fn code(&self) -> StatusCode {
         match self {
             Error::NotFound(_) | Error::NoRoute => StatusCode::NOT_FOUND,
-            Error::AlreadyExists(_) | Error::Conflict { .. } => StatusCode::CONFLICT,
+            Error::AlreadyExists(_) | Error::Conflict { .. } | Error::ApplyConflict { .. } => {
+                StatusCode::CONFLICT
+            }
             Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Error::BadRequest(_) => StatusCode::BAD_REQUEST,
             Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -192,7 +215,7 @@ impl Error {
         match self {
             Error::NotFound(_) | Error::NoRoute => "NotFound",
             Error::AlreadyExists(_) => "AlreadyExists",
-            Error::Conflict { .. } => "Conflict",
+            Error::Conflict { .. } | Error::ApplyConflict { .. } => "Conflict",
             Error::Invalid { .. } => "Invalid",
             Error::BadRequest(_) => "BadRequest",
             Error::MethodNotAllowed(_) => "MethodNotAllowed",
@@ -216,16 +239,13 @@ impl Error {
                     name: Some(subject.name.clone()),
                     group: Some(subject.group.clone()),
                     kind: Some(subject.kind.clone()),
-                    causes: Some(
-                        causes
-                            .iter()
-                            .map(|c| StatusCause {
-                                field: Some(c.field.clone()),
-                                message: Some(c.message.clone()),
-                                reason: Some(c.reason.to_owned()),
-                            })
-                            .collect(),
-                    ),
+                    causes: Some(status_causes(causes)),
+                    ..Default::default()
+                });
+            }
+            Error::ApplyConflict { causes, .. } => {
+                return Some(StatusDetails {
+                    causes: Some(status_causes(causes)),
                     ..Default::default()
                 });
             }

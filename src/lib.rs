@@ -22,6 +22,7 @@ pub mod config;
 pub mod connection;
 pub mod discovery;
 pub mod error;
+pub mod fieldmanager;
 pub mod group;
 pub mod health;
 pub mod list_body;

@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// `com.example.farm.v1alpha`: kube-openapi names a group's schemas by the reversed group.
-fn schema_prefix() -> String {
+pub(crate) fn schema_prefix() -> String {
     let mut parts: Vec<&str> = GROUP.split('.').collect();
     parts.reverse();
     format!("{}.{VERSION}", parts.join("."))
@@ -54,7 +54,7 @@ impl Flavor {
 }
 
 /// All schemas of the group version, v3-style refs.
-fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
+pub(crate) fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
     let mut generator = SchemaSettings::openapi3().into_generator();
     let prefix = schema_prefix();
     let mut own = Map::new();
@@ -129,6 +129,7 @@ fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
         out.insert(name, schema);
     }
     out.extend(own);
+    merge_keys(&mut out);
     out.insert(
         format!("{META}.WatchEvent"),
         json!({
@@ -159,6 +160,41 @@ fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
     match out {
         Value::Object(map) => map,
         _ => Map::new(),
+    }
+}
+
+/// The list and map types kube-apiserver publishes for ObjectMeta's lists (k8s-openapi's schemas
+/// leave them out), which server-side apply merges by: finalizers as a set, ownerReferences
+/// keyed by uid, managedFields whole.
+fn merge_keys(schemas: &mut Map<String, Value>) {
+    let Some(Value::Object(properties)) = schemas
+        .get_mut(&format!("{META}.ObjectMeta"))
+        .and_then(|meta| meta.get_mut("properties"))
+    else {
+        return;
+    };
+    let extensions = [
+        (
+            "finalizers",
+            json!({"x-kubernetes-list-type": "set", "x-kubernetes-patch-strategy": "merge"}),
+        ),
+        (
+            "ownerReferences",
+            json!({
+                "x-kubernetes-list-map-keys": ["uid"],
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-patch-merge-key": "uid",
+                "x-kubernetes-patch-strategy": "merge",
+            }),
+        ),
+        ("managedFields", json!({"x-kubernetes-list-type": "atomic"})),
+    ];
+    for (field, extension) in extensions {
+        if let (Some(Value::Object(schema)), Value::Object(extension)) =
+            (properties.get_mut(field), extension)
+        {
+            schema.extend(extension);
+        }
     }
 }
 

@@ -38,6 +38,11 @@ pub fn binary() -> PathBuf {
 }
 
 impl Etcd {
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts etcd and waits until its client port answers.
     pub async fn start(client_port: u16, peer_port: u16) -> Result<Self> {
         let dir = tempfile::tempdir()?;

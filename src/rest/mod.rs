@@ -9,6 +9,7 @@
 //! is stored (`registry/rest`), [`patch`] applies patches, and [`response`] shapes what goes
 //! back.
 
+pub mod fields;
 pub mod options;
 pub mod patch;
 pub mod read;
@@ -70,6 +71,8 @@ pub struct RestContext {
 pub(crate) struct KindApiInner<K> {
     pub(crate) store: Arc<dyn Store<K>>,
     pub(crate) ctx: RestContext,
+    /// The kind's field managers, or why there are none (its schema did not convert).
+    pub(crate) fields: std::result::Result<fields::Fields, String>,
 }
 
 /// A kind's handler state: one `Arc`, so the per-request clone is one atomic increment.
@@ -97,5 +100,13 @@ impl<K: ServedResource> KindApi<K> {
                 K::qualified_resource()
             ))
         })
+    }
+
+    /// The kind's field managers; 500 when its schema could not be read (a test holds every
+    /// kind to it).
+    pub(crate) fn fields(&self) -> Result<&fields::Fields> {
+        self.fields
+            .as_ref()
+            .map_err(|e| Error::Internal(format!("field management is unavailable: {e}")))
     }
 }

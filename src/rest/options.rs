@@ -30,6 +30,8 @@ pub(crate) struct Query {
     pub(crate) include_object: Option<String>,
     pub(crate) dry_run: Option<String>,
     pub(crate) field_validation: Option<String>,
+    pub(crate) field_manager: Option<String>,
+    pub(crate) force: Option<String>,
 }
 
 /// Parses a query string; a parameter given twice takes its first value, as kube-apiserver's
@@ -58,6 +60,8 @@ pub(crate) fn parse_query(raw: Option<&str>) -> Result<Query> {
             "includeObject" => &mut query.include_object,
             "dryRun" => &mut query.dry_run,
             "fieldValidation" => &mut query.field_validation,
+            "fieldManager" => &mut query.field_manager,
+            "force" => &mut query.force,
             _ => continue,
         };
         if slot.is_none() {
@@ -65,6 +69,14 @@ pub(crate) fn parse_query(raw: Option<&str>) -> Result<Query> {
         }
     }
     Ok(query)
+}
+
+/// kube-apiserver's `FieldManagerMaxLength`.
+pub(crate) const FIELD_MANAGER_MAX_LENGTH: usize = 128;
+
+/// Go's `unicode.IsPrint`, near enough: no control characters, no separators but the space.
+pub(crate) fn is_print(c: char) -> bool {
+    c == ' ' || !(c.is_control() || c.is_whitespace() || ('\u{e000}'..='\u{f8ff}').contains(&c))
 }
 
 /// An integer parameter as Go's `strconv.ParseInt` reads it, with its error text.
@@ -206,6 +218,63 @@ impl Query {
                 "dryRun: Unsupported value: {other:?}: supported values: \"All\""
             ))),
         }
+    }
+
+    /// `fieldManager` (and `force`) of a write, validated as kube-apiserver validates its
+    /// `options` (`CreateOptions`, `UpdateOptions`, `PatchOptions`): at most 128 bytes of
+    /// printable characters; for a patch, required when `apply` and `force` forbidden otherwise.
+    /// Returns the manager ("" when not given) and `force`.
+    pub(crate) fn field_manager(
+        &self,
+        options: &str,
+        apply: Option<bool>,
+    ) -> Result<(String, bool)> {
+        let manager = self.field_manager.clone().unwrap_or_default();
+        let mut causes = Vec::new();
+        match apply {
+            Some(true) if manager.is_empty() => causes.push(FieldError::required(
+                "fieldManager",
+                "is required for apply patch",
+            )),
+            Some(false) if self.force.is_some() => causes.push(FieldError {
+                field: "force".into(),
+                reason: "FieldValueForbidden",
+                message: "Forbidden: may not be specified for non-apply patch".into(),
+            }),
+            _ => {}
+        }
+        if manager.len() > FIELD_MANAGER_MAX_LENGTH {
+            causes.push(FieldError {
+                field: "fieldManager".into(),
+                reason: "FieldValueTooLong",
+                message: format!("Too long: may not be more than {FIELD_MANAGER_MAX_LENGTH} bytes"),
+            });
+        }
+        for (i, c) in manager.char_indices() {
+            if !is_print(c) {
+                causes.push(FieldError::invalid(
+                    "fieldManager",
+                    format!("{manager:?}"),
+                    &format!("invalid character U+{:04X} (at position {i})", u32::from(c)),
+                ));
+            }
+        }
+        if !causes.is_empty() {
+            return Err(Error::Invalid {
+                subject: Subject {
+                    resource: String::new(),
+                    group: "meta.k8s.io".into(),
+                    kind: options.into(),
+                    name: String::new(),
+                },
+                causes,
+            });
+        }
+        let force = match (apply, self.force.as_deref()) {
+            (Some(true), value @ Some(_)) => parse_bool("force", value)?,
+            _ => false,
+        };
+        Ok((manager, force))
     }
 
     pub(crate) fn field_validation(&self) -> Result<FieldValidation> {

@@ -15,6 +15,8 @@ use crate::{
 pub(crate) enum PatchType {
     Merge,
     Json,
+    /// Server-side apply (`application/apply-patch+yaml`).
+    Apply,
 }
 
 pub(crate) fn patch_type(headers: &HeaderMap) -> Result<PatchType> {
@@ -27,13 +29,14 @@ pub(crate) fn patch_type(headers: &HeaderMap) -> Result<PatchType> {
         "application/merge-patch+json" => Ok(PatchType::Merge),
         "application/json-patch+json" => Ok(PatchType::Json),
         "application/strategic-merge-patch+json" => Err(Error::UnsupportedMediaType(
-            "strategic merge patch is not supported for farm.example.com resources (they are not built-in kinds); use a JSON merge patch (kubectl patch --type merge) or a JSON patch (--type json) - accepted media types include: application/json-patch+json, application/merge-patch+json".into(),
+            "strategic merge patch is not supported for farm.example.com resources (they are not built-in kinds); use a JSON merge patch (kubectl patch --type merge) or a JSON patch (--type json) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".into(),
         )),
-        "application/apply-patch+yaml" | "application/apply-patch+cbor" => Err(Error::UnsupportedMediaType(
-            "server-side apply is not supported by farm-apiserver; use client-side kubectl apply - accepted media types include: application/json-patch+json, application/merge-patch+json".into(),
+        "application/apply-patch+yaml" => Ok(PatchType::Apply),
+        "application/apply-patch+cbor" => Err(Error::UnsupportedMediaType(
+            "server-side apply in CBOR is not supported by farm-apiserver; send the configuration as application/apply-patch+yaml (YAML or JSON) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml".into(),
         )),
         other => Err(Error::UnsupportedMediaType(format!(
-            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json"
+            "the body of the request was in an unknown format ({other:?}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml"
         ))),
     }
 }
@@ -69,6 +72,11 @@ pub(crate) fn apply_patch<K: ServedResource>(
                     message,
                 }],
             })?;
+        }
+        PatchType::Apply => {
+            return Err(Error::Internal(
+                "an apply is merged by the field manager, not as a patch".into(),
+            ));
         }
     }
     // Bounded for one request: a merge patch grows the object by at most its own size (3 MiB),

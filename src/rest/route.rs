@@ -78,9 +78,13 @@ pub(crate) trait Endpoint: Send + Sync {
 impl Endpoints {
     /// Serves `K` from `store`.
     pub fn with<K: ServedResource>(mut self, store: Arc<dyn Store<K>>, ctx: RestContext) -> Self {
-        let endpoint: Arc<dyn Endpoint> =
-            Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx })));
         let info = ResourceInfo::of::<K>(false);
+        let fields = super::fields::Fields::of(&info).map_err(|e| {
+            tracing::error!(kind = %info.kind, error = %e, "no field management");
+            e.to_string()
+        });
+        let endpoint: Arc<dyn Endpoint> =
+            Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx, fields })));
         self.kinds.push(Kind {
             plural: info.plural,
             namespaced: info.namespaced,

@@ -160,7 +160,6 @@ pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str)
     meta.generation = Some(1);
     meta.deletion_timestamp = None;
     meta.deletion_grace_period_seconds = None;
-    meta.managed_fields = None;
     meta.self_link = None;
     object.prepare_for_create();
     Ok(())
@@ -202,7 +201,6 @@ pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K, part:
     meta.generation = Some(generation);
     meta.namespace = old.namespace.clone();
     meta.deletion_timestamp = old.deletion_timestamp.clone();
-    meta.managed_fields = None;
     meta.self_link = None;
     next.prepare_for_update(current);
 }

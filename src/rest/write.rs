@@ -8,7 +8,8 @@ use axum::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
-use super::options::{dry_run_of, parse_delete_options, parse_query};
+use super::fields::{manager_or_user_agent, parse_apply_body};
+use super::options::{FieldValidation, dry_run_of, parse_delete_options, parse_query};
 use super::patch::{MAX_JSON_PATCH_OPERATIONS, PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, to_json, with_warnings};
 use super::strategy::{
@@ -19,9 +20,9 @@ use super::{KindApi, MAX_BODY_BYTES};
 use crate::{
     error::{Error, FieldError, Result},
     list_body::{self},
-    negotiate::{self},
+    negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
-    store::{ListRequest, Preconditions},
+    store::{ListRequest, Object, Preconditions, WritableStore},
     table::IncludeObject,
 };
 
@@ -52,6 +53,8 @@ pub(crate) async fn create<K: ServedResource>(
     let query = parse_query(raw)?;
     let dry_run = query.dry_run()?;
     let field_validation = query.field_validation()?;
+    let (manager, _) = query.field_manager("CreateOptions", None)?;
+    let manager = manager_or_user_agent(manager, &headers);
     let output = negotiate::output(&headers)?;
     negotiate::require_json_body(&headers)?;
     let body = read_body(body).await?;
@@ -59,6 +62,8 @@ pub(crate) async fn create<K: ServedResource>(
     prepare_create(&mut object, &namespace)?;
     let mut warnings = warnings;
     warnings.extend(validate(&object, None)?);
+    api.fields()?
+        .update(Part::Object, None, &mut object, &manager)?;
     let created = api.writer()?.create(object, dry_run).await?;
     let response = object_response(
         &created,
@@ -81,6 +86,8 @@ pub(crate) async fn update<K: ServedResource>(
     let query = parse_query(raw)?;
     let dry_run = query.dry_run()?;
     let field_validation = query.field_validation()?;
+    let (manager, _) = query.field_manager("UpdateOptions", None)?;
+    let manager = manager_or_user_agent(manager, &headers);
     let output = negotiate::output(&headers)?;
     negotiate::require_json_body(&headers)?;
     let body = read_body(body).await?;
@@ -111,7 +118,9 @@ pub(crate) async fn update<K: ServedResource>(
     prepare_update(&mut object, current.as_ref(), part);
     let mut warnings = warnings;
     warnings.extend(validate(&object, Some(current.as_ref()))?);
-    let updated = api.writer()?.update(object, dry_run).await?;
+    api.fields()?
+        .update(part, Some(&current), &mut object, &manager)?;
+    let updated = update_unless_unchanged(api.writer()?, object, &current, dry_run).await?;
     let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
     Ok(with_warnings(response, &warnings))
 }
@@ -125,12 +134,29 @@ pub(crate) async fn patch<K: ServedResource>(
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
     let (raw, headers) = (parts.uri.query(), parts.headers);
+    api.writer()?;
     let query = parse_query(raw)?;
     let dry_run = query.dry_run()?;
     let field_validation = query.field_validation()?;
     let output = negotiate::output(&headers)?;
     let patch_type = patch_type(&headers)?;
+    let (manager, force) =
+        query.field_manager("PatchOptions", Some(patch_type == PatchType::Apply))?;
+    let manager = manager_or_user_agent(manager, &headers);
     let body = read_body(body).await?;
+    let key = ObjectKey::new(&namespace, &name);
+    if patch_type == PatchType::Apply {
+        let apply = Apply {
+            key,
+            part,
+            dry_run,
+            field_validation,
+            output,
+            manager,
+            force,
+        };
+        return apply.run(api, &body).await;
+    }
     if patch_type == PatchType::Json {
         // Counted before anything is applied, as kube-apiserver does.
         let operations = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&body)
@@ -142,7 +168,6 @@ pub(crate) async fn patch<K: ServedResource>(
             )));
         }
     }
-    let key = ObjectKey::new(&namespace, &name);
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let mut attempts = 0;
     loop {
@@ -173,7 +198,9 @@ pub(crate) async fn patch<K: ServedResource>(
         prepare_update(&mut object, current.as_ref(), part);
         let mut warnings = warnings;
         warnings.extend(validate(&object, Some(current.as_ref()))?);
-        match api.writer()?.update(object, dry_run).await {
+        api.fields()?
+            .update(part, Some(&current), &mut object, &manager)?;
+        match update_unless_unchanged(api.writer()?, object, &current, dry_run).await {
             Ok(updated) => {
                 let response =
                     object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
@@ -181,6 +208,110 @@ pub(crate) async fn patch<K: ServedResource>(
             }
             Err(Error::Conflict { .. }) if !pinned && attempts < 5 => continue,
             Err(e) => return Err(e),
+        }
+    }
+}
+
+/// An update, unless it changes nothing: then, as kube-apiserver's storage does, nothing is
+/// written, the object keeps its resourceVersion and watchers hear nothing (an apply of an
+/// unchanged configuration, a PUT of what was read).
+async fn update_unless_unchanged<K: ServedResource>(
+    writer: &dyn WritableStore<K>,
+    object: K,
+    current: &Object<K>,
+    dry_run: bool,
+) -> Result<Object<K>> {
+    if object.meta().resource_version == current.meta().resource_version
+        && serde_json::to_vec(&object).is_ok_and(|json| json[..] == current.json()[..])
+    {
+        return Ok(current.clone());
+    }
+    writer.update(object, dry_run).await
+}
+
+/// A server-side apply of one object (or of its status).
+struct Apply {
+    key: ObjectKey,
+    part: Part,
+    dry_run: bool,
+    field_validation: FieldValidation,
+    output: Output,
+    manager: String,
+    force: bool,
+}
+
+impl Apply {
+    /// Merges the applied configuration into the stored object (or creates it: 201) and
+    /// writes the result through the same strategy and validation as any update; retried on
+    /// a conflicting write unless the configuration names a resourceVersion, as patches are.
+    async fn run<K: ServedResource>(self, api: KindApi<K>, body: &[u8]) -> Result<Response> {
+        let config = parse_apply_body(body)?;
+        let (fields, writer) = (api.fields()?, api.writer()?);
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let current = match writer.get_for_update(&self.key).await {
+                Ok(current) => Some(current),
+                Err(Error::NotFound(_)) if self.part == Part::Object => None,
+                Err(e) => return Err(e),
+            };
+            let applied = fields.apply(
+                self.part,
+                current.as_deref(),
+                &config,
+                &self.manager,
+                self.force,
+            )?;
+            let (mut object, mut warnings) = decode_object::<K>(applied, self.field_validation)?;
+            let size = json_len(&object);
+            if size > MAX_BODY_BYTES {
+                return Err(Error::RequestEntityTooLarge(format!(
+                    "the applied object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+                )));
+            }
+            check_name(&object, &self.key.name)?;
+            check_namespace(&object, &self.key.namespace)?;
+            // A resourceVersion in the configuration is a precondition: no retry past it.
+            let pinned = config
+                .pointer("/metadata/resourceVersion")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|rv| !rv.is_empty());
+            let written = match current {
+                None => {
+                    object.meta_mut().resource_version = None;
+                    prepare_create(&mut object, &self.key.namespace)?;
+                    warnings.extend(validate(&object, None)?);
+                    writer
+                        .create(object, self.dry_run)
+                        .await
+                        .map(|o| (o, StatusCode::CREATED))
+                }
+                Some(current) => {
+                    if !pinned {
+                        object.meta_mut().resource_version =
+                            current.meta().resource_version.clone();
+                    }
+                    let mut object = written_part(object, current.as_ref(), self.part);
+                    prepare_update(&mut object, current.as_ref(), self.part);
+                    warnings.extend(validate(&object, Some(current.as_ref()))?);
+                    update_unless_unchanged(writer, object, &current, self.dry_run)
+                        .await
+                        .map(|o| (o, StatusCode::OK))
+                }
+            };
+            match written {
+                Ok((object, status)) => {
+                    let response =
+                        object_response(&object, self.output, IncludeObject::Metadata, status)?;
+                    return Ok(with_warnings(response, &warnings));
+                }
+                Err(Error::Conflict { .. } | Error::AlreadyExists(_))
+                    if !pinned && attempts < 5 =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 }

@@ -13,6 +13,7 @@
 
 mod common;
 
+mod apply;
 mod binary;
 mod e2e_cluster;
 mod e2e_tls;

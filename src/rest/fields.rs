@@ -1,0 +1,207 @@
+//! Field ownership on every write (`metadata.managedFields`) and server-side apply, through
+//! [`crate::fieldmanager`], called where k8s.io/apiserver's handlers call its FieldManager:
+//! create, update and non-apply patches record an `Update` entry for their manager; apply
+//! merges the applied configuration and records an `Apply` entry.
+
+use axum::http::{HeaderMap, header};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use serde_json::Value;
+
+use super::options::{FIELD_MANAGER_MAX_LENGTH, is_print};
+use super::strategy::Part;
+use crate::{
+    error::{Error, FieldError, Result},
+    fieldmanager::{self, FieldManager, Schema},
+    openapi,
+    resource::{GROUP_VERSION, ResourceInfo, ServedResource},
+    store::Stored,
+};
+
+/// A kind's field managers: its object's, and its status subresource's when it has one (which
+/// owns `.status` alone, as kube-apiserver's reset fields for a custom resource say).
+#[derive(Debug)]
+pub(crate) struct Fields {
+    object: FieldManager,
+    status: FieldManager,
+}
+
+impl Fields {
+    /// The field managers of the kind `info` describes, from the schema its OpenAPI publishes
+    /// (list and map types included), so apply merges by what clients read there.
+    pub(crate) fn of(info: &ResourceInfo) -> std::result::Result<Self, fieldmanager::Error> {
+        let components = openapi::schemas(std::slice::from_ref(info));
+        let root = serde_json::json!({
+            "$ref": format!("#/components/schemas/{}.{}", openapi::schema_prefix(), info.kind)
+        });
+        let schema = Schema::from_openapi_v3(&root, &components)?;
+        let manager = |subresource: &str| {
+            let manager = FieldManager::new(schema.clone(), GROUP_VERSION, &info.kind, subresource);
+            if info.status {
+                let reset = FieldManager::status_reset_fields(&schema, subresource);
+                manager.with_reset_fields(reset)
+            } else {
+                manager
+            }
+        };
+        Ok(Self {
+            object: manager(""),
+            status: manager("status"),
+        })
+    }
+
+    fn of_part(&self, part: Part) -> &FieldManager {
+        match part {
+            Part::Object => &self.object,
+            Part::Status => &self.status,
+        }
+    }
+
+    /// Records `manager`'s changes from `live` (None: a create) to `next` in `next`'s
+    /// managedFields, which start as the client sent them (an empty list resets them). As
+    /// kube-apiserver's `UpdateNoErrors`, a failure leaves the object untracked rather than
+    /// failing the write.
+    pub(crate) fn update<K: ServedResource>(
+        &self,
+        part: Part,
+        live: Option<&Stored<K>>,
+        next: &mut K,
+        manager: &str,
+    ) -> Result<()> {
+        let live = live.map(|live| live_value(live)).transpose()?;
+        let mut value = serde_json::to_value(&*next)
+            .map_err(|e| Error::Internal(format!("encoding the object: {e}")))?;
+        self.of_part(part)
+            .update_no_errors(live.as_ref(), &mut value, manager, &now());
+        next.meta_mut().managed_fields = managed_fields(&value);
+        Ok(())
+    }
+
+    /// The object that applying `config` as `manager` to `live` (None: nothing there yet)
+    /// makes, managedFields included; 409 with kube-apiserver's message and causes on
+    /// conflicts unless `force`.
+    pub(crate) fn apply<K: ServedResource>(
+        &self,
+        part: Part,
+        live: Option<&Stored<K>>,
+        config: &Value,
+        manager: &str,
+        force: bool,
+    ) -> Result<Value> {
+        let live = live.map(|live| live_value(live)).transpose()?;
+        self.of_part(part)
+            .apply(live.as_ref(), config, manager, force, &now())
+            .map_err(|error| match error {
+                fieldmanager::Error::Conflicts(ref conflicts) => Error::ApplyConflict {
+                    message: error.message(),
+                    causes: conflicts
+                        .iter()
+                        .map(|c| FieldError {
+                            field: c.path_display(),
+                            reason: "FieldManagerConflict",
+                            message: format!("conflict with {}", c.manager_display()),
+                        })
+                        .collect(),
+                },
+                fieldmanager::Error::Invalid(message)
+                | fieldmanager::Error::BadRequest(message) => Error::BadRequest(message),
+                fieldmanager::Error::Internal(message) => Error::Internal(message),
+            })
+    }
+}
+
+fn live_value<K: ServedResource>(live: &Stored<K>) -> Result<Value> {
+    serde_json::from_slice(live.json())
+        .map_err(|e| Error::Internal(format!("decoding the stored object: {e}")))
+}
+
+fn managed_fields(value: &Value) -> Option<Vec<ManagedFieldsEntry>> {
+    let entries = value.pointer("/metadata/managedFields")?;
+    serde_json::from_value(entries.clone()).ok()
+}
+
+/// Now, at the second, as managedFields times are kept.
+fn now() -> String {
+    jiff::Timestamp::now()
+        .round(jiff::Unit::Second)
+        .unwrap_or_else(|_| jiff::Timestamp::now())
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// The manager of a write: `fieldManager`, else the User-Agent up to its first `/`, printable
+/// characters only and at most 128 bytes (k8s.io/apiserver's `managerOrUserAgent`).
+pub(crate) fn manager_or_user_agent(manager: String, headers: &HeaderMap) -> String {
+    if !manager.is_empty() {
+        return manager;
+    }
+    let agent = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mut out = String::new();
+    for c in agent.split('/').next().unwrap_or("").chars() {
+        if !is_print(c) {
+            continue;
+        }
+        if out.len() + c.len_utf8() > FIELD_MANAGER_MAX_LENGTH {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// An apply body: YAML, of which JSON is a part (kubectl and client-go send JSON).
+pub(crate) fn parse_apply_body(body: &[u8]) -> Result<Value> {
+    let trimmed = body.trim_ascii_start();
+    let value: Value = if trimmed.starts_with(b"{") {
+        serde_json::from_slice(trimmed)
+            .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?
+    } else {
+        yaml_serde::from_slice(body)
+            .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?
+    };
+    if !value.is_object() {
+        return Err(Error::BadRequest(
+            "error decoding YAML: the applied configuration must be an object".into(),
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_manager_falls_back_to_the_user_agent_before_its_first_slash() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::USER_AGENT,
+            "kubectl/v1.36.0 (linux/amd64) kubernetes/abc"
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(manager_or_user_agent(String::new(), &headers), "kubectl");
+        assert_eq!(manager_or_user_agent("mine".into(), &headers), "mine");
+        headers.insert(header::USER_AGENT, "x".repeat(300).parse().unwrap());
+        assert_eq!(manager_or_user_agent(String::new(), &headers).len(), 128);
+        assert_eq!(manager_or_user_agent(String::new(), &HeaderMap::new()), "");
+    }
+
+    #[test]
+    fn apply_bodies_are_yaml_or_json() {
+        let yaml = b"apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: a\nspec:\n  weight: 2\n";
+        assert_eq!(parse_apply_body(yaml).unwrap()["spec"]["weight"], 2);
+        let json = br#" {"kind":"Llama","spec":{"weight":2.5}}"#;
+        assert_eq!(parse_apply_body(json).unwrap()["spec"]["weight"], 2.5);
+        assert!(matches!(
+            parse_apply_body(b"- a\n- b\n"),
+            Err(Error::BadRequest(_))
+        ));
+        assert!(matches!(
+            parse_apply_body(b"{nope"),
+            Err(Error::BadRequest(_))
+        ));
+    }
+}
