@@ -96,33 +96,59 @@ pub struct Writes {
     pub errors: usize,
 }
 
-/// `clients` connections writing for `seconds`: creates of new Llamas in `namespace` (`update`
-/// false), or merge patches of one Llama per client (`update` true, each created first).
+/// What [`writes`] sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    /// Creates of new Llamas.
+    Create,
+    /// Merge patches of one Llama per client (`spec.weight`).
+    MergePatch,
+    /// Server-side applies of one Llama per client: the whole configuration, `spec.weight`
+    /// changed, as kubectl and controllers send it.
+    Apply,
+}
+
+/// `clients` connections writing for `seconds` in `namespace`, each one `write` after the other
+/// (the Llamas patched or applied are made first).
 pub async fn writes(
     t: &Target,
     namespace: &str,
     clients: usize,
     seconds: f64,
-    update: bool,
+    write: Write,
 ) -> Result<Writes> {
     let done = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
     let base = format!("/apis/farm.example.com/v1alpha/namespaces/{namespace}/llamas");
+    let config = |c: usize, weight: f64| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": format!("u-{c}")}, "spec": {"weight": weight, "height": 1.0}})
+        .to_string()
+    };
+    const APPLY: &str = "application/apply-patch+yaml";
     let mut conns = Vec::new();
     for c in 0..clients {
         let mut conn = t.connect(Proto::H2).await?;
-        if update {
-            let llama = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
-                "metadata": {"name": format!("u-{c}")}, "spec": {"weight": 1.0, "height": 1.0}});
+        let (method, path, content_type, expected) = match write {
+            Write::Create => ("", String::new(), "", 0),
+            Write::MergePatch => ("POST", base.clone(), "application/json", 201),
+            Write::Apply => (
+                "PATCH",
+                format!("{base}/u-{c}?fieldManager=farm-bench"),
+                APPLY,
+                201,
+            ),
+        };
+        if !method.is_empty() {
             let reply = conn
                 .send(
-                    "POST",
-                    &base,
-                    &[("content-type", "application/json")],
-                    Bytes::from(llama.to_string()),
+                    method,
+                    &path,
+                    &[("content-type", content_type)],
+                    Bytes::from(config(c, 1.0)),
                 )
                 .await?;
-            anyhow::ensure!(reply.status == 201, "creating u-{c}: {}", reply.status);
+            anyhow::ensure!(reply.status == expected, "creating u-{c}: {}", reply.status);
         }
         conns.push(conn);
     }
@@ -131,20 +157,27 @@ pub async fn writes(
     let mut tasks = Vec::new();
     for (c, mut conn) in conns.into_iter().enumerate() {
         let (done, errors, base) = (done.clone(), errors.clone(), base.clone());
+        let config = config;
         tasks.push(tokio::spawn(async move {
             let mut i = 0u64;
             while Instant::now() < end {
                 i += 1;
-                let (method, path, content_type, body, expected) = if update {
-                    (
+                let (method, path, content_type, body, expected) = match write {
+                    Write::MergePatch => (
                         "PATCH",
                         format!("{base}/u-{c}"),
                         "application/merge-patch+json",
                         json!({"spec": {"weight": 1.0 + i as f64}}).to_string(),
                         200,
-                    )
-                } else {
-                    (
+                    ),
+                    Write::Apply => (
+                        "PATCH",
+                        format!("{base}/u-{c}?fieldManager=farm-bench"),
+                        APPLY,
+                        config(c, 1.0 + i as f64),
+                        200,
+                    ),
+                    Write::Create => (
                         "POST",
                         base.clone(),
                         "application/json",
@@ -153,7 +186,7 @@ pub async fn writes(
                             "spec": {"weight": 1.0, "height": 1.0}})
                         .to_string(),
                         201,
-                    )
+                    ),
                 };
                 match conn
                     .send(

@@ -84,7 +84,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-11); default all.
+    /// Only these scenarios (1-12); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -1383,10 +1383,13 @@ async fn run(args: RunArgs) -> Result<()> {
                 Some(ratio >= 0.7),
             );
         }
-        for (variant, update) in [("creates", false), ("updates (merge patch)", true)] {
-            let on_etcd = etcd::writes(&on_etcd_t, "etcd-writes", 16, args.seconds, update).await?;
+        for (variant, write) in [
+            ("creates", etcd::Write::Create),
+            ("updates (merge patch)", etcd::Write::MergePatch),
+        ] {
+            let on_etcd = etcd::writes(&on_etcd_t, "etcd-writes", 16, args.seconds, write).await?;
             let in_memory =
-                etcd::writes(&in_memory_t, "etcd-writes", 16, args.seconds, update).await?;
+                etcd::writes(&in_memory_t, "etcd-writes", 16, args.seconds, write).await?;
             println!(
                 "  {variant:<34} etcd {:>9.0}/s ({} refused) | memory {:>9.0}/s ({} refused), 16 clients",
                 on_etcd.rate, on_etcd.errors, in_memory.rate, in_memory.errors
@@ -1411,6 +1414,52 @@ async fn run(args: RunArgs) -> Result<()> {
         drop(on_etcd);
         drop(in_memory);
         drop(etcd);
+    }
+
+    if wants(&args, 12) {
+        println!(
+            "12. Server-side apply beside a merge patch of the same Llama (memory, 16 clients): server CPU per write"
+        );
+        let (server, _) = start_server(&args, &pki, &[]).await?;
+        let t = target(&pki, server.addr)?;
+        let mut runs = Vec::new();
+        for (namespace, write) in [
+            ("bench-merge", etcd::Write::MergePatch),
+            ("bench-apply", etcd::Write::Apply),
+        ] {
+            let mut rounds = Vec::new();
+            for round in 0..args.rounds {
+                let before = procfs::cpu_seconds(server.pid()).unwrap_or(f64::NAN);
+                let started = Instant::now();
+                let done = etcd::writes(
+                    &t,
+                    &format!("{namespace}-{round}"),
+                    16,
+                    args.seconds,
+                    write,
+                )
+                .await?;
+                let cpu = procfs::cpu_seconds(server.pid()).unwrap_or(f64::NAN) - before;
+                let writes = done.rate * started.elapsed().as_secs_f64();
+                rounds.push((done.rate, cpu * 1e6 / writes.max(1.0), done.errors));
+            }
+            rounds.sort_by(|a, b| a.1.total_cmp(&b.1));
+            let (rate, cpu, errors) = rounds[rounds.len() / 2];
+            println!(
+                "  {:<34} {rate:>9.0}/s  server cpu {cpu:>6.1}µs/write ({errors} refused)",
+                format!("{write:?}")
+            );
+            runs.push(cpu);
+        }
+        let ratio = runs[1] / runs[0];
+        report.metric(
+            "12-apply",
+            "apply CPU per write ÷ merge patch's",
+            ratio,
+            "×",
+            "≤ 3",
+            Some(ratio <= 3.0),
+        );
     }
 
     if let Some(dir) = args.output.parent() {
