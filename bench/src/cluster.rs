@@ -499,6 +499,7 @@ async fn start_server(
     kubeconfig: &Path,
     certs: &Path,
     access: &Access,
+    storage: &[String],
 ) -> Result<Proc> {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let mut command = Command::new(&args.server);
@@ -515,6 +516,7 @@ async fn start_server(
         .arg("--tls-private-key-file")
         .arg(certs.join("tls.key"))
         .args(["--no-sample-data", "--log-level", "warn"])
+        .args(storage)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -634,7 +636,20 @@ async fn scenario(
     let rendered = render(&args.server, &args.manifests, dir.path())?;
     let certs = dir.path().join("manifests").join("certs");
     let namespace = format!("farm-bench-{}", std::process::id());
-    let server = start_server(args, kubeconfig, &certs, access).await?;
+    let etcd = match args.cluster_storage.as_str() {
+        "etcd" => Some(crate::etcd::Etcd::start(free_port()?, free_port()?).await?),
+        _ => None,
+    };
+    let storage: Vec<String> = match &etcd {
+        Some(etcd) => vec![
+            "--storage".into(),
+            "etcd".into(),
+            "--etcd-servers".into(),
+            etcd.endpoint.clone(),
+        ],
+        None => Vec::new(),
+    };
+    let server = start_server(args, kubeconfig, &certs, access, &storage).await?;
     let port = server.addr.port();
     let farm_pid = server.pid();
     let items = objects(rendered, &certs, port, &namespace)?;
@@ -826,8 +841,39 @@ async fn scenario(
         }
         summary.comparisons.push(comparison);
     }
+    // Writes through kube-apiserver: farm-apiserver's Llamas (in memory or on etcd) beside the
+    // CRD's (kube-apiserver's etcd), 16 clients each, one after the other.
+    println!(
+        "  writes, 16 clients, {:.1} s each, farm-apiserver on {}:",
+        args.seconds, args.cluster_storage
+    );
+    for (variant, write) in [
+        ("creates", crate::etcd::Write::Create),
+        ("updates (merge patch)", crate::etcd::Write::MergePatch),
+    ] {
+        let ours = crate::etcd::writes_in(&t, GROUP, &namespace, 16, args.seconds, write).await?;
+        let crds =
+            crate::etcd::writes_in(&t, CRD_GROUP, &namespace, 16, args.seconds, write).await?;
+        let ratio = ours.rate / crds.rate;
+        println!(
+            "  {variant:<22} aggregated {:>7.0}/s ({} refused) | CRD {:>7.0}/s ({} refused) | ratio {ratio:.2}",
+            ours.rate, ours.errors, crds.rate, crds.errors
+        );
+        report.metric(
+            "8-kube-apiserver",
+            &format!(
+                "{variant} per second through kube-apiserver, {} ÷ CRD",
+                args.cluster_storage
+            ),
+            ratio,
+            "×CRD",
+            "reported",
+            None,
+        );
+    }
     report.through_kube_apiserver = Some(summary);
     drop(installed);
+    drop(etcd);
     Ok(())
 }
 

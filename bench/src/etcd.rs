@@ -117,11 +117,25 @@ pub async fn writes(
     seconds: f64,
     write: Write,
 ) -> Result<Writes> {
+    writes_in(t, "farm.example.com", namespace, clients, seconds, write).await
+}
+
+/// [`writes`] of the Llamas of API group `group` (farm-apiserver's, or a CRD's in another group
+/// through kube-apiserver).
+pub async fn writes_in(
+    t: &Target,
+    group: &str,
+    namespace: &str,
+    clients: usize,
+    seconds: f64,
+    write: Write,
+) -> Result<Writes> {
     let done = Arc::new(AtomicUsize::new(0));
     let errors = Arc::new(AtomicUsize::new(0));
-    let base = format!("/apis/farm.example.com/v1alpha/namespaces/{namespace}/llamas");
+    let base = format!("/apis/{group}/v1alpha/namespaces/{namespace}/llamas");
+    let api_version = format!("{group}/v1alpha");
     let config = |c: usize, weight: f64| {
-        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        json!({"apiVersion": api_version, "kind": "Llama",
             "metadata": {"name": format!("u-{c}")}, "spec": {"weight": weight, "height": 1.0}})
         .to_string()
     };
@@ -157,7 +171,13 @@ pub async fn writes(
     let mut tasks = Vec::new();
     for (c, mut conn) in conns.into_iter().enumerate() {
         let (done, errors, base) = (done.clone(), errors.clone(), base.clone());
-        let config = config;
+        let api_version = api_version.clone();
+        let configured = api_version.clone();
+        let config = move |c: usize, weight: f64| {
+            json!({"apiVersion": configured, "kind": "Llama",
+                "metadata": {"name": format!("u-{c}")}, "spec": {"weight": weight, "height": 1.0}})
+            .to_string()
+        };
         tasks.push(tokio::spawn(async move {
             let mut i = 0u64;
             while Instant::now() < end {
@@ -181,7 +201,7 @@ pub async fn writes(
                         "POST",
                         base.clone(),
                         "application/json",
-                        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                        json!({"apiVersion": api_version, "kind": "Llama",
                             "metadata": {"name": format!("c-{c}-{i}")},
                             "spec": {"weight": 1.0, "height": 1.0}})
                         .to_string(),

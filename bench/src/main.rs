@@ -46,7 +46,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the scenarios and print (and write) the results.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Serve the ceiling (used by `run`).
     Ceiling {
         #[arg(long)]
@@ -124,6 +124,10 @@ struct RunArgs {
         value_name = "KUBECONFIG"
     )]
     cluster: Option<PathBuf>,
+    /// Where scenario 8's farm-apiserver keeps Llamas: `memory`, or `etcd` (an etcd of its own
+    /// on loopback; etcd on PATH or FARM_ETCD_BIN).
+    #[arg(long, default_value = "memory", value_parser = ["memory", "etcd"])]
+    cluster_storage: String,
     /// Seconds of scenario 9's soak.
     #[arg(long, default_value_t = 30.0)]
     soak_seconds: f64,
@@ -1431,14 +1435,9 @@ async fn run(args: RunArgs) -> Result<()> {
             for round in 0..args.rounds {
                 let before = procfs::cpu_seconds(server.pid()).unwrap_or(f64::NAN);
                 let started = Instant::now();
-                let done = etcd::writes(
-                    &t,
-                    &format!("{namespace}-{round}"),
-                    16,
-                    args.seconds,
-                    write,
-                )
-                .await?;
+                let done =
+                    etcd::writes(&t, &format!("{namespace}-{round}"), 16, args.seconds, write)
+                        .await?;
                 let cpu = procfs::cpu_seconds(server.pid()).unwrap_or(f64::NAN) - before;
                 let writes = done.rate * started.elapsed().as_secs_f64();
                 rounds.push((done.rate, cpu * 1e6 / writes.max(1.0), done.errors));
@@ -1710,7 +1709,7 @@ fn main() -> Result<()> {
     }
     let runtime = tokio::runtime::Runtime::new()?;
     match cli.command {
-        Cmd::Run(args) => runtime.block_on(run(args)),
+        Cmd::Run(args) => runtime.block_on(run(*args)),
         Cmd::Ceiling {
             cert,
             key,

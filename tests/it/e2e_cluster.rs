@@ -353,6 +353,73 @@ async fn through_kube_apiserver() {
         "{err}"
     );
 
+    step("kubectl apply --server-side: from client-side apply, conflict, force");
+    // dolly was made by client-side apply and patched by kubectl-patch since.
+    let out = cluster.ok(
+        &["apply", "--server-side", "-f", "-"],
+        Some(&llama_yaml(ns, "dolly", 32.0, 0.6)),
+    );
+    assert!(out.contains("serverside-applied"), "{out}");
+    let (ok, _, err) = cluster.run(
+        &["apply", "--server-side", "-f", "-"],
+        Some(&llama_yaml(ns, "dolly", 33.0, 0.7)),
+    );
+    assert!(
+        ok,
+        "same values as last applied: the upgrade takes them over: {err}"
+    );
+    let out = cluster.ok(
+        &[
+            "patch",
+            "llama",
+            "dolly",
+            "-n",
+            ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"weight":40}}"#,
+        ],
+        None,
+    );
+    assert!(out.contains("patched"), "{out}");
+    let (ok, _, err) = cluster.run(
+        &["apply", "--server-side", "-f", "-"],
+        Some(&llama_yaml(ns, "dolly", 34.0, 0.7)),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains(r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using farm.example.com/v1alpha: .spec.weight"#),
+        "{err}"
+    );
+    cluster.ok(
+        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+        Some(&llama_yaml(ns, "dolly", 34.0, 0.7)),
+    );
+    let got: Value = serde_json::from_str(&cluster.ok(
+        &[
+            "get",
+            "llama",
+            "dolly",
+            "-n",
+            ns,
+            "-o",
+            "json",
+            "--show-managed-fields",
+        ],
+        None,
+    ))
+    .unwrap();
+    assert_eq!(got["spec"]["weight"].as_f64(), Some(34.0));
+    let managers: Vec<&str> = got["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["manager"].as_str())
+        .collect();
+    assert!(managers.contains(&"kubectl"), "{managers:?}");
+    assert!(!managers.contains(&"kubectl-patch"), "{managers:?}");
+
     step("kubectl get -w sees a new Llama");
     let mut watch = cluster
         .kubectl()
