@@ -180,6 +180,18 @@ async fn through_kube_apiserver() {
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
 
+    // A previous run's cleanup may still be deleting its namespace: creating objects in a
+    // terminating namespace fails, so wait for it to be gone.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while cluster.run(&["get", "namespace", "farm-system"], None).0 {
+        assert!(
+            Instant::now() < deadline,
+            "namespace farm-system from an earlier run is still there"
+        );
+        step("waiting for an earlier run's namespace farm-system to go");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
     step("certificates and manifests, as a user makes them");
     let rendered = install::render(None);
     let certs = rendered.certs();
