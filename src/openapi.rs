@@ -165,7 +165,7 @@ pub(crate) fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
 
 /// The list and map types kube-apiserver publishes for ObjectMeta's lists (k8s-openapi's schemas
 /// leave them out), which server-side apply merges by: finalizers as a set, ownerReferences
-/// keyed by uid, managedFields whole.
+/// keyed by uid (each one atomic), managedFields whole.
 fn merge_keys(schemas: &mut Map<String, Value>) {
     let Some(Value::Object(properties)) = schemas
         .get_mut(&format!("{META}.ObjectMeta"))
@@ -195,6 +195,10 @@ fn merge_keys(schemas: &mut Map<String, Value>) {
         {
             schema.extend(extension);
         }
+    }
+    // An owner reference is replaced whole, never merged field by field.
+    if let Some(Value::Object(owner)) = schemas.get_mut(&format!("{META}.OwnerReference")) {
+        owner.insert("x-kubernetes-map-type".into(), json!("atomic"));
     }
 }
 

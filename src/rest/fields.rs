@@ -119,11 +119,10 @@ fn managed_fields(value: &Value) -> Option<Vec<ManagedFieldsEntry>> {
     serde_json::from_value(entries.clone()).ok()
 }
 
-/// Now, at the second, as managedFields times are kept.
+/// Now, at the second (truncated, as metav1.Time and `creationTimestamp` keep it).
 fn now() -> String {
-    jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
-        .unwrap_or_else(|_| jiff::Timestamp::now())
+    crate::resource::now()
+        .0
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
 }
@@ -151,15 +150,20 @@ pub(crate) fn manager_or_user_agent(manager: String, headers: &HeaderMap) -> Str
     out
 }
 
-/// An apply body: YAML, of which JSON is a part (kubectl and client-go send JSON).
+/// An apply body: YAML, of which JSON is a part (kubectl and client-go send JSON, tried
+/// first). YAML aliases are expanded as they are read, so the values read are counted and a
+/// body that expands past [`MAX_APPLY_VALUES`] (or 4 per byte sent) is refused, as go-yaml
+/// refuses "excessive aliasing".
 pub(crate) fn parse_apply_body(body: &[u8]) -> Result<Value> {
-    let trimmed = body.trim_ascii_start();
-    let value: Value = if trimmed.starts_with(b"{") {
-        serde_json::from_slice(trimmed)
-            .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?
-    } else {
-        yaml_serde::from_slice(body)
-            .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?
+    let value = match serde_json::from_slice::<Value>(body) {
+        Ok(value) => value,
+        Err(_) => {
+            let budget =
+                std::cell::Cell::new(MAX_APPLY_VALUES.min(body.len().saturating_mul(4) + 64));
+            let document = yaml_serde::Deserializer::from_slice(body);
+            serde::de::DeserializeSeed::deserialize(Bounded(&budget), document)
+                .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?
+        }
     };
     if !value.is_object() {
         return Err(Error::BadRequest(
@@ -167,6 +171,113 @@ pub(crate) fn parse_apply_body(body: &[u8]) -> Result<Value> {
         ));
     }
     Ok(value)
+}
+
+/// At most this many values (scalars, lists, maps) in one applied configuration.
+pub(crate) const MAX_APPLY_VALUES: usize = 1 << 20;
+
+/// Reads a `Value`, counting down `budget` for each value read.
+struct Bounded<'a>(&'a std::cell::Cell<usize>);
+
+impl Bounded<'_> {
+    fn spend<E: serde::de::Error>(&self) -> std::result::Result<(), E> {
+        match self.0.get().checked_sub(1) {
+            Some(left) => {
+                self.0.set(left);
+                Ok(())
+            }
+            None => Err(E::custom("document contains excessive aliasing")),
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Bounded<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a YAML value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
+        self.visit_unit()
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Value, D::Error> {
+        serde::de::DeserializeSeed::deserialize(self, deserializer)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        self.spend()?;
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Bounded(self.0))? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        self.spend()?;
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(Bounded(self.0))?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
 }
 
 #[cfg(test)]
@@ -203,5 +314,30 @@ mod tests {
             parse_apply_body(b"{nope"),
             Err(Error::BadRequest(_))
         ));
+        // A YAML flow mapping is YAML, not JSON.
+        let flow = b"{apiVersion: farm.example.com/v1alpha, kind: Llama, spec: {weight: 3}}";
+        assert_eq!(parse_apply_body(flow).unwrap()["spec"]["weight"], 3);
+    }
+
+    #[test]
+    fn aliases_that_expand_past_the_budget_are_refused() {
+        // 2,000 anchored values referred to 2,000 times: 4 million values from 18 KB.
+        let mut yaml = String::from("kind: Llama\na: &a [");
+        yaml.push_str(&vec!["1"; 2000].join(","));
+        yaml.push_str("]\nb: [");
+        yaml.push_str(&vec!["*a"; 2000].join(","));
+        yaml.push_str("]\n");
+        let started = std::time::Instant::now();
+        let Err(Error::BadRequest(message)) = parse_apply_body(yaml.as_bytes()) else {
+            panic!("accepted");
+        };
+        assert!(message.contains("excessive aliasing"), "{message}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        // A few aliases are fine.
+        let ok = b"kind: Llama\nmetadata:\n  labels: &l {a: b}\n  annotations: *l\n";
+        assert_eq!(
+            parse_apply_body(ok).unwrap()["metadata"]["annotations"]["a"],
+            "b"
+        );
     }
 }

@@ -278,6 +278,14 @@ impl Apply {
                 .is_some_and(|rv| !rv.is_empty());
             let written = match current {
                 None => {
+                    if let Some(uid) = object.meta().uid.as_deref().filter(|u| !u.is_empty()) {
+                        return Err(Error::Conflict {
+                            subject: K::subject(&self.key.name),
+                            message: format!(
+                                "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                            ),
+                        });
+                    }
                     object.meta_mut().resource_version = None;
                     prepare_create(&mut object, &self.key.namespace)?;
                     warnings.extend(validate(&object, None)?);
@@ -291,7 +299,10 @@ impl Apply {
                         object.meta_mut().resource_version =
                             current.meta().resource_version.clone();
                     }
+                    // The field manager's entries, /status's own included.
+                    let managed = object.meta().managed_fields.clone();
                     let mut object = written_part(object, current.as_ref(), self.part);
+                    object.meta_mut().managed_fields = managed;
                     prepare_update(&mut object, current.as_ref(), self.part);
                     warnings.extend(validate(&object, Some(current.as_ref()))?);
                     update_unless_unchanged(writer, object, &current, self.dry_run)

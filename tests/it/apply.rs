@@ -433,6 +433,14 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
     )
     .await;
     assert_eq!(other_name.status, 400, "{}", body(&other_name));
+    let with_uid = apply(
+        format!("{LLAMAS}/u?fieldManager=t"),
+        "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: u\n  uid: 6b1f4f3c-0000-4000-8000-000000000000\nspec:\n  weight: 2\n  height: 1\n",
+        "application/apply-patch+yaml",
+    )
+    .await;
+    assert_eq!(with_uid.status, 409, "{}", body(&with_uid));
+    assert!(body(&with_uid).contains("uid mismatch: the provided object specified uid 6b1f4f3c-0000-4000-8000-000000000000, and no existing object was found"));
     let not_yaml = apply(
         format!("{LLAMAS}/y?fieldManager=t"),
         "spec: [unclosed",

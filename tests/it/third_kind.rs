@@ -45,6 +45,9 @@ pub struct BarnSpec {
 pub struct BarnStatus {
     /// Whether the barn is ready for llamas.
     pub ready: bool,
+    /// What the controller last did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl ServedResource for Barn {
@@ -494,4 +497,131 @@ async fn a_status_subresource_writes_the_status_alone() {
         get(&app, &format!("{PASTURES}/north/status")).await.status,
         404
     );
+}
+
+/// Server-side apply on a kind with a status subresource: the object's appliers own the spec,
+/// `/status` appliers own the status (entries with `subresource: status`), each conflicts only
+/// with its own kind of writer, and a status field the status applier drops is removed.
+#[tokio::test]
+async fn apply_on_the_object_and_on_its_status_owns_separate_fields() {
+    let app = app();
+    let apply = |uri: String, body: Value| {
+        let app = &app;
+        async move {
+            send(
+                app,
+                "PATCH",
+                &uri,
+                "application/apply-patch+yaml",
+                &body.to_string(),
+            )
+            .await
+        }
+    };
+    let barn = |stalls: u32, status: Option<Value>| {
+        let mut body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Barn",
+            "metadata": {"name": "tall"}, "spec": {"color": "red", "stalls": stalls}});
+        if let Some(status) = status {
+            body["status"] = status;
+        }
+        body
+    };
+    // Applying to /status of a Barn that is not there: 404, nothing created.
+    let absent = apply(
+        format!("{BARNS}/tall/status?fieldManager=barn-controller"),
+        barn(4, Some(json!({"ready": true}))),
+    )
+    .await;
+    assert_eq!(
+        absent.status,
+        404,
+        "{}",
+        String::from_utf8_lossy(&absent.body)
+    );
+
+    // The object's apply ignores the status it sends.
+    let created = apply(
+        format!("{BARNS}/tall?fieldManager=builder"),
+        barn(4, Some(json!({"ready": true}))),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert!(created.json().get("status").is_none());
+
+    let status = format!("{BARNS}/tall/status?fieldManager=barn-controller");
+    let ready = apply(
+        status.clone(),
+        barn(4, Some(json!({"ready": true, "note": "swept"}))),
+    )
+    .await;
+    assert_eq!(
+        ready.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&ready.body)
+    );
+    let ready = ready.json();
+    assert_eq!(ready["status"]["ready"], true);
+    let entries = ready["metadata"]["managedFields"].as_array().unwrap();
+    let controller = entries
+        .iter()
+        .find(|e| e["manager"] == "barn-controller")
+        .expect("the status applier's entry");
+    assert_eq!(controller["operation"], "Apply");
+    assert_eq!(controller["subresource"], "status");
+    assert_eq!(
+        controller["fieldsV1"],
+        json!({"f:status": {"f:note": {}, "f:ready": {}}})
+    );
+    let builder = entries.iter().find(|e| e["manager"] == "builder").unwrap();
+    assert!(builder.get("subresource").is_none());
+
+    // Another status applier with another value conflicts with the controller, naming it
+    // with its subresource as kube-apiserver does.
+    let other = apply(
+        format!("{BARNS}/tall/status?fieldManager=other"),
+        barn(4, Some(json!({"ready": false}))),
+    )
+    .await;
+    assert_eq!(
+        other.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&other.body)
+    );
+    assert_eq!(
+        other.json()["message"],
+        r#"Apply failed with 1 conflict: conflict with "barn-controller" with subresource "status": .status.ready"#
+    );
+    // The builder changing the spec does not touch the status's owner.
+    let mut blue = barn(4, None);
+    blue["spec"]["color"] = json!("blue");
+    let bigger = apply(format!("{BARNS}/tall?fieldManager=builder"), blue).await;
+    assert_eq!(
+        bigger.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&bigger.body)
+    );
+    assert_eq!(bigger.json()["status"]["ready"], true);
+    // The controller no longer applies .status.note: it is removed.
+    let dropped = apply(status, barn(4, Some(json!({"ready": true})))).await;
+    assert_eq!(
+        dropped.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&dropped.body)
+    );
+    assert!(
+        dropped.json()["status"].get("note").is_none(),
+        "{}",
+        dropped.json()
+    );
+    assert_eq!(dropped.json()["status"]["ready"], true);
+    assert_eq!(dropped.json()["spec"]["color"], "blue");
 }
