@@ -22,7 +22,7 @@ use crate::{
     list_body::{self},
     negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
-    store::{ListRequest, Object, Preconditions, WritableStore},
+    store::{ListRequest, Object, Preconditions, UpdateFrom, WritableStore},
     table::IncludeObject,
 };
 
@@ -94,10 +94,6 @@ pub(crate) async fn update<K: ServedResource>(
     let (object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
     check_name(&object, &name)?;
     check_namespace(&object, &namespace)?;
-    let current = api
-        .writer()?
-        .get_for_update(&ObjectKey::new(&namespace, &name))
-        .await?;
     if object
         .meta()
         .resource_version
@@ -114,13 +110,22 @@ pub(crate) async fn update<K: ServedResource>(
             )],
         });
     }
-    let mut object = written_part(object, current.as_ref(), part);
-    prepare_update(&mut object, current.as_ref(), part);
-    let mut warnings = warnings;
-    warnings.extend(validate(&object, Some(current.as_ref()))?);
-    api.fields()?
-        .update(part, Some(&current), &mut object, &manager)?;
-    let updated = update_unless_unchanged(api.writer()?, object, &current, dry_run).await?;
+    let key = ObjectKey::new(&namespace, &name);
+    let mut from = UpdateFrom::Cache;
+    let (updated, warnings) = loop {
+        let current = api.writer()?.get_for_update(&key, from).await?;
+        let mut object = written_part(object.clone(), current.as_ref(), part);
+        prepare_update(&mut object, current.as_ref(), part);
+        let mut warnings = warnings.clone();
+        warnings.extend(validate(&object, Some(current.as_ref()))?);
+        api.fields()?
+            .update(part, Some(&current), &mut object, &manager)?;
+        match update_unless_unchanged(api.writer()?, object, &current, dry_run).await {
+            // A stale copy: once more from the source, where a conflict is the client's.
+            Err(Error::Conflict { .. }) if from == UpdateFrom::Cache => from = UpdateFrom::Source,
+            result => break (result?, warnings),
+        }
+    };
     let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
     Ok(with_warnings(response, &warnings))
 }
@@ -172,7 +177,12 @@ pub(crate) async fn patch<K: ServedResource>(
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let current = api.writer()?.get_for_update(&key).await?;
+        let from = if attempts == 1 {
+            UpdateFrom::Cache
+        } else {
+            UpdateFrom::Source
+        };
+        let current = api.writer()?.get_for_update(&key, from).await?;
         let patched = apply_patch(&current, patch_type, &body)?;
         let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
         // Patch after patch must not grow an object past what one request may send.
@@ -206,7 +216,13 @@ pub(crate) async fn patch<K: ServedResource>(
                     object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
                 return Ok(with_warnings(response, &warnings));
             }
-            Err(Error::Conflict { .. }) if !pinned && attempts < 5 => continue,
+            // Retried from the source: always after a cached copy, else while no
+            // resourceVersion pins the patch.
+            Err(Error::Conflict { .. })
+                if from == UpdateFrom::Cache || (!pinned && attempts < 5) =>
+            {
+                continue;
+            }
             Err(e) => return Err(e),
         }
     }
@@ -250,7 +266,12 @@ impl Apply {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let current = match writer.get_for_update(&self.key).await {
+            let from = if attempts == 1 {
+                UpdateFrom::Cache
+            } else {
+                UpdateFrom::Source
+            };
+            let current = match writer.get_for_update(&self.key, from).await {
                 Ok(current) => Some(current),
                 Err(Error::NotFound(_)) if self.part == Part::Object => None,
                 Err(e) => return Err(e),
@@ -317,7 +338,7 @@ impl Apply {
                     return Ok(with_warnings(response, &warnings));
                 }
                 Err(Error::Conflict { .. } | Error::AlreadyExists(_))
-                    if !pinned && attempts < 5 =>
+                    if from == UpdateFrom::Cache || (!pinned && attempts < 5) =>
                 {
                     continue;
                 }

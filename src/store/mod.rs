@@ -435,14 +435,25 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     }
 }
 
+/// Where [`WritableStore::get_for_update`] reads: the first attempt of a write from a cache
+/// (no round trip; may be stale), a retry after a conflict from the source of truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateFrom {
+    /// Whatever the store has at hand.
+    Cache,
+    /// The store's source of truth (etcd), after a write from the cache's copy conflicted.
+    Source,
+}
+
 /// The writes of a store that takes them. The store sets `metadata.resourceVersion`; update
 /// and delete are compare-and-swap on it.
 #[async_trait]
 pub trait WritableStore<K: ServedResource>: Store<K> {
-    /// The object an update or patch starts from: the freshest the store has at hand, read
-    /// without the wait of a consistent read (the compare-and-swap of the update catches a
-    /// stale one, as kube-apiserver's GuaranteedUpdate does).
-    async fn get_for_update(&self, key: &ObjectKey) -> Result<Object<K>> {
+    /// The object an update or patch starts from, read without the wait of a consistent read:
+    /// [`UpdateFrom::Cache`] may be stale (the compare-and-swap of the update catches that, and
+    /// the caller tries again from [`UpdateFrom::Source`]), as kube-apiserver's
+    /// GuaranteedUpdate starts from its watch cache's copy.
+    async fn get_for_update(&self, key: &ObjectKey, _from: UpdateFrom) -> Result<Object<K>> {
         self.get(key).await
     }
 

@@ -22,7 +22,8 @@ pub use client::{EtcdClient, EtcdConfig, EtcdError};
 
 use super::{
     ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Preconditions, ReadAt, Store,
-    StoreStats, Stored, WatchRequest, WatchStream, WritableStore, memory::MemoryStoreConfig,
+    StoreStats, Stored, UpdateFrom, WatchRequest, WatchStream, WritableStore,
+    memory::MemoryStoreConfig,
 };
 use crate::{
     error::{Error, Result},
@@ -546,9 +547,17 @@ impl<K: ServedResource> Store<K> for EtcdStore<K> {
 
 #[async_trait]
 impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
-    /// Straight from etcd (one read of the key): the cache may be behind a write another
-    /// replica just made, and waiting for it to catch up would serialize writes behind reads.
-    async fn get_for_update(&self, key: &ObjectKey) -> Result<Object<K>> {
+    /// From the cache first, without waiting for it to catch up (that would serialize writes
+    /// behind reads): a copy older than etcd's fails the update's compare-and-swap, and the
+    /// retry reads etcd ([`UpdateFrom::Source`]), as does an object the cache does not hold
+    /// yet (just created through another replica).
+    async fn get_for_update(&self, key: &ObjectKey, from: UpdateFrom) -> Result<Object<K>> {
+        self.check_ready()?;
+        if from == UpdateFrom::Cache
+            && let Ok(cached) = self.shared.cache.get(key).await
+        {
+            return Ok(cached);
+        }
         let read = self
             .shared
             .client
