@@ -121,9 +121,11 @@ pub struct Args {
     #[arg(long, env = "FARM_STORAGE", value_enum, default_value_t = Storage::Memory)]
     pub storage: Storage,
 
-    /// etcd client URLs (comma-separated), tried in turn (`--storage etcd`).
+    /// etcd client URLs (comma-separated), tried in turn (`--storage etcd`); kube-apiserver's
+    /// name for it, also taken as `--etcd-endpoints`.
     #[arg(
         long,
+        visible_alias = "etcd-endpoints",
         env = "FARM_ETCD_SERVERS",
         value_delimiter = ',',
         default_value = "http://127.0.0.1:2379"
@@ -476,6 +478,23 @@ mod tests {
     #[test]
     fn verify_cli() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn etcd_endpoints_is_another_name_for_etcd_servers() {
+        use clap::Parser;
+        let args = Args::try_parse_from([
+            "farm-apiserver",
+            "--storage",
+            "etcd",
+            "--etcd-endpoints",
+            "https://10.0.0.1:2379,https://10.0.0.2:2379",
+        ])
+        .unwrap();
+        assert_eq!(
+            args.etcd_servers,
+            ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
+        );
     }
 
     #[test]

@@ -684,6 +684,15 @@ impl<K: ServedResource> MemoryStore<K> {
         Ok(object)
     }
 
+    /// The store's resourceVersion (what a watch cache has reached), without taking a snapshot.
+    pub fn resource_version(&self) -> u64 {
+        self.shared
+            .state
+            .read()
+            .map(|state| state.current.resource_version)
+            .unwrap_or_default()
+    }
+
     /// The current revision and object count, without waiting.
     pub fn counts(&self) -> StoreStats {
         self.snapshot()

@@ -172,7 +172,10 @@ impl<K: ServedResource> EtcdStore<K> {
     async fn catch_up(&self) -> Result<()> {
         self.check_ready()?;
         let revision = self.latest().await?.max(0) as u64;
-        let caught_up = || self.shared.cache.counts().resource_version >= revision;
+        let caught_up = || self.shared.cache.resource_version() >= revision;
+        if caught_up() {
+            return Ok(()); // the common case: no timer, no subscription
+        }
         let mut applied = self.shared.applied.subscribe();
         let wait = async {
             while !caught_up() {
@@ -192,11 +195,11 @@ impl<K: ServedResource> EtcdStore<K> {
     /// Waits until the cache holds `revision` (a read `NotOlderThan` it).
     async fn reach(&self, revision: u64) -> Result<()> {
         self.check_ready()?;
-        if self.shared.cache.counts().resource_version >= revision {
+        if self.shared.cache.resource_version() >= revision {
             return Ok(());
         }
         self.catch_up().await?;
-        let current = self.shared.cache.counts().resource_version;
+        let current = self.shared.cache.resource_version();
         if current >= revision {
             Ok(())
         } else {
@@ -298,7 +301,7 @@ async fn check<K: ServedResource>(
 /// one, and the cache waits for that.
 async fn revision_to_reach<K: ServedResource>(shared: &Shared<K>) -> Result<i64, EtcdError> {
     let revision = shared.client.revision(&shared.prefix).await?;
-    if shared.cache.counts().resource_version >= revision.max(0) as u64 {
+    if shared.cache.resource_version() >= revision.max(0) as u64 {
         return Ok(revision);
     }
     if shared
@@ -341,7 +344,7 @@ async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
                 }
             }
         }
-        let from = shared.cache.counts().resource_version + 1;
+        let from = shared.cache.resource_version() + 1;
         let watch = match shared.client.watch(&shared.prefix, &end, from as i64).await {
             Ok(watch) => watch,
             Err(error) => {
