@@ -69,16 +69,22 @@ impl FieldSet {
     /// Paths in either set.
     pub fn union(&self, other: &FieldSet) -> FieldSet {
         let mut out = self.clone();
-        out.members.extend(other.members.iter().cloned());
-        for (pe, child) in &other.children {
-            match out.children.get_mut(pe) {
-                Some(mine) => *mine = mine.union(child),
+        out.absorb(other.clone());
+        out
+    }
+
+    /// Adds `other`'s paths, moving its subtrees (linear in the sets' size, whatever their
+    /// depth; a FieldsV1 from a request may be 128 levels deep).
+    pub fn absorb(&mut self, other: FieldSet) {
+        self.members.extend(other.members);
+        for (pe, child) in other.children {
+            match self.children.get_mut(&pe) {
+                Some(mine) => mine.absorb(child),
                 None => {
-                    out.children.insert(pe.clone(), child.clone());
+                    self.children.insert(pe, child);
                 }
             }
         }
-        out
     }
 
     /// Paths in both sets; empty subtrees are dropped.
@@ -295,8 +301,7 @@ fn read_node(v: &Value) -> Result<(Option<FieldSet>, bool), String> {
         }
         if let Some(g) = grandchildren {
             let c = children.get_or_insert_with(FieldSet::new);
-            let slot = c.children.entry(pe).or_default();
-            *slot = slot.union(&g);
+            c.children.entry(pe).or_default().absorb(g);
         }
     }
     if children.is_none() {

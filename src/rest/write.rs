@@ -145,10 +145,11 @@ pub(crate) async fn patch<K: ServedResource>(
     let field_validation = query.field_validation()?;
     let output = negotiate::output(&headers)?;
     let patch_type = patch_type(&headers)?;
+    // The body first, as kube-apiserver reads it before it validates PatchOptions (413 first).
+    let body = read_body(body).await?;
     let (manager, force) =
         query.field_manager("PatchOptions", Some(patch_type == PatchType::Apply))?;
     let manager = manager_or_user_agent(manager, &headers);
-    let body = read_body(body).await?;
     let key = ObjectKey::new(&namespace, &name);
     if patch_type == PatchType::Apply {
         let apply = Apply {
