@@ -111,19 +111,24 @@ pub(crate) async fn update<K: ServedResource>(
         });
     }
     let key = ObjectKey::new(&namespace, &name);
-    let mut from = UpdateFrom::Cache;
+    let writer = api.writer()?;
+    let mut from = first_read(writer);
     let (updated, warnings) = loop {
-        let current = api.writer()?.get_for_update(&key, from).await?;
-        let mut object = written_part(object.clone(), current.as_ref(), part);
-        prepare_update(&mut object, current.as_ref(), part);
-        let mut warnings = warnings.clone();
-        warnings.extend(validate(&object, Some(current.as_ref()))?);
-        api.fields()?
-            .update(part, Some(&current), &mut object, &manager)?;
-        match update_unless_unchanged(api.writer()?, object, &current, dry_run).await {
-            // A stale copy: once more from the source, where a conflict is the client's.
-            Err(Error::Conflict { .. }) if from == UpdateFrom::Cache => from = UpdateFrom::Source,
-            result => break (result?, warnings),
+        let attempt = async {
+            let current = writer.get_for_update(&key, from).await?;
+            let mut object = written_part(object.clone(), current.as_ref(), part);
+            prepare_update(&mut object, current.as_ref(), part);
+            let mut warnings = warnings.clone();
+            warnings.extend(validate(&object, Some(current.as_ref()))?);
+            api.fields()?
+                .update(part, Some(&current), &mut object, &manager)?;
+            let updated = update_unless_unchanged(writer, object, &current, dry_run).await?;
+            Ok::<_, Error>((updated, warnings))
+        };
+        match attempt.await {
+            // A stale copy: once more from the source, where a failure is the client's.
+            Err(_) if from == UpdateFrom::Cache => from = UpdateFrom::Source,
+            result => break result?,
         }
     };
     let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
@@ -175,57 +180,73 @@ pub(crate) async fn patch<K: ServedResource>(
         }
     }
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
+    let writer = api.writer()?;
     let mut attempts = 0;
     loop {
         attempts += 1;
         let from = if attempts == 1 {
-            UpdateFrom::Cache
+            first_read(writer)
         } else {
             UpdateFrom::Source
         };
-        let current = api.writer()?.get_for_update(&key, from).await?;
-        let patched = apply_patch(&current, patch_type, &body)?;
-        let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
-        // Patch after patch must not grow an object past what one request may send.
-        let size = json_len(&object);
-        if size > MAX_BODY_BYTES {
-            return Err(Error::RequestEntityTooLarge(format!(
-                "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
-            )));
-        }
-        check_name(&object, &name)?;
-        check_namespace(&object, &namespace)?;
-        let pinned = object.meta().resource_version != current.meta().resource_version;
-        if object
-            .meta()
-            .resource_version
-            .as_deref()
-            .unwrap_or("")
-            .is_empty()
-        {
-            object.meta_mut().resource_version = current.meta().resource_version.clone();
-        }
-        let mut object = written_part(object, current.as_ref(), part);
-        prepare_update(&mut object, current.as_ref(), part);
-        let mut warnings = warnings;
-        warnings.extend(validate(&object, Some(current.as_ref()))?);
-        api.fields()?
-            .update(part, Some(&current), &mut object, &manager)?;
-        match update_unless_unchanged(api.writer()?, object, &current, dry_run).await {
-            Ok(updated) => {
-                let response =
-                    object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
-                return Ok(with_warnings(response, &warnings));
+        let pinned = std::sync::atomic::AtomicBool::new(false);
+        let attempt = async {
+            let current = writer.get_for_update(&key, from).await?;
+            let patched = apply_patch(&current, patch_type, &body)?;
+            let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
+            // Patch after patch must not grow an object past what one request may send.
+            let size = json_len(&object);
+            if size > MAX_BODY_BYTES {
+                return Err(Error::RequestEntityTooLarge(format!(
+                    "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+                )));
             }
-            // Retried from the source: always after a cached copy, else while no
-            // resourceVersion pins the patch.
-            Err(Error::Conflict { .. })
-                if from == UpdateFrom::Cache || (!pinned && attempts < 5) =>
+            check_name(&object, &name)?;
+            check_namespace(&object, &namespace)?;
+            pinned.store(
+                object.meta().resource_version != current.meta().resource_version,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            if object
+                .meta()
+                .resource_version
+                .as_deref()
+                .unwrap_or("")
+                .is_empty()
             {
-                continue;
+                object.meta_mut().resource_version = current.meta().resource_version.clone();
             }
+            let mut object = written_part(object, current.as_ref(), part);
+            prepare_update(&mut object, current.as_ref(), part);
+            let mut warnings = warnings;
+            warnings.extend(validate(&object, Some(current.as_ref()))?);
+            api.fields()?
+                .update(part, Some(&current), &mut object, &manager)?;
+            let updated = update_unless_unchanged(writer, object, &current, dry_run).await?;
+            let response =
+                object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
+            Ok(with_warnings(response, &warnings))
+        };
+        match attempt.await {
+            Ok(response) => return Ok(response),
+            // Whatever failed from a cached copy (a conflict, a JSON patch `test`, validation)
+            // may be its staleness: tried once from the source, as kube-apiserver's
+            // GuaranteedUpdate does with its cached object; then conflicts while no
+            // resourceVersion pins the patch.
+            Err(_) if from == UpdateFrom::Cache => {}
+            Err(Error::Conflict { .. })
+                if !pinned.load(std::sync::atomic::Ordering::Relaxed) && attempts < 5 => {}
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Where a write's first attempt reads the object it starts from.
+fn first_read<K: ServedResource>(writer: &dyn WritableStore<K>) -> UpdateFrom {
+    if writer.updates_from_a_cache() {
+        UpdateFrom::Cache
+    } else {
+        UpdateFrom::Source
     }
 }
 
@@ -264,88 +285,96 @@ impl Apply {
     async fn run<K: ServedResource>(self, api: KindApi<K>, body: &[u8]) -> Result<Response> {
         let config = parse_apply_body(body)?;
         let (fields, writer) = (api.fields()?, api.writer()?);
+        // A resourceVersion in the configuration is a precondition: no retry past it.
+        let pinned = config
+            .pointer("/metadata/resourceVersion")
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|rv| !rv.is_empty());
         let mut attempts = 0;
         loop {
             attempts += 1;
             let from = if attempts == 1 {
-                UpdateFrom::Cache
+                first_read(writer)
             } else {
                 UpdateFrom::Source
             };
-            let current = match writer.get_for_update(&self.key, from).await {
-                Ok(current) => Some(current),
-                Err(Error::NotFound(_)) if self.part == Part::Object => None,
-                Err(e) => return Err(e),
-            };
-            let applied = fields.apply(
-                self.part,
-                current.as_deref(),
-                &config,
-                &self.manager,
-                self.force,
-            )?;
-            let (mut object, mut warnings) = decode_object::<K>(applied, self.field_validation)?;
-            let size = json_len(&object);
-            if size > MAX_BODY_BYTES {
-                return Err(Error::RequestEntityTooLarge(format!(
-                    "the applied object would be {size} bytes, limit is {MAX_BODY_BYTES}"
-                )));
-            }
-            check_name(&object, &self.key.name)?;
-            check_namespace(&object, &self.key.namespace)?;
-            // A resourceVersion in the configuration is a precondition: no retry past it.
-            let pinned = config
-                .pointer("/metadata/resourceVersion")
-                .and_then(serde_json::Value::as_str)
-                .is_some_and(|rv| !rv.is_empty());
-            let written = match current {
-                None => {
-                    if let Some(uid) = object.meta().uid.as_deref().filter(|u| !u.is_empty()) {
-                        return Err(Error::Conflict {
-                            subject: K::subject(&self.key.name),
-                            message: format!(
-                                "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
-                            ),
-                        });
-                    }
-                    object.meta_mut().resource_version = None;
-                    prepare_create(&mut object, &self.key.namespace)?;
-                    warnings.extend(validate(&object, None)?);
-                    writer
-                        .create(object, self.dry_run)
-                        .await
-                        .map(|o| (o, StatusCode::CREATED))
-                }
-                Some(current) => {
-                    if !pinned {
-                        object.meta_mut().resource_version =
-                            current.meta().resource_version.clone();
-                    }
-                    // The field manager's entries, /status's own included.
-                    let managed = object.meta().managed_fields.clone();
-                    let mut object = written_part(object, current.as_ref(), self.part);
-                    object.meta_mut().managed_fields = managed;
-                    prepare_update(&mut object, current.as_ref(), self.part);
-                    warnings.extend(validate(&object, Some(current.as_ref()))?);
-                    update_unless_unchanged(writer, object, &current, self.dry_run)
-                        .await
-                        .map(|o| (o, StatusCode::OK))
-                }
-            };
-            match written {
-                Ok((object, status)) => {
-                    let response =
-                        object_response(&object, self.output, IncludeObject::Metadata, status)?;
-                    return Ok(with_warnings(response, &warnings));
-                }
+            match self.attempt(fields, writer, &config, from, pinned).await {
+                Ok(response) => return Ok(response),
+                // As for patches: anything that failed from a cached copy is tried once from
+                // the source (a conflict with managers, too, may come from a stale copy).
+                Err(_) if from == UpdateFrom::Cache => {}
                 Err(Error::Conflict { .. } | Error::AlreadyExists(_))
-                    if from == UpdateFrom::Cache || (!pinned && attempts < 5) =>
-                {
-                    continue;
-                }
+                    if !pinned && attempts < 5 => {}
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    async fn attempt<K: ServedResource>(
+        &self,
+        fields: &super::fields::Fields,
+        writer: &dyn WritableStore<K>,
+        config: &serde_json::Value,
+        from: UpdateFrom,
+        pinned: bool,
+    ) -> Result<Response> {
+        let current = match writer.get_for_update(&self.key, from).await {
+            Ok(current) => Some(current),
+            Err(Error::NotFound(_)) if self.part == Part::Object => None,
+            Err(e) => return Err(e),
+        };
+        let applied = fields.apply(
+            self.part,
+            current.as_deref(),
+            config,
+            &self.manager,
+            self.force,
+        )?;
+        let (mut object, mut warnings) = decode_object::<K>(applied, self.field_validation)?;
+        let size = json_len(&object);
+        if size > MAX_BODY_BYTES {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "the applied object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+            )));
+        }
+        check_name(&object, &self.key.name)?;
+        check_namespace(&object, &self.key.namespace)?;
+        let (object, status) = match current {
+            None => {
+                if let Some(uid) = object.meta().uid.as_deref().filter(|u| !u.is_empty()) {
+                    return Err(Error::Conflict {
+                        subject: K::subject(&self.key.name),
+                        message: format!(
+                            "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+                        ),
+                    });
+                }
+                object.meta_mut().resource_version = None;
+                prepare_create(&mut object, &self.key.namespace)?;
+                warnings.extend(validate(&object, None)?);
+                (
+                    writer.create(object, self.dry_run).await?,
+                    StatusCode::CREATED,
+                )
+            }
+            Some(current) => {
+                if !pinned {
+                    object.meta_mut().resource_version = current.meta().resource_version.clone();
+                }
+                // The field manager's entries, /status's own included.
+                let managed = object.meta().managed_fields.clone();
+                let mut object = written_part(object, current.as_ref(), self.part);
+                object.meta_mut().managed_fields = managed;
+                prepare_update(&mut object, current.as_ref(), self.part);
+                warnings.extend(validate(&object, Some(current.as_ref()))?);
+                (
+                    update_unless_unchanged(writer, object, &current, self.dry_run).await?,
+                    StatusCode::OK,
+                )
+            }
+        };
+        let response = object_response(&object, self.output, IncludeObject::Metadata, status)?;
+        Ok(with_warnings(response, &warnings))
     }
 }
 

@@ -457,6 +457,12 @@ pub trait WritableStore<K: ServedResource>: Store<K> {
         self.get(key).await
     }
 
+    /// Whether [`UpdateFrom::Cache`] may give a stale copy (a watch cache's): then a write that
+    /// fails from it, for any reason, is tried once more from [`UpdateFrom::Source`].
+    fn updates_from_a_cache(&self) -> bool {
+        false
+    }
+
     /// Stores a new object (409 AlreadyExists when its key is taken).
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     /// Replaces an object whose `metadata.resourceVersion` must still be current (409 Conflict).

@@ -581,6 +581,10 @@ impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
         Ok(Stored::new(self.decode(&kv, kv.mod_revision)?))
     }
 
+    fn updates_from_a_cache(&self) -> bool {
+        true
+    }
+
     async fn create(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
         let key = ObjectKey::of(object.meta());
         let etcd_key = self.key(&key);
