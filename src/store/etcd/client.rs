@@ -1,16 +1,14 @@
-//! etcd's v3 API through its JSON gateway (`/v3/kv/range`, `/v3/kv/txn`, `/v3/watch`, ...): the
-//! same RPCs as gRPC, served by every etcd on its client port.
+//! etcd's v3 API on its client port. Unary calls (`KV/Range`, `KV/Txn`, `KV/Put`,
+//! `KV/Compact`) are gRPC over HTTP/2, the fields they use declared here for prost; the watch
+//! goes through etcd's JSON gateway (`/v3/watch`, a stream of JSON lines), which needs nothing
+//! but HTTP/1.1.
 //!
 //! Why not the `etcd-client` crate: it generates its gRPC code at build time with `protoc`,
 //! which a fresh machine lacks, and every build of farm-apiserver (the embedded default
-//! included) would then need it. The gateway needs nothing but HTTP, which the server already
-//! speaks (hyper, rustls). Proto3 JSON rules apply: 64-bit integers are strings, bytes are
-//! base64, and fields at their zero value are left out.
-//!
-//! The one call every consistent read waits for, [`EtcdClient::revision`], is gRPC instead
-//! (`etcdserverpb.KV/Range` over HTTP/2, its few fields declared here for prost): the gateway
-//! turns each JSON call into a second gRPC call inside etcd, which costs etcd about a third
-//! more CPU and time per call (see PERFORMANCE.md).
+//! included) would then need it. Why not the gateway for everything, as before: it re-sends
+//! each JSON call to etcd's own gRPC server inside etcd, which cost etcd about twice the CPU
+//! per consistent read's check (PERFORMANCE.md). In the gateway's JSON (proto3 rules), 64-bit
+//! integers are strings, bytes are base64, and fields at their zero value are left out.
 
 use std::{
     sync::{
@@ -28,7 +26,7 @@ use hyper_util::{
     client::legacy::{Client, connect::HttpConnector},
     rt::TokioExecutor,
 };
-use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned};
+use serde::{Deserialize, Deserializer};
 use tokio::sync::mpsc;
 
 /// What went wrong talking to etcd.
@@ -94,36 +92,16 @@ pub struct Header {
 }
 
 /// A range read.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct RangeResponse {
     /// The revision the read was served at.
-    #[serde(default)]
     pub header: Header,
     /// The keys, in key order.
-    #[serde(default)]
     pub kvs: Vec<KeyValue>,
     /// Whether more keys are in the range than `limit` returned.
-    #[serde(default)]
     pub more: bool,
     /// How many keys the range holds.
-    #[serde(default, deserialize_with = "string_i64")]
     pub count: i64,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct TxnReply {
-    #[serde(default)]
-    header: Header,
-    #[serde(default)]
-    succeeded: bool,
-    #[serde(default)]
-    responses: Vec<OpReply>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct OpReply {
-    #[serde(default)]
-    response_range: Option<RangeResponse>,
 }
 
 /// The outcome of a transaction.
@@ -236,9 +214,9 @@ pub fn orders_progress(version: &str) -> bool {
     }
 }
 
-/// The few etcd gRPC messages and framing [`EtcdClient::revision`] needs (etcd's
-/// `api/etcdserverpb/rpc.proto`; fields left out are skipped when decoding, and zero when
-/// encoding, as in proto3).
+/// The fields of etcd's gRPC messages the unary calls use, and gRPC's framing (etcd's
+/// `api/etcdserverpb/rpc.proto` and `api/mvccpb/kv.proto`; fields left out are skipped when
+/// decoding and never sent, as in proto3).
 mod grpc {
     use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -248,8 +226,12 @@ mod grpc {
     pub struct RangeRequest {
         #[prost(bytes = "vec", tag = "1")]
         pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub range_end: Vec<u8>,
         #[prost(int64, tag = "3")]
         pub limit: i64,
+        #[prost(int64, tag = "4")]
+        pub revision: i64,
         #[prost(bool, tag = "9")]
         pub count_only: bool,
     }
@@ -258,12 +240,113 @@ mod grpc {
     pub struct RangeResponse {
         #[prost(message, optional, tag = "1")]
         pub header: Option<ResponseHeader>,
+        #[prost(message, repeated, tag = "2")]
+        pub kvs: Vec<KeyValue>,
+        #[prost(bool, tag = "3")]
+        pub more: bool,
+        #[prost(int64, tag = "4")]
+        pub count: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ResponseHeader {
         #[prost(int64, tag = "3")]
         pub revision: i64,
+    }
+
+    /// mvccpb.KeyValue.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct KeyValue {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+        #[prost(int64, tag = "3")]
+        pub mod_revision: i64,
+        #[prost(bytes = "vec", tag = "5")]
+        pub value: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct PutRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub value: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DeleteRangeRequest {
+        #[prost(bytes = "vec", tag = "1")]
+        pub key: Vec<u8>,
+    }
+
+    /// A reply read for its header alone (Put, Compact).
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct HeaderOnly {
+        #[prost(message, optional, tag = "1")]
+        pub header: Option<ResponseHeader>,
+    }
+
+    /// Compare's `target`: `CREATE` and `MOD`; its `result` is left at `EQUAL` (0).
+    pub const TARGET_CREATE: i32 = 1;
+    pub const TARGET_MOD: i32 = 2;
+
+    /// The revisions are members of a oneof: `optional` gives them the same presence on the
+    /// wire, so a create revision of 0 is sent.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Compare {
+        #[prost(int32, tag = "2")]
+        pub target: i32,
+        #[prost(bytes = "vec", tag = "3")]
+        pub key: Vec<u8>,
+        #[prost(int64, optional, tag = "5")]
+        pub create_revision: Option<i64>,
+        #[prost(int64, optional, tag = "6")]
+        pub mod_revision: Option<i64>,
+    }
+
+    /// A oneof of requests: one of these is set.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RequestOp {
+        #[prost(message, optional, tag = "1")]
+        pub request_range: Option<RangeRequest>,
+        #[prost(message, optional, tag = "2")]
+        pub request_put: Option<PutRequest>,
+        #[prost(message, optional, tag = "3")]
+        pub request_delete_range: Option<DeleteRangeRequest>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ResponseOp {
+        #[prost(message, optional, tag = "1")]
+        pub response_range: Option<RangeResponse>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TxnRequest {
+        #[prost(message, repeated, tag = "1")]
+        pub compare: Vec<Compare>,
+        #[prost(message, repeated, tag = "2")]
+        pub success: Vec<RequestOp>,
+        #[prost(message, repeated, tag = "3")]
+        pub failure: Vec<RequestOp>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TxnResponse {
+        #[prost(message, optional, tag = "1")]
+        pub header: Option<ResponseHeader>,
+        #[prost(bool, tag = "2")]
+        pub succeeded: bool,
+        #[prost(message, repeated, tag = "3")]
+        pub responses: Vec<ResponseOp>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct CompactionRequest {
+        #[prost(int64, tag = "1")]
+        pub revision: i64,
+        #[prost(bool, tag = "2")]
+        pub physical: bool,
     }
 
     /// A message in gRPC's length-prefixed framing (uncompressed).
@@ -291,12 +374,37 @@ mod grpc {
         Ok(body.split_to(len))
     }
 
-    /// etcd's refusal as an [`EtcdError`]: codes that mean "not now" (unavailable, deadline
-    /// exceeded, aborted, resource exhausted) make the call fail over or the read answer 503.
+    /// etcd's refusal as an [`EtcdError`]: out of range is a compacted revision; codes that
+    /// mean "not now" (unavailable, deadline exceeded, aborted, resource exhausted) make the
+    /// call fail over, and a read or write answer 503.
     pub fn error(code: &str, message: String) -> EtcdError {
         match code {
+            "11" => EtcdError::Compacted(0),
             "4" | "8" | "10" | "14" => EtcdError::Unavailable(message),
             _ => EtcdError::Refused(message),
+        }
+    }
+}
+
+impl From<grpc::KeyValue> for KeyValue {
+    fn from(kv: grpc::KeyValue) -> Self {
+        Self {
+            key: kv.key,
+            mod_revision: kv.mod_revision,
+            value: kv.value,
+        }
+    }
+}
+
+impl From<grpc::RangeResponse> for RangeResponse {
+    fn from(reply: grpc::RangeResponse) -> Self {
+        Self {
+            header: Header {
+                revision: reply.header.unwrap_or_default().revision,
+            },
+            kvs: reply.kvs.into_iter().map(KeyValue::from).collect(),
+            more: reply.more,
+            count: reply.count,
         }
     }
 }
@@ -422,37 +530,6 @@ impl EtcdClient {
         }
     }
 
-    /// A unary call: JSON in, JSON out, failing over between endpoints before anything was sent.
-    async fn call<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        request: &impl Serialize,
-    ) -> Result<T, EtcdError> {
-        let json = serde_json::to_vec(request).map_err(|e| EtcdError::Refused(e.to_string()))?;
-        let mut last = None;
-        for _ in 0..self.endpoints.len() {
-            let body = Full::new(Bytes::from(json.clone())).boxed();
-            match self.post(path, body).await {
-                Ok(body) => {
-                    let bytes = tokio::time::timeout(self.request_timeout, body.collect())
-                        .await
-                        .map_err(|_| EtcdError::Unavailable("etcd stopped answering".into()))?
-                        .map_err(|e| EtcdError::Unavailable(e.to_string()))?
-                        .to_bytes();
-                    return serde_json::from_slice(&bytes).map_err(|e| {
-                        EtcdError::Unavailable(format!("unexpected answer from etcd: {e}"))
-                    });
-                }
-                Err(EtcdError::Unavailable(reason)) => {
-                    self.fail_over();
-                    last = Some(reason);
-                }
-                Err(other) => return Err(other),
-            }
-        }
-        Err(EtcdError::Unavailable(last.unwrap_or_default()))
-    }
-
     /// The keys in `[key, range_end)` at `revision` (0: the latest), at most `limit` (0: all).
     pub async fn range(
         &self,
@@ -461,23 +538,15 @@ impl EtcdClient {
         revision: i64,
         limit: i64,
     ) -> Result<RangeResponse, EtcdError> {
-        #[derive(Serialize)]
-        struct Range {
-            key: String,
-            range_end: String,
-            revision: String,
-            limit: String,
-        }
-        self.call(
-            "/v3/kv/range",
-            &Range {
-                key: b64(key),
-                range_end: b64(range_end),
-                revision: revision.to_string(),
-                limit: limit.to_string(),
-            },
-        )
-        .await
+        let request = grpc::RangeRequest {
+            key: key.to_vec(),
+            range_end: range_end.to_vec(),
+            limit,
+            revision,
+            count_only: false,
+        };
+        let reply: grpc::RangeResponse = self.unary("/etcdserverpb.KV/Range", &request).await?;
+        Ok(reply.into())
     }
 
     /// The store's current revision, linearizable: the header of a count of the one key `key`
@@ -487,12 +556,13 @@ impl EtcdClient {
             key: key.to_vec(),
             limit: 1,
             count_only: true,
+            ..Default::default()
         };
         let reply: grpc::RangeResponse = self.unary("/etcdserverpb.KV/Range", &request).await?;
         Ok(reply.header.unwrap_or_default().revision)
     }
 
-    /// A unary gRPC call, failing over between endpoints as [`Self::call`] does.
+    /// A unary gRPC call, failing over to the next endpoint when one does not answer.
     async fn unary<T: prost::Message + Default>(
         &self,
         path: &str,
@@ -567,17 +637,12 @@ impl EtcdClient {
 
     /// Puts `value` at `key` unconditionally; returns the revision of the write.
     pub async fn put(&self, key: &[u8], value: &[u8]) -> Result<i64, EtcdError> {
-        #[derive(Deserialize)]
-        struct Put {
-            header: Header,
-        }
-        let reply: Put = self
-            .call(
-                "/v3/kv/put",
-                &serde_json::json!({"key": b64(key), "value": b64(value)}),
-            )
-            .await?;
-        Ok(reply.header.revision)
+        let request = grpc::PutRequest {
+            key: key.to_vec(),
+            value: value.to_vec(),
+        };
+        let reply: grpc::HeaderOnly = self.unary("/etcdserverpb.KV/Put", &request).await?;
+        Ok(reply.header.unwrap_or_default().revision)
     }
 
     /// The version of the etcd server at the current endpoint (`/version`, e.g. "3.5.1").
@@ -618,25 +683,46 @@ impl EtcdClient {
         compare: Compare,
         value: Option<&[u8]>,
     ) -> Result<TxnResult, EtcdError> {
-        let key64 = b64(key);
         let compare = match compare {
-            Compare::Absent => serde_json::json!({
-                "key": key64, "target": "CREATE", "result": "EQUAL", "create_revision": "0"
-            }),
-            Compare::ModRevision(revision) => serde_json::json!({
-                "key": key64, "target": "MOD", "result": "EQUAL", "mod_revision": revision.to_string()
-            }),
+            Compare::Absent => grpc::Compare {
+                target: grpc::TARGET_CREATE,
+                key: key.to_vec(),
+                create_revision: Some(0),
+                mod_revision: None,
+            },
+            Compare::ModRevision(revision) => grpc::Compare {
+                target: grpc::TARGET_MOD,
+                key: key.to_vec(),
+                create_revision: None,
+                mod_revision: Some(revision),
+            },
         };
         let success = match value {
-            Some(value) => serde_json::json!({"request_put": {"key": key64, "value": b64(value)}}),
-            None => serde_json::json!({"request_delete_range": {"key": key64}}),
+            Some(value) => grpc::RequestOp {
+                request_put: Some(grpc::PutRequest {
+                    key: key.to_vec(),
+                    value: value.to_vec(),
+                }),
+                ..Default::default()
+            },
+            None => grpc::RequestOp {
+                request_delete_range: Some(grpc::DeleteRangeRequest { key: key.to_vec() }),
+                ..Default::default()
+            },
         };
-        let request = serde_json::json!({
-            "compare": [compare],
-            "success": [success],
-            "failure": [{"request_range": {"key": key64}}],
-        });
-        let reply: TxnReply = self.call("/v3/kv/txn", &request).await?;
+        let failure = grpc::RequestOp {
+            request_range: Some(grpc::RangeRequest {
+                key: key.to_vec(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let request = grpc::TxnRequest {
+            compare: vec![compare],
+            success: vec![success],
+            failure: vec![failure],
+        };
+        let reply: grpc::TxnResponse = self.unary("/etcdserverpb.KV/Txn", &request).await?;
         let current = (!reply.succeeded)
             .then(|| {
                 reply
@@ -644,10 +730,11 @@ impl EtcdClient {
                     .into_iter()
                     .find_map(|r| r.response_range)
                     .and_then(|r| r.kvs.into_iter().next())
+                    .map(KeyValue::from)
             })
             .flatten();
         Ok(TxnResult {
-            revision: reply.header.revision,
+            revision: reply.header.unwrap_or_default().revision,
             succeeded: reply.succeeded,
             current,
         })
@@ -655,12 +742,11 @@ impl EtcdClient {
 
     /// Compacts the store's history up to `revision` (tests and operators).
     pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
-        let _: serde_json::Value = self
-            .call(
-                "/v3/kv/compaction",
-                &serde_json::json!({"revision": revision.to_string(), "physical": true}),
-            )
-            .await?;
+        let request = grpc::CompactionRequest {
+            revision,
+            physical: true,
+        };
+        let _: grpc::HeaderOnly = self.unary("/etcdserverpb.KV/Compact", &request).await?;
         Ok(())
     }
 
@@ -816,6 +902,7 @@ mod tests {
             key: b"/k".to_vec(),
             limit: 1,
             count_only: true,
+            ..Default::default()
         };
         // Length prefix, then field 1 (bytes "/k"), field 3 (varint 1), field 9 (true): the
         // bytes etcd's Go client sends for the same request.
@@ -829,6 +916,18 @@ mod tests {
         let message = grpc::unframe(reply).unwrap();
         let decoded = <grpc::RangeResponse as prost::Message>::decode(message).unwrap();
         assert_eq!(decoded.header.unwrap().revision, 42);
+        // "Absent" compares the create revision with 0: the 0 must be on the wire (a oneof
+        // member), or etcd would see no target value at all.
+        let absent = grpc::Compare {
+            target: grpc::TARGET_CREATE,
+            key: b"/k".to_vec(),
+            create_revision: Some(0),
+            mod_revision: None,
+        };
+        assert_eq!(
+            grpc::frame(&absent)[5..],
+            [0x10, 1, 0x1a, 2, b'/', b'k', 0x28, 0]
+        );
         for short in [&[0u8, 0, 0][..], &[0, 0, 0, 0, 9, 1], &[1, 0, 0, 0, 0]] {
             assert!(grpc::unframe(Bytes::copy_from_slice(short)).is_err());
         }
@@ -851,17 +950,16 @@ mod tests {
 
     #[test]
     fn proto3_json_is_read() {
-        let reply: RangeResponse = serde_json::from_str(
-            r#"{"header":{"revision":"7"},"kvs":[{"key":"L2E=","mod_revision":"5","value":"e30="}],"more":true}"#,
-        )
-        .unwrap();
-        assert_eq!(reply.header.revision, 7);
-        assert_eq!(reply.kvs[0].key, b"/a");
-        assert_eq!(reply.kvs[0].mod_revision, 5);
-        assert_eq!(reply.kvs[0].value, b"{}");
-        assert!(reply.more);
-        let empty: RangeResponse = serde_json::from_str(r#"{"header":{"revision":"2"}}"#).unwrap();
-        assert!(empty.kvs.is_empty() && !empty.more);
+        // What the watch's JSON carries.
+        let kv: KeyValue =
+            serde_json::from_str(r#"{"key":"L2E=","mod_revision":"5","value":"e30="}"#).unwrap();
+        assert_eq!(kv.key, b"/a");
+        assert_eq!(kv.mod_revision, 5);
+        assert_eq!(kv.value, b"{}");
+        let header: Header = serde_json::from_str(r#"{"revision":"7"}"#).unwrap();
+        assert_eq!(header.revision, 7);
+        let empty: KeyValue = serde_json::from_str(r#"{"key":"L2E="}"#).unwrap();
+        assert!(empty.value.is_empty() && empty.mod_revision == 0);
         assert!(matches!(
             gateway_error(br#"{"error":"x","code":11,"message":"etcdserver: mvcc: required revision has been compacted"}"#),
             EtcdError::Compacted(_)
