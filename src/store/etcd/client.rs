@@ -375,12 +375,13 @@ mod grpc {
     }
 
     /// etcd's refusal as an [`EtcdError`]: out of range is a compacted revision; codes that
-    /// mean "not now" (unavailable, deadline exceeded, aborted, resource exhausted) make the
-    /// call fail over, and a read or write answer 503.
+    /// mean "not from this member now" (unavailable, deadline exceeded, aborted) make the
+    /// call fail over. Resource exhausted (no space left, a message too large) is the whole
+    /// cluster's answer: refused. A read or write answers 503 either way.
     pub fn error(code: &str, message: String) -> EtcdError {
         match code {
             "11" => EtcdError::Compacted(0),
-            "4" | "8" | "10" | "14" => EtcdError::Unavailable(message),
+            "4" | "10" | "14" => EtcdError::Unavailable(message),
             _ => EtcdError::Refused(message),
         }
     }
@@ -464,8 +465,14 @@ impl EtcdClient {
             .wrap_connector(http);
         Ok(Arc::new(Self {
             http: Client::builder(TokioExecutor::new()).build(connector),
+            // Pings find a connection that died silently (a host gone, a partition), which the
+            // pool would otherwise keep handing out until TCP gives up. Only while calls are
+            // out: etcd refuses pings on an idle connection, and more often than every 5 s.
             grpc: Client::builder(TokioExecutor::new())
                 .http2_only(true)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .http2_keep_alive_timeout(Duration::from_secs(5))
                 .build(h2),
             endpoints: config
                 .endpoints
@@ -545,7 +552,8 @@ impl EtcdClient {
             revision,
             count_only: false,
         };
-        let reply: grpc::RangeResponse = self.unary("/etcdserverpb.KV/Range", &request).await?;
+        let reply: grpc::RangeResponse =
+            self.unary("/etcdserverpb.KV/Range", &request, true).await?;
         Ok(reply.into())
     }
 
@@ -558,42 +566,51 @@ impl EtcdClient {
             count_only: true,
             ..Default::default()
         };
-        let reply: grpc::RangeResponse = self.unary("/etcdserverpb.KV/Range", &request).await?;
+        let reply: grpc::RangeResponse =
+            self.unary("/etcdserverpb.KV/Range", &request, true).await?;
         Ok(reply.header.unwrap_or_default().revision)
     }
 
-    /// A unary gRPC call, failing over to the next endpoint when one does not answer.
+    /// A unary gRPC call, failing over to the next endpoint when one does not answer. A call
+    /// that is not `idempotent` (a transaction) is sent again only when it never left: after
+    /// a timeout or an "unavailable" from etcd it may have been applied, and a second try
+    /// would then fail its compare (as etcd's own client, which retries only unsent writes).
     async fn unary<T: prost::Message + Default>(
         &self,
         path: &str,
         request: &impl prost::Message,
+        idempotent: bool,
     ) -> Result<T, EtcdError> {
         let message = grpc::frame(request);
         let mut last = None;
         for _ in 0..self.endpoints.len() {
-            match tokio::time::timeout(self.request_timeout, self.unary_once(path, &message)).await
-            {
-                Ok(Ok(reply)) => {
-                    return T::decode(reply).map_err(|e| {
-                        EtcdError::Unavailable(format!("unexpected answer from etcd: {e}"))
-                    });
-                }
-                Ok(Err(EtcdError::Unavailable(reason))) => {
-                    self.fail_over();
-                    last = Some(reason);
-                }
-                Ok(Err(other)) => return Err(other),
-                Err(_) => {
-                    self.fail_over();
-                    last = Some(format!("no answer within {:?}", self.request_timeout));
-                }
+            let (reason, sent) =
+                match tokio::time::timeout(self.request_timeout, self.unary_once(path, &message))
+                    .await
+                {
+                    Ok(Ok(reply)) => {
+                        return T::decode(reply).map_err(|e| {
+                            EtcdError::Unavailable(format!("unexpected answer from etcd: {e}"))
+                        });
+                    }
+                    Ok(Err((EtcdError::Unavailable(reason), sent))) => (reason, sent),
+                    Ok(Err((other, _))) => return Err(other),
+                    Err(_) => (format!("no answer within {:?}", self.request_timeout), true),
+                };
+            self.fail_over();
+            if sent && !idempotent {
+                return Err(EtcdError::Unavailable(format!(
+                    "{reason} (the write may or may not have been applied)"
+                )));
             }
+            last = Some(reason);
         }
         Err(EtcdError::Unavailable(last.unwrap_or_default()))
     }
 
-    /// One gRPC call to the current endpoint: the reply's message, or etcd's error.
-    async fn unary_once(&self, path: &str, message: &Bytes) -> Result<Bytes, EtcdError> {
+    /// One gRPC call to the current endpoint: the reply's message, or etcd's error and whether
+    /// the request may have reached etcd.
+    async fn unary_once(&self, path: &str, message: &Bytes) -> Result<Bytes, (EtcdError, bool)> {
         let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
         let endpoint = &self.endpoints[index];
         let unavailable =
@@ -601,18 +618,24 @@ impl EtcdClient {
         let request = http::Request::post(format!("{endpoint}{path}"))
             .header(http::header::CONTENT_TYPE, "application/grpc")
             .header(http::header::TE, "trailers")
+            // etcd stops working on it when this client stops waiting.
+            .header(
+                "grpc-timeout",
+                format!("{}m", self.request_timeout.as_millis().min(99_999_999)),
+            )
             .body(Full::new(message.clone()).boxed())
-            .map_err(|e| unavailable(&e))?;
+            .map_err(|e| (unavailable(&e), false))?;
         let response = self
             .grpc
             .request(request)
             .await
-            .map_err(|e| unavailable(&e))?;
+            .map_err(|e| (unavailable(&e), !e.is_connect()))?;
+        let sent = |e: EtcdError| (e, true);
         if !response.status().is_success() {
-            return Err(unavailable(&format!("HTTP {}", response.status())));
+            return Err(sent(unavailable(&format!("HTTP {}", response.status()))));
         }
         let (parts, body) = response.into_parts();
-        let collected = body.collect().await.map_err(|e| unavailable(&e))?;
+        let collected = body.collect().await.map_err(|e| sent(unavailable(&e)))?;
         // grpc-status comes in the trailers, or in the headers of a reply without a body.
         let trailers = collected.trailers().cloned().unwrap_or_default();
         let status = trailers
@@ -629,9 +652,9 @@ impl EtcdClient {
             })
             .unwrap_or_default();
         match status.and_then(|s| s.to_str().ok()) {
-            Some("0") => grpc::unframe(collected.to_bytes()).map_err(|e| unavailable(&e)),
-            Some(code) => Err(grpc::error(code, message)),
-            None => Err(unavailable(&"a gRPC reply without grpc-status")),
+            Some("0") => grpc::unframe(collected.to_bytes()).map_err(|e| sent(unavailable(&e))),
+            Some(code) => Err(sent(grpc::error(code, message))),
+            None => Err(sent(unavailable(&"a gRPC reply without grpc-status"))),
         }
     }
 
@@ -641,7 +664,7 @@ impl EtcdClient {
             key: key.to_vec(),
             value: value.to_vec(),
         };
-        let reply: grpc::HeaderOnly = self.unary("/etcdserverpb.KV/Put", &request).await?;
+        let reply: grpc::HeaderOnly = self.unary("/etcdserverpb.KV/Put", &request, true).await?;
         Ok(reply.header.unwrap_or_default().revision)
     }
 
@@ -722,7 +745,7 @@ impl EtcdClient {
             success: vec![success],
             failure: vec![failure],
         };
-        let reply: grpc::TxnResponse = self.unary("/etcdserverpb.KV/Txn", &request).await?;
+        let reply: grpc::TxnResponse = self.unary("/etcdserverpb.KV/Txn", &request, false).await?;
         let current = (!reply.succeeded)
             .then(|| {
                 reply
@@ -746,7 +769,9 @@ impl EtcdClient {
             revision,
             physical: true,
         };
-        let _: grpc::HeaderOnly = self.unary("/etcdserverpb.KV/Compact", &request).await?;
+        let _: grpc::HeaderOnly = self
+            .unary("/etcdserverpb.KV/Compact", &request, false)
+            .await?;
         Ok(())
     }
 
@@ -938,6 +963,14 @@ mod tests {
         assert!(matches!(
             grpc::error("3", "etcdserver: key is not provided".into()),
             EtcdError::Refused(_)
+        ));
+        assert!(matches!(
+            grpc::error("8", "etcdserver: mvcc: database space exceeded".into()),
+            EtcdError::Refused(_)
+        ));
+        assert!(matches!(
+            grpc::error("11", String::new()),
+            EtcdError::Compacted(_)
         ));
     }
 
