@@ -286,21 +286,28 @@ pub fn media_type_base(content_type: &str) -> Option<String> {
     Some(base.to_ascii_lowercase())
 }
 
-/// Request bodies: JSON only (what kubectl, client-go and kube-rs send for custom kinds);
-/// 415 UnsupportedMediaType for any other `Content-Type`.
-pub fn require_json_body(headers: &HeaderMap) -> Result<()> {
-    // None is JSON: kube-apiserver accepts a body without a Content-Type, for backwards
-    // compatibility.
+/// The encoding of a create or update body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyFormat {
+    /// `application/json`, or no Content-Type (kube-apiserver's default, for backwards
+    /// compatibility).
+    Json,
+    /// `application/yaml`, which kube-apiserver also decodes.
+    Yaml,
+}
+
+/// The encoding of a create or update body from its Content-Type; 415 for any other.
+pub fn body_format(headers: &HeaderMap) -> Result<BodyFormat> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
-    if media_type_base(content_type).as_deref() == Some("application/json") {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedMediaType(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json (got {content_type:?})"
-        )))
+    match media_type_base(content_type).as_deref() {
+        Some("application/json") => Ok(BodyFormat::Json),
+        Some("application/yaml") => Ok(BodyFormat::Yaml),
+        _ => Err(Error::UnsupportedMediaType(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (got {content_type:?})"
+        ))),
     }
 }
 

@@ -257,6 +257,36 @@ impl ObjectKey {
     }
 }
 
+/// A Kubernetes `number` (float64) as Go's encoding/json writes it: a whole number without a
+/// fraction (`120`, not `120.0`), so what clients read, and compare with a JSON patch `test`,
+/// is what kube-apiserver would serve. Use with `#[serde(serialize_with = ...)]`.
+pub fn serialize_float64<S: serde::Serializer>(
+    value: &f64,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    // Whole numbers an i64 holds exactly; beyond, Go writes digits or an exponent as
+    // serde_json does.
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    if value.fract() == 0.0 && value.abs() <= EXACT {
+        serializer.serialize_i64(*value as i64)
+    } else {
+        serializer.serialize_f64(*value)
+    }
+}
+
+/// [`serialize_float64`] as a JSON value (a Table cell).
+pub fn float64_value(value: f64) -> serde_json::Value {
+    serde_json::to_value(Float64(value)).unwrap_or(serde_json::Value::Null)
+}
+
+struct Float64(f64);
+
+impl Serialize for Float64 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serialize_float64(&self.0, serializer)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use kube::CustomResourceExt;

@@ -25,8 +25,10 @@ use crate::{
 )]
 pub struct LlamaSpec {
     /// Weight of the llama in kilograms. Must be a finite number greater than 0.
+    #[serde(serialize_with = "crate::resource::serialize_float64")]
     pub weight: f64,
     /// Height of the llama at the shoulder, in metres. Must be a finite number greater than 0.
+    #[serde(serialize_with = "crate::resource::serialize_float64")]
     pub height: f64,
 }
 
@@ -45,7 +47,7 @@ fn positive(field: &str, value: f64) -> Option<FieldError> {
 }
 
 fn number(value: f64) -> Value {
-    serde_json::Number::from_f64(value).map_or(Value::Null, Value::Number)
+    crate::resource::float64_value(value)
 }
 
 impl ServedResource for Llama {

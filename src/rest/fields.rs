@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, header};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use serde_json::Value;
 
+use super::body;
 use super::options::{FIELD_MANAGER_MAX_LENGTH, is_print};
 use super::strategy::Part;
 use crate::{
@@ -151,133 +152,26 @@ pub(crate) fn manager_or_user_agent(manager: String, headers: &HeaderMap) -> Str
 }
 
 /// An apply body: YAML, of which JSON is a part (kubectl and client-go send JSON, tried
-/// first). YAML aliases are expanded as they are read, so the values read are counted and a
-/// body that expands past [`MAX_APPLY_VALUES`] (or 4 per byte sent) is refused, as go-yaml
-/// refuses "excessive aliasing".
-pub(crate) fn parse_apply_body(body: &[u8]) -> Result<Value> {
-    let value = match serde_json::from_slice::<Value>(body) {
+/// first), nested at most [`body::MAX_DEPTH`] deep (go-yaml's bound, with its message). May
+/// be deep: call inside [`body::Work`].
+pub(crate) fn parse_apply_body(bytes: &[u8]) -> Result<body::Deep> {
+    if body::text_depth(bytes, body::MAX_DEPTH) > body::MAX_DEPTH {
+        return Err(Error::BadRequest(format!(
+            "error decoding YAML: error converting YAML to JSON: {}",
+            body::YAML_TOO_DEEP
+        )));
+    }
+    let value = match body::parse_json(bytes) {
         Ok(value) => value,
-        Err(_) => {
-            let budget =
-                std::cell::Cell::new(MAX_APPLY_VALUES.min(body.len().saturating_mul(4) + 64));
-            let document = yaml_serde::Deserializer::from_slice(body);
-            serde::de::DeserializeSeed::deserialize(Bounded(&budget), document)
-                .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?
-        }
+        Err(_) => body::parse_yaml(bytes)
+            .map_err(|e| Error::BadRequest(format!("error decoding YAML: {e}")))?,
     };
-    if !value.is_object() {
+    if !value.0.is_object() {
         return Err(Error::BadRequest(
             "error decoding YAML: the applied configuration must be an object".into(),
         ));
     }
     Ok(value)
-}
-
-/// At most this many values (scalars, lists, maps) in one applied configuration.
-pub(crate) const MAX_APPLY_VALUES: usize = 1 << 20;
-
-/// Reads a `Value`, counting down `budget` for each value read.
-struct Bounded<'a>(&'a std::cell::Cell<usize>);
-
-impl Bounded<'_> {
-    fn spend<E: serde::de::Error>(&self) -> std::result::Result<(), E> {
-        match self.0.get().checked_sub(1) {
-            Some(left) => {
-                self.0.set(left);
-                Ok(())
-            }
-            None => Err(E::custom("document contains excessive aliasing")),
-        }
-    }
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for Bounded<'_> {
-    type Value = Value;
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> std::result::Result<Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a YAML value")
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
-    }
-
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::String(v.to_owned()))
-    }
-
-    fn visit_string<E: serde::de::Error>(self, v: String) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::String(v))
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::Null)
-    }
-
-    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_some<D: serde::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> std::result::Result<Value, D::Error> {
-        serde::de::DeserializeSeed::deserialize(self, deserializer)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(
-        self,
-        mut seq: A,
-    ) -> std::result::Result<Value, A::Error> {
-        self.spend()?;
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(Bounded(self.0))? {
-            items.push(item);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<Value, A::Error> {
-        self.spend()?;
-        let mut object = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let value = map.next_value_seed(Bounded(self.0))?;
-            object.insert(key, value);
-        }
-        Ok(Value::Object(object))
-    }
 }
 
 #[cfg(test)]
@@ -303,9 +197,9 @@ mod tests {
     #[test]
     fn apply_bodies_are_yaml_or_json() {
         let yaml = b"apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: a\nspec:\n  weight: 2\n";
-        assert_eq!(parse_apply_body(yaml).unwrap()["spec"]["weight"], 2);
+        assert_eq!(parse_apply_body(yaml).unwrap().0["spec"]["weight"], 2);
         let json = br#" {"kind":"Llama","spec":{"weight":2.5}}"#;
-        assert_eq!(parse_apply_body(json).unwrap()["spec"]["weight"], 2.5);
+        assert_eq!(parse_apply_body(json).unwrap().0["spec"]["weight"], 2.5);
         assert!(matches!(
             parse_apply_body(b"- a\n- b\n"),
             Err(Error::BadRequest(_))
@@ -316,7 +210,7 @@ mod tests {
         ));
         // A YAML flow mapping is YAML, not JSON.
         let flow = b"{apiVersion: farm.example.com/v1alpha, kind: Llama, spec: {weight: 3}}";
-        assert_eq!(parse_apply_body(flow).unwrap()["spec"]["weight"], 3);
+        assert_eq!(parse_apply_body(flow).unwrap().0["spec"]["weight"], 3);
     }
 
     #[test]
@@ -336,7 +230,7 @@ mod tests {
         // A few aliases are fine.
         let ok = b"kind: Llama\nmetadata:\n  labels: &l {a: b}\n  annotations: *l\n";
         assert_eq!(
-            parse_apply_body(ok).unwrap()["metadata"]["annotations"]["a"],
+            parse_apply_body(ok).unwrap().0["metadata"]["annotations"]["a"],
             "b"
         );
     }

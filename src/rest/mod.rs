@@ -9,6 +9,7 @@
 //! is stored (`registry/rest`), [`patch`] applies patches, and [`response`] shapes what goes
 //! back.
 
+pub mod body;
 pub mod fields;
 pub mod options;
 pub mod patch;
@@ -66,6 +67,8 @@ pub struct RestContext {
     pub shutdown: CancellationToken,
     /// Timeouts and the bookmark interval.
     pub settings: Arc<RestSettings>,
+    /// Where large and deep request bodies are worked on.
+    pub work: body::Work,
 }
 
 pub(crate) struct KindApiInner<K> {

@@ -104,14 +104,6 @@ pub(crate) fn parse_bool(name: &str, value: Option<&str>) -> Result<bool> {
     }
 }
 
-pub(crate) fn parse_u64(name: &str, value: &str) -> Result<u64> {
-    value.parse().map_err(|_| {
-        Error::BadRequest(format!(
-            "invalid value for {name}: {value:?}: must be a non-negative integer"
-        ))
-    })
-}
-
 pub(crate) fn list_options_invalid(causes: Vec<FieldError>) -> Error {
     Error::Invalid {
         subject: Subject {
@@ -192,10 +184,24 @@ impl Query {
         })
     }
 
+    /// `resourceVersion`, read as kube-apiserver's storage reads it (Go's `strconv.ParseUint`:
+    /// digits only, no sign), on a GET as on a list or watch.
     pub(crate) fn resource_version(&self) -> Result<Option<u64>> {
         match self.resource_version.as_deref() {
             None | Some("") => Ok(None),
-            Some(rv) => parse_u64("resourceVersion", rv).map(Some),
+            Some(rv) => {
+                let why = if !rv.bytes().all(|b| b.is_ascii_digit()) {
+                    "invalid syntax"
+                } else {
+                    match rv.parse() {
+                        Ok(rv) => return Ok(Some(rv)),
+                        Err(_) => "value out of range",
+                    }
+                };
+                Err(Error::BadRequest(format!(
+                    "invalid resource version: resourceVersion: Invalid value: {rv:?}: strconv.ParseUint: parsing {rv:?}: {why}"
+                )))
+            }
         }
     }
 
@@ -369,8 +375,15 @@ impl Query {
             send_initial_events,
             allow_bookmarks,
             resource_version,
-            // 0, as none, is the server's choice (kube-apiserver's ListResource).
-            timeout: self.timeout_seconds()?.filter(|t| !t.is_zero()),
+            // 0, as none, is the server's choice (kube-apiserver's ListResource); a negative
+            // timeout has passed already, and the watch ends at once, as in kube-apiserver.
+            timeout: match self.timeout_seconds.as_deref() {
+                None | Some("") => None,
+                Some(s) => match parse_i64(s)? {
+                    0 => None,
+                    t => Some(Duration::from_secs(u64::try_from(t).unwrap_or(0))),
+                },
+            },
         })
     }
 

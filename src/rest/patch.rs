@@ -4,6 +4,7 @@ use axum::http::{HeaderMap, header};
 use serde::Serialize;
 use serde_json::Value;
 
+use super::body;
 use crate::{
     error::{Error, FieldError, Result},
     negotiate::{self},
@@ -42,29 +43,50 @@ pub(crate) fn patch_type(headers: &HeaderMap) -> Result<PatchType> {
 }
 
 /// Applies a patch to the object as it is served (its JSON), so a JSON patch `test` compares
-/// against the values a GET shows.
+/// against the values a GET shows. A patch body may nest [`body::MAX_DEPTH`] deep, and a JSON
+/// patch may build a result that deep: call inside [`body::Work`].
 pub(crate) fn apply_patch<K: ServedResource>(
     current: &Stored<K>,
     patch_type: PatchType,
     patch: &[u8],
 ) -> Result<Value> {
-    let mut document: Value = serde_json::from_slice(current.json())
+    let mut document = body::parse_json(current.json())
         .map_err(|e| Error::Internal(format!("decoding the stored object: {e}")))?;
+    let mut patch = body::parse_json(patch).map_err(|e| {
+        Error::BadRequest(format!(
+            "error decoding patch: {}",
+            if e == body::too_deep_message() {
+                format!(
+                    "invalid character '{}' exceeded max depth",
+                    body::too_deep_bracket(patch)
+                )
+            } else {
+                e
+            }
+        ))
+    })?;
     match patch_type {
         PatchType::Merge => {
-            let patch: Value = serde_json::from_slice(patch)
-                .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?;
-            if !patch.is_object() {
+            if !patch.0.is_object() {
                 return Err(Error::BadRequest(
                     "error decoding patch: a merge patch must be a JSON object".into(),
                 ));
             }
-            json_patch::merge(&mut document, &patch);
+            json_patch::merge(&mut document.0, &patch.0);
         }
         PatchType::Json => {
-            let patch: json_patch::Patch = serde_json::from_slice(patch)
+            // Counted before anything is applied, as kube-apiserver does.
+            if let Value::Array(operations) = &patch.0
+                && operations.len() > MAX_JSON_PATCH_OPERATIONS
+            {
+                return Err(Error::RequestEntityTooLarge(format!(
+                    "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",
+                    operations.len()
+                )));
+            }
+            let patch: json_patch::Patch = serde_json::from_value(std::mem::take(&mut patch.0))
                 .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?;
-            apply_json_patch(&mut document, &patch).map_err(|message| Error::Invalid {
+            apply_json_patch(&mut document.0, &patch).map_err(|message| Error::Invalid {
                 subject: K::invalid_subject(current.meta().name.as_deref().unwrap_or("")),
                 causes: vec![FieldError {
                     field: "patch".into(),
@@ -82,7 +104,7 @@ pub(crate) fn apply_patch<K: ServedResource>(
     // Bounded for one request: a merge patch grows the object by at most its own size (3 MiB),
     // a JSON patch by its values and at most 3 MiB of copies; the object that results is
     // bounded by the caller.
-    Ok(document)
+    Ok(std::mem::take(&mut document.0))
 }
 
 /// kube-apiserver's bounds on a JSON patch (CVE-2019-1002100: each `copy` can double the
@@ -107,28 +129,111 @@ pub(crate) fn json_len<T: Serialize>(value: &T) -> usize {
     count.0
 }
 
-/// Applies `patch` an operation at a time, refusing a copy that would take the bytes copied
-/// past [`MAX_JSON_PATCH_COPY_BYTES`] before it is made. The error is the message.
+/// Applies `patch` an operation at a time, as kube-apiserver's JSON patch does, with its
+/// bounds: a copy that would take the bytes copied past [`MAX_JSON_PATCH_COPY_BYTES`] is
+/// refused before it is made, and so is an operation whose result would nest deeper than
+/// [`body::MAX_DEPTH`] (a `move` into its own copy nests a little deeper every round), so
+/// the document is never deeper than Go's decoder would read. `test` compares numbers by
+/// value (RFC 6902: `120` equals `120.0`). The error is the message.
+///
+/// The document may reach [`body::MAX_DEPTH`]: call inside [`body::Work::offload`].
 pub(crate) fn apply_json_patch(
     document: &mut Value,
     patch: &json_patch::Patch,
 ) -> std::result::Result<(), String> {
+    use json_patch::PatchOperation as Op;
     let mut copied = 0;
     for (index, operation) in patch.iter().enumerate() {
-        if let json_patch::PatchOperation::Copy(copy) = operation
-            && let Some(value) = document.pointer(copy.from.as_str())
+        let fail = |message: &str| format!("operation {index} ({}): {message}", op_name(operation));
+        // How deep the operation's value will sit, and the value (None: nothing new deeper).
+        let placed: Option<(usize, &Value)> = match operation {
+            Op::Add(o) => Some((tokens(o.path.as_str()), &o.value)),
+            Op::Replace(o) => Some((tokens(o.path.as_str()), &o.value)),
+            Op::Move(o) if tokens(o.path.as_str()) > tokens(o.from.as_str()) => document
+                .pointer(o.from.as_str())
+                .map(|v| (tokens(o.path.as_str()), v)),
+            Op::Copy(o) => document
+                .pointer(o.from.as_str())
+                .map(|v| (tokens(o.path.as_str()), v)),
+            Op::Move(_) | Op::Remove(_) | Op::Test(_) => None,
+        };
+        if let Some((above, value)) = placed
+            && above + body::value_depth(value, body::MAX_DEPTH) > body::MAX_DEPTH
         {
-            copied += json_len(value);
-            if copied > MAX_JSON_PATCH_COPY_BYTES {
-                return Err(format!(
-                    "Unable to complete the copy, the accumulated size increase of copy is {copied}, exceeding the limit {MAX_JSON_PATCH_COPY_BYTES}"
-                ));
+            return Err(fail(&body::too_deep_message()));
+        }
+        match operation {
+            Op::Copy(copy) => {
+                if let Some(value) = document.pointer(copy.from.as_str()) {
+                    copied += json_len(value);
+                    if copied > MAX_JSON_PATCH_COPY_BYTES {
+                        return Err(format!(
+                            "Unable to complete the copy, the accumulated size increase of copy is {copied}, exceeding the limit {MAX_JSON_PATCH_COPY_BYTES}"
+                        ));
+                    }
+                }
             }
+            Op::Test(test) => {
+                return match document.pointer(test.path.as_str()) {
+                    Some(found) if json_equal(found, &test.value) => continue,
+                    Some(_) => Err(fail("value did not match")),
+                    None => Err(fail("invalid pointer")),
+                };
+            }
+            _ => {}
         }
         json_patch::patch(document, std::slice::from_ref(operation))
-            .map_err(|e| format!("operation {index} ({}): {}", op_name(operation), e.kind))?;
+            .map_err(|e| fail(&e.kind.to_string()))?;
     }
     Ok(())
+}
+
+/// The reference tokens in a JSON pointer: how many arrays and objects hold what it names.
+fn tokens(pointer: &str) -> usize {
+    pointer.bytes().filter(|&b| b == b'/').count()
+}
+
+/// JSON equality as RFC 6902's `test` defines it: numbers by value, objects whatever their
+/// key order; walked without recursion.
+pub(crate) fn json_equal(a: &Value, b: &Value) -> bool {
+    let mut pairs = vec![(a, b)];
+    while let Some(pair) = pairs.pop() {
+        match pair {
+            (Value::Number(x), Value::Number(y)) => {
+                let same = match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                    (Some(x), Some(y), _, _) => x == y,
+                    (_, _, Some(x), Some(y)) => x == y,
+                    _ => x.as_f64() == y.as_f64(),
+                };
+                if !same {
+                    return false;
+                }
+            }
+            (Value::Array(x), Value::Array(y)) => {
+                if x.len() != y.len() {
+                    return false;
+                }
+                pairs.extend(x.iter().zip(y));
+            }
+            (Value::Object(x), Value::Object(y)) => {
+                if x.len() != y.len() {
+                    return false;
+                }
+                for (key, value) in x {
+                    match y.get(key) {
+                        Some(other) => pairs.push((value, other)),
+                        None => return false,
+                    }
+                }
+            }
+            (x, y) => {
+                if x != y {
+                    return false;
+                }
+            }
+        }
+    }
+    true
 }
 
 pub(crate) fn op_name(operation: &json_patch::PatchOperation) -> String {

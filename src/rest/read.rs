@@ -189,6 +189,8 @@ pub(crate) fn get_item_options<K: ServedResource>(
     let include = query.include_object()?;
     api.store.check_ready()?;
     let watch = parse_bool("watch", query.watch.as_deref())?;
+    // Read as kube-apiserver's storage reads it, though any version serves the latest state.
+    query.resource_version()?;
     Ok(GetItem {
         query,
         output,

@@ -4,9 +4,11 @@
 use rand::Rng;
 use serde_json::Value;
 
+use super::body;
 use super::options::FieldValidation;
 use crate::{
     error::{Error, FieldError, Result},
+    negotiate::BodyFormat,
     resource::{GROUP_VERSION, ServedResource},
     validation,
 };
@@ -71,8 +73,70 @@ pub(crate) fn decode_object<K: ServedResource>(
     }
 }
 
-pub(crate) fn parse_json<K: ServedResource>(body: &[u8]) -> Result<Value> {
-    serde_json::from_slice(body).map_err(|e| cannot_handle::<K>(e))
+/// Decodes a create or update body into `K` (see [`decode_object`]), nested at most
+/// [`body::MAX_DEPTH`] deep. May be deep: call inside [`body::Work`].
+pub(crate) fn decode_body<K: ServedResource>(
+    bytes: &[u8],
+    format: BodyFormat,
+    validation: FieldValidation,
+) -> Result<(K, Vec<String>)> {
+    let parsed = match format {
+        BodyFormat::Json => body::parse_json(bytes),
+        BodyFormat::Yaml => body::parse_yaml(bytes),
+    };
+    let mut value = parsed.map_err(|message| {
+        if message == body::too_deep_message() || message == body::YAML_TOO_DEEP {
+            unrecognized::<K>(bytes, &message)
+        } else {
+            cannot_handle::<K>(message)
+        }
+    })?;
+    let decoded = decode_object::<K>(std::mem::take(&mut value.0), validation)?;
+    check_shallow(&decoded.0)?;
+    Ok(decoded)
+}
+
+/// kube-apiserver's answer to a body its decoder could not read the kind of (a body nested
+/// too deep): the error and the body's first 30 bytes (in hex unless it starts as an object).
+fn unrecognized<K: ServedResource>(bytes: &[u8], error: &str) -> Error {
+    let head = &bytes[..bytes.len().min(30)];
+    let more = if bytes.len() > 30 { " ..." } else { "" };
+    let summary = match bytes.first() {
+        None => "<empty>".to_owned(),
+        Some(b'{') => format!("{}{more}", String::from_utf8_lossy(head)),
+        Some(_) => format!("{}{more}", hex::encode(head)),
+    };
+    let error = match error.strip_prefix("json: ") {
+        Some(_) => format!(
+            "json parse error: invalid character '{}' exceeded max depth",
+            body::too_deep_bracket(bytes)
+        ),
+        None => error.to_owned(),
+    };
+    Error::BadRequest(format!(
+        "the object provided is unrecognized (must be of type {}): couldn't get version/kind; {error} ({summary})",
+        K::kind_name()
+    ))
+}
+
+/// How deep a managed fields entry's `fieldsV1` may nest: no object of ours nests its own
+/// fields this deep, and the stored object stays well under [`body::SHALLOW`].
+pub(crate) const MAX_FIELDS_V1_DEPTH: usize = 64;
+
+/// Refuses an object that would carry a value deeper than [`MAX_FIELDS_V1_DEPTH`] out of the
+/// body's work: its one free-form field is a managed fields entry's `fieldsV1`.
+pub(crate) fn check_shallow<K: ServedResource>(object: &K) -> Result<()> {
+    let entries = object.meta().managed_fields.as_deref().unwrap_or_default();
+    for (index, entry) in entries.iter().enumerate() {
+        if let Some(fields) = &entry.fields_v1
+            && body::value_depth(&fields.0, MAX_FIELDS_V1_DEPTH) > MAX_FIELDS_V1_DEPTH
+        {
+            return Err(Error::BadRequest(format!(
+                "metadata.managedFields[{index}].fieldsV1: nested deeper than {MAX_FIELDS_V1_DEPTH} levels"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Validates an object to be created (`old` None) or to replace `old`: its metadata, then the
@@ -203,6 +267,46 @@ pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K, part:
     meta.deletion_timestamp = old.deletion_timestamp.clone();
     meta.self_link = None;
     next.prepare_for_update(current);
+}
+
+/// How a write that names a uid other than the stored object's is refused, as in
+/// kube-apiserver: a PUT's uid is a precondition (409); a patched or applied object's uid is
+/// immutable metadata (422). An empty uid is the stored one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UidSent {
+    /// In a PUT body.
+    Precondition,
+    /// In the result of a patch or apply.
+    Field,
+}
+
+pub(crate) fn check_uid<K: ServedResource>(sent: &K, current: &K, how: UidSent) -> Result<()> {
+    let (Some(uid), Some(stored)) = (
+        sent.meta().uid.as_deref().filter(|u| !u.is_empty()),
+        current.meta().uid.as_deref(),
+    ) else {
+        return Ok(());
+    };
+    if uid == stored {
+        return Ok(());
+    }
+    let name = current.meta().name.as_deref().unwrap_or("");
+    Err(match how {
+        UidSent::Precondition => Error::Conflict {
+            subject: K::subject(name),
+            message: format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {stored}"
+            ),
+        },
+        UidSent::Field => Error::Invalid {
+            subject: K::invalid_subject(name),
+            causes: vec![FieldError::invalid(
+                "metadata.uid",
+                format!("{uid:?}"),
+                "field is immutable",
+            )],
+        },
+    })
 }
 
 pub(crate) fn check_name<K: ServedResource>(object: &K, name: &str) -> Result<()> {

@@ -1,22 +1,19 @@
 //! create, update, patch, delete and deletecollection.
 
-use axum::{
-    body::{Body, Bytes},
-    extract::Request,
-    http::StatusCode,
-    response::Response,
-};
+use std::sync::Arc;
+
+use axum::{body::Bytes, extract::Request, http::StatusCode, response::Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
 use super::fields::{manager_or_user_agent, parse_apply_body};
 use super::options::{FieldValidation, dry_run_of, parse_delete_options, parse_query};
-use super::patch::{MAX_JSON_PATCH_OPERATIONS, PatchType, apply_patch, json_len, patch_type};
+use super::patch::{PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, to_json, with_warnings};
 use super::strategy::{
-    Part, check_name, check_namespace, decode_object, parse_json, prepare_create, prepare_update,
-    validate, written_part,
+    Part, UidSent, check_name, check_namespace, check_shallow, check_uid, decode_body,
+    decode_object, prepare_create, prepare_update, validate, written_part,
 };
-use super::{KindApi, MAX_BODY_BYTES};
+use super::{KindApi, MAX_BODY_BYTES, body};
 use crate::{
     error::{Error, FieldError, Result},
     list_body::{self},
@@ -25,23 +22,6 @@ use crate::{
     store::{ListRequest, Object, Preconditions, UpdateFrom, WritableStore},
     table::IncludeObject,
 };
-
-/// The whole body, up to [`MAX_BODY_BYTES`] (413 past it, as kube-apiserver).
-pub(crate) async fn read_body(body: Body) -> Result<Bytes> {
-    use http_body_util::BodyExt;
-    match http_body_util::Limited::new(body, MAX_BODY_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::RequestEntityTooLarge(
-            format!("limit is {MAX_BODY_BYTES}"),
-        )),
-        Err(e) => Err(Error::BadRequest(format!(
-            "failed to read the request body: {e}"
-        ))),
-    }
-}
 
 pub(crate) async fn create<K: ServedResource>(
     api: KindApi<K>,
@@ -56,9 +36,15 @@ pub(crate) async fn create<K: ServedResource>(
     let (manager, _) = query.field_manager("CreateOptions", None)?;
     let manager = manager_or_user_agent(manager, &headers);
     let output = negotiate::output(&headers)?;
-    negotiate::require_json_body(&headers)?;
-    let body = read_body(body).await?;
-    let (mut object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    let format = negotiate::body_format(&headers)?;
+    let body = body::read(body).await?;
+    let (mut object, warnings) = api
+        .ctx
+        .work
+        .run(&body, move |body| {
+            decode_body::<K>(&body, format, field_validation)
+        })
+        .await?;
     prepare_create(&mut object, &namespace)?;
     let mut warnings = warnings;
     warnings.extend(validate(&object, None)?);
@@ -89,9 +75,15 @@ pub(crate) async fn update<K: ServedResource>(
     let (manager, _) = query.field_manager("UpdateOptions", None)?;
     let manager = manager_or_user_agent(manager, &headers);
     let output = negotiate::output(&headers)?;
-    negotiate::require_json_body(&headers)?;
-    let body = read_body(body).await?;
-    let (object, warnings) = decode_object::<K>(parse_json::<K>(&body)?, field_validation)?;
+    let format = negotiate::body_format(&headers)?;
+    let body = body::read(body).await?;
+    let (object, warnings) = api
+        .ctx
+        .work
+        .run(&body, move |body| {
+            decode_body::<K>(&body, format, field_validation)
+        })
+        .await?;
     check_name(&object, &name)?;
     check_namespace(&object, &namespace)?;
     if object
@@ -116,6 +108,7 @@ pub(crate) async fn update<K: ServedResource>(
     let (updated, warnings) = loop {
         let attempt = async {
             let current = writer.get_for_update(&key, from).await?;
+            check_uid(&object, current.as_ref(), UidSent::Precondition)?;
             let mut object = written_part(object.clone(), current.as_ref(), part);
             prepare_update(&mut object, current.as_ref(), part);
             let mut warnings = warnings.clone();
@@ -151,7 +144,7 @@ pub(crate) async fn patch<K: ServedResource>(
     let output = negotiate::output(&headers)?;
     let patch_type = patch_type(&headers)?;
     // The body first, as kube-apiserver reads it before it validates PatchOptions (413 first).
-    let body = read_body(body).await?;
+    let body = body::read(body).await?;
     let (manager, force) =
         query.field_manager("PatchOptions", Some(patch_type == PatchType::Apply))?;
     let manager = manager_or_user_agent(manager, &headers);
@@ -168,17 +161,6 @@ pub(crate) async fn patch<K: ServedResource>(
         };
         return apply.run(api, &body).await;
     }
-    if patch_type == PatchType::Json {
-        // Counted before anything is applied, as kube-apiserver does.
-        let operations = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&body)
-            .map_err(|e| Error::BadRequest(format!("error decoding patch: {e}")))?
-            .len();
-        if operations > MAX_JSON_PATCH_OPERATIONS {
-            return Err(Error::RequestEntityTooLarge(format!(
-                "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {operations}"
-            )));
-        }
-    }
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let writer = api.writer()?;
     let mut attempts = 0;
@@ -192,8 +174,19 @@ pub(crate) async fn patch<K: ServedResource>(
         let pinned = std::sync::atomic::AtomicBool::new(false);
         let attempt = async {
             let current = writer.get_for_update(&key, from).await?;
-            let patched = apply_patch(&current, patch_type, &body)?;
-            let (mut object, warnings) = decode_object::<K>(patched, field_validation)?;
+            // A JSON patch may nest its result deeper than its body: always off the workers.
+            let heavy = patch_type == PatchType::Json || body::Work::is_heavy(&body);
+            let (patched_from, body) = (current.clone(), body.clone());
+            let (mut object, warnings) = api
+                .ctx
+                .work
+                .run_if(heavy, move || {
+                    let patched = apply_patch(&patched_from, patch_type, &body)?;
+                    let decoded = decode_object::<K>(patched, field_validation)?;
+                    check_shallow(&decoded.0)?;
+                    Ok(decoded)
+                })
+                .await?;
             // Patch after patch must not grow an object past what one request may send.
             let size = json_len(&object);
             if size > MAX_BODY_BYTES {
@@ -203,6 +196,7 @@ pub(crate) async fn patch<K: ServedResource>(
             }
             check_name(&object, &name)?;
             check_namespace(&object, &namespace)?;
+            check_uid(&object, current.as_ref(), UidSent::Field)?;
             pinned.store(
                 object.meta().resource_version != current.meta().resource_version,
                 std::sync::atomic::Ordering::Relaxed,
@@ -282,11 +276,20 @@ impl Apply {
     /// Merges the applied configuration into the stored object (or creates it: 201) and
     /// writes the result through the same strategy and validation as any update; retried on
     /// a conflicting write unless the configuration names a resourceVersion, as patches are.
-    async fn run<K: ServedResource>(self, api: KindApi<K>, body: &[u8]) -> Result<Response> {
-        let config = parse_apply_body(body)?;
-        let (fields, writer) = (api.fields()?, api.writer()?);
+    async fn run<K: ServedResource>(self, api: KindApi<K>, body: &Bytes) -> Result<Response> {
+        let heavy = body::Work::is_heavy(body);
+        let config = api
+            .ctx
+            .work
+            .run_if(heavy, {
+                let body = body.clone();
+                move || parse_apply_body(&body).map(Arc::new)
+            })
+            .await?;
+        let writer = api.writer()?;
         // A resourceVersion in the configuration is a precondition: no retry past it.
         let pinned = config
+            .0
             .pointer("/metadata/resourceVersion")
             .and_then(serde_json::Value::as_str)
             .is_some_and(|rv| !rv.is_empty());
@@ -298,7 +301,10 @@ impl Apply {
             } else {
                 UpdateFrom::Source
             };
-            match self.attempt(fields, writer, &config, from, pinned).await {
+            match self
+                .attempt(&api, writer, &config, heavy, from, pinned)
+                .await
+            {
                 Ok(response) => return Ok(response),
                 // As for patches: anything that failed from a cached copy is tried once from
                 // the source (a conflict with managers, too, may come from a stale copy).
@@ -312,9 +318,10 @@ impl Apply {
 
     async fn attempt<K: ServedResource>(
         &self,
-        fields: &super::fields::Fields,
+        api: &KindApi<K>,
         writer: &dyn WritableStore<K>,
-        config: &serde_json::Value,
+        config: &Arc<body::Deep>,
+        heavy: bool,
         from: UpdateFrom,
         pinned: bool,
     ) -> Result<Response> {
@@ -323,14 +330,21 @@ impl Apply {
             Err(Error::NotFound(_)) if self.part == Part::Object => None,
             Err(e) => return Err(e),
         };
-        let applied = fields.apply(
-            self.part,
-            current.as_deref(),
-            config,
-            &self.manager,
-            self.force,
-        )?;
-        let (mut object, mut warnings) = decode_object::<K>(applied, self.field_validation)?;
+        let (api_, config, live) = (api.clone(), config.clone(), current.clone());
+        let (part, manager, force) = (self.part, self.manager.clone(), self.force);
+        let field_validation = self.field_validation;
+        let (mut object, mut warnings) = api
+            .ctx
+            .work
+            .run_if(heavy, move || {
+                let applied =
+                    api_.fields()?
+                        .apply(part, live.as_deref(), &config.0, &manager, force)?;
+                let decoded = decode_object::<K>(applied, field_validation)?;
+                check_shallow(&decoded.0)?;
+                Ok(decoded)
+            })
+            .await?;
         let size = json_len(&object);
         if size > MAX_BODY_BYTES {
             return Err(Error::RequestEntityTooLarge(format!(
@@ -358,6 +372,7 @@ impl Apply {
                 )
             }
             Some(current) => {
+                check_uid(&object, current.as_ref(), UidSent::Field)?;
                 if !pinned {
                     object.meta_mut().resource_version = current.meta().resource_version.clone();
                 }
@@ -387,7 +402,7 @@ pub(crate) async fn delete<K: ServedResource>(
     let (parts, body) = request.into_parts();
     let raw = parts.uri.query();
     let query = parse_query(raw)?;
-    let body = read_body(body).await?;
+    let body = body::read(body).await?;
     let options = parse_delete_options(&body)?;
     let dry_run = dry_run_of(&options, &query)?;
     let deleted = api
@@ -413,7 +428,7 @@ pub(crate) async fn delete_collection<K: ServedResource>(
     let filter = query.filter::<K>()?;
     query.timeout_seconds()?;
     query.limit()?;
-    let body = read_body(body).await?;
+    let body = body::read(body).await?;
     let options = parse_delete_options(&body)?;
     let dry_run = dry_run_of(&options, &query)?;
     let page = api

@@ -189,7 +189,7 @@ impl Edge {
             match tokio::time::timeout(self.request_timeout, work).await {
                 Ok(answered) => answered,
                 Err(_) => (
-                    Error::Timeout("request did not complete within the allowed duration".into())
+                    Error::Timeout("request did not complete within the allotted timeout".into())
                         .into_response(),
                     None,
                 ),

@@ -158,6 +158,7 @@ impl AppState {
             metrics: metrics.clone(),
             shutdown: watches.clone(),
             settings: Arc::new(options.rest),
+            work: rest::body::Work::default(),
         };
         let (resources, endpoints) = group.endpoints(&rest);
         let state = Self {

@@ -853,7 +853,6 @@ async fn content_types_as_kube_apiserver_reads_them() {
         "application/json; charset",
         "application/json; =utf-8",
         "not a media type",
-        "application/yaml",
     ] {
         let reply = call(
             &app,
@@ -869,15 +868,59 @@ async fn content_types_as_kube_apiserver_reads_them() {
             "{content_type}: {message}"
         );
     }
+    // YAML, as kube-apiserver decodes it for a create or an update, not for a patch.
+    let yaml = "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: yaml\nspec:\n  weight: 2\n  height: 1.5\n";
     let reply = call(
         &app,
-        "PATCH",
-        &format!("{LLAMAS}/dolly"),
-        &[],
-        r#"{"spec":{"weight":2}}"#,
+        "POST",
+        LLAMAS,
+        &[("content-type", "application/yaml")],
+        yaml,
     )
     .await;
-    reply.status(415, "UnsupportedMediaType");
+    assert_eq!(
+        reply.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["spec"], json!({"weight": 2, "height": 1.5}));
+    let stored = reply.json();
+    let update = format!(
+        "{}metadata:\n  name: yaml\n  resourceVersion: \"{}\"\nspec:\n  weight: 3\n  height: 1.5\n",
+        "apiVersion: farm.example.com/v1alpha\nkind: Llama\n",
+        stored["metadata"]["resourceVersion"].as_str().unwrap()
+    );
+    let reply = call(
+        &app,
+        "PUT",
+        &format!("{LLAMAS}/yaml"),
+        &[("content-type", "application/yaml")],
+        &update,
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["spec"]["weight"], 3);
+    for content_type in [None, Some("application/yaml")] {
+        let headers: Vec<(&str, &str)> = content_type
+            .map(|c| ("content-type", c))
+            .into_iter()
+            .collect();
+        let reply = call(
+            &app,
+            "PATCH",
+            &format!("{LLAMAS}/dolly"),
+            &headers,
+            r#"{"spec":{"weight":2}}"#,
+        )
+        .await;
+        reply.status(415, "UnsupportedMediaType");
+    }
 }
 
 /// Authorization judges the verb that is served: the watch parameter is read as the handler
@@ -955,4 +998,104 @@ async fn patches_cannot_grow_an_object_without_bound() {
     let (i, message) = refused.expect("refused before it grew past 3 MiB");
     assert!(i >= 11, "{i}");
     assert!(message.contains("limit is 3145728"), "{message}");
+}
+
+/// Smaller differences from kube-apiserver, each as it answers: a JSON patch `test` compares
+/// numbers by value, and whole float64s are served as Go writes them (`120`, not `120.0`); a
+/// uid other than the stored one is refused (a PUT's as a precondition, 409; a patched one as
+/// immutable, 422); a malformed `resourceVersion` is 400 on a GET too, and `+1` is malformed;
+/// a watch whose `timeoutSeconds` has passed already ends at once.
+#[tokio::test]
+async fn smaller_differences_from_kube_apiserver() {
+    let app = app();
+    let created = create(&app, "default", &llama("whole", 120.0, 1.5)).await;
+    assert_eq!(created.status, 201);
+    assert!(
+        String::from_utf8_lossy(&created.body).contains(r#""spec":{"weight":120,"height":1.5}"#),
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    for value in [json!(120), json!(120.0)] {
+        let reply = json_patch(
+            &app,
+            "whole",
+            "",
+            &json!([{"op": "test", "path": "/spec/weight", "value": value}, {"op": "replace", "path": "/spec/height", "value": 2}]),
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{value}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    let reply = json_patch(
+        &app,
+        "whole",
+        "",
+        &json!([{"op": "test", "path": "/spec/weight", "value": 121}]),
+    )
+    .await;
+    assert!(reply.status(422, "Invalid").contains("value did not match"));
+
+    // A uid that is not the stored one.
+    let mut current = get(&app, &format!("{LLAMAS}/whole")).await.json();
+    let stored_uid = current["metadata"]["uid"].as_str().unwrap().to_owned();
+    current["metadata"]["uid"] = json!("not-the-uid");
+    let message = call(
+        &app,
+        "PUT",
+        &format!("{LLAMAS}/whole"),
+        &[("content-type", "application/json")],
+        &current.to_string(),
+    )
+    .await
+    .status(409, "Conflict");
+    assert_eq!(
+        message,
+        format!(
+            "Operation cannot be fulfilled on llamas.farm.example.com \"whole\": Precondition failed: UID in precondition: not-the-uid, UID in object meta: {stored_uid}"
+        )
+    );
+    let message = call(
+        &app,
+        "PATCH",
+        &format!("{LLAMAS}/whole"),
+        &[("content-type", "application/merge-patch+json")],
+        r#"{"metadata":{"uid":"not-the-uid"}}"#,
+    )
+    .await
+    .status(422, "Invalid");
+    assert_eq!(
+        message,
+        "Llama.farm.example.com \"whole\" is invalid: metadata.uid: Invalid value: \"not-the-uid\": field is immutable"
+    );
+    let after = get(&app, &format!("{LLAMAS}/whole")).await.json();
+    assert_eq!(after["metadata"]["uid"], stored_uid.as_str());
+
+    // Malformed resourceVersions.
+    let message = get(&app, &format!("{LLAMAS}/whole?resourceVersion=abc"))
+        .await
+        .status(400, "BadRequest");
+    assert_eq!(
+        message,
+        "invalid resource version: resourceVersion: Invalid value: \"abc\": strconv.ParseUint: parsing \"abc\": invalid syntax"
+    );
+    let message = get(&app, &format!("{LLAMAS}?resourceVersion=%2B1"))
+        .await
+        .status(400, "BadRequest");
+    assert_eq!(
+        message,
+        "invalid resource version: resourceVersion: Invalid value: \"+1\": strconv.ParseUint: parsing \"+1\": invalid syntax"
+    );
+
+    // A watch that is over before it starts.
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        get(&app, &format!("{LLAMAS}?watch=true&timeoutSeconds=-1")),
+    )
+    .await
+    .expect("the watch ended");
+    assert_eq!(reply.status, 200);
 }

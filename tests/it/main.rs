@@ -15,6 +15,7 @@ mod common;
 
 mod apply;
 mod binary;
+mod bodies;
 mod e2e_cluster;
 mod e2e_tls;
 mod etcd;

@@ -454,9 +454,9 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
         ("name not DNS-1123", llama("Bad_Name", 1.0, 1.0), 422, "Invalid"),
         ("negative weight", llama("x", -2.0, 1.0), 422, "Invalid"),
         ("zero height", llama("x", 2.0, 0.0), 422, "Invalid"),
-        ("beyond float64", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":1e999"), 400, "BadRequest"),
-        ("NaN literal", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":NaN"), 400, "BadRequest"),
-        ("weight as a string", llama("x", 1.0, 1.0).replace("\"weight\":1.0", "\"weight\":\"heavy\""), 400, "BadRequest"),
+        ("beyond float64", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":1e999"), 400, "BadRequest"),
+        ("NaN literal", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":NaN"), 400, "BadRequest"),
+        ("weight as a string", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":\"heavy\""), 400, "BadRequest"),
         ("missing spec", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x"}}).to_string(), 400, "BadRequest"),
         ("no name", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {}, "spec": {"weight": 1, "height": 1}}).to_string(), 422, "Invalid"),
         ("other namespace", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x", "namespace": "kube-system"}, "spec": {"weight": 1, "height": 1}}).to_string(), 400, "BadRequest"),
@@ -509,10 +509,10 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
         "POST",
         &ns,
         &[("content-type", "application/yaml")],
-        "kind: Llama",
+        "kind: Llama\nspec: [",
     )
     .await
-    .status(415, "UnsupportedMediaType");
+    .status(400, "BadRequest");
     call(
         &app,
         "POST",

@@ -1,0 +1,407 @@
+//! Request bodies: read within kube-apiserver's size bound, nesting bounded as Go's decoder
+//! bounds it, and the work on a large or deep body kept off the async workers.
+//!
+//! Contract: a JSON value nested deeper than [`SHALLOW`] exists only inside [`Work::run`],
+//! which gives it a stack large enough for [`MAX_DEPTH`] levels of serde's recursion and drops
+//! what it built there; nothing deeper than [`MAX_DEPTH`] is ever built (JSON patches are
+//! checked after every operation). What leaves the work is a decoded object, whose only
+//! free-form value (a managed fields entry's `fieldsV1`) is held to [`SHALLOW`].
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use super::MAX_BODY_BYTES;
+use crate::error::{Error, Result};
+
+/// How deep arrays and objects may nest in anything the server reads or builds: Go's
+/// encoding/json (and sigs.k8s.io/json, which kube-apiserver decodes with) stops at 10,000.
+pub const MAX_DEPTH: usize = 10_000;
+
+/// Values up to this deep are handled anywhere (serde's recursion at this depth fits any
+/// thread's stack); deeper ones only inside [`Work::run`].
+pub const SHALLOW: usize = 128;
+
+/// Bodies up to this size that are no deeper than [`SHALLOW`] are worked on in place: their
+/// parsing takes microseconds.
+const SMALL_BODY: usize = 64 * 1024;
+
+/// The stack [`Work::run`] gives a deep body: serde's recursion takes a few hundred bytes a
+/// level in release builds and some kilobytes in debug builds.
+const DEEP_STACK: usize = 96 * 1024 * 1024;
+
+/// The message Go's decoder gives a body nested too deep (encoding/json's scanner).
+pub fn too_deep_message() -> String {
+    "json: exceeded max depth".to_owned()
+}
+
+/// The whole body, up to [`MAX_BODY_BYTES`] (413 past it, as kube-apiserver).
+pub(crate) async fn read(body: Body) -> Result<Bytes> {
+    use http_body_util::BodyExt;
+    match http_body_util::Limited::new(body, MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::RequestEntityTooLarge(
+            format!("limit is {MAX_BODY_BYTES}"),
+        )),
+        Err(e) => Err(Error::BadRequest(format!(
+            "failed to read the request body: {e}"
+        ))),
+    }
+}
+
+/// The deepest nesting of arrays and objects in a JSON text (or in YAML's flow collections,
+/// counted the same way), scanned without parsing; stops counting past `limit`. Brackets in
+/// strings do not count.
+pub fn text_depth(text: &[u8], limit: usize) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let mut bytes = text.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'"' => {
+                // Skip the string, escapes included.
+                while let Some(&c) = bytes.next() {
+                    match c {
+                        b'\\' => {
+                            bytes.next();
+                        }
+                        b'"' => break,
+                        _ => {}
+                    }
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > deepest {
+                    deepest = depth;
+                    if deepest > limit {
+                        return deepest;
+                    }
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
+/// How deeply arrays and objects nest in `value` (a scalar is 0, `[1]` is 1), walked without
+/// recursion; stops counting past `limit`.
+pub fn value_depth(value: &Value, limit: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, above)) = stack.pop() {
+        let children: &mut dyn Iterator<Item = &Value> = match value {
+            Value::Array(items) => &mut items.iter(),
+            Value::Object(map) => &mut map.values(),
+            _ => continue,
+        };
+        let depth = above + 1;
+        if depth > deepest {
+            deepest = depth;
+            if deepest > limit {
+                return deepest;
+            }
+        }
+        stack.extend(children.map(|child| (child, depth)));
+    }
+    deepest
+}
+
+/// The bracket (`[` or `{`) that takes a JSON text past [`MAX_DEPTH`], for Go's message.
+pub fn too_deep_bracket(text: &[u8]) -> char {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in text {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return char::from(b);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    '['
+}
+
+/// Drops `value` without recursion (serde_json's `Value` drops recursively).
+pub fn drop_flat(value: Value) {
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => stack.extend(map.into_iter().map(|(_, v)| v)),
+            _ => {}
+        }
+    }
+}
+
+/// A value that may be deep, dropped without recursion.
+pub struct Deep(pub Value);
+
+impl Drop for Deep {
+    fn drop(&mut self) {
+        drop_flat(std::mem::take(&mut self.0));
+    }
+}
+
+/// Parses a JSON body into a value, refusing one nested deeper than [`MAX_DEPTH`] before
+/// parsing it. Call inside [`Work::run`] unless the body is shallow.
+pub fn parse_json(body: &[u8]) -> std::result::Result<Deep, String> {
+    if text_depth(body, MAX_DEPTH) > MAX_DEPTH {
+        return Err(too_deep_message());
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    deserializer.disable_recursion_limit();
+    let value = serde::Deserialize::deserialize(&mut deserializer).map_err(|e| e.to_string())?;
+    let value = Deep(value);
+    deserializer.end().map_err(|e| e.to_string())?;
+    Ok(value)
+}
+
+/// go-yaml's refusal of a document nested deeper than [`MAX_DEPTH`].
+pub const YAML_TOO_DEEP: &str = "yaml: exceeded max depth of 10000";
+
+/// Parses a YAML body into a value. Aliases are expanded as they are read, so the values read
+/// are counted and a body that expands past [`MAX_YAML_VALUES`] (or 4 per byte sent) is
+/// refused, as go-yaml refuses "excessive aliasing". Flow collections nested deeper than
+/// [`MAX_DEPTH`] are refused before parsing, as go-yaml's `max_flow_level`.
+pub fn parse_yaml(body: &[u8]) -> std::result::Result<Deep, String> {
+    if text_depth(body, MAX_DEPTH) > MAX_DEPTH {
+        return Err(YAML_TOO_DEEP.to_owned());
+    }
+    let budget = std::cell::Cell::new(MAX_YAML_VALUES.min(body.len().saturating_mul(4) + 64));
+    let document = yaml_serde::Deserializer::from_slice(body);
+    serde::de::DeserializeSeed::deserialize(Bounded(&budget), document)
+        .map(Deep)
+        .map_err(|e| e.to_string())
+}
+
+/// At most this many values (scalars, lists, maps) in one YAML body.
+pub(crate) const MAX_YAML_VALUES: usize = 1 << 20;
+
+/// Reads a `Value`, counting down `budget` for each value read.
+struct Bounded<'a>(&'a std::cell::Cell<usize>);
+
+impl Bounded<'_> {
+    fn spend<E: serde::de::Error>(&self) -> std::result::Result<(), E> {
+        match self.0.get().checked_sub(1) {
+            Some(left) => {
+                self.0.set(left);
+                Ok(())
+            }
+            None => Err(E::custom("document contains excessive aliasing")),
+        }
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Bounded<'_> {
+    type Value = Value;
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a YAML value")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::from(v))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::from(v))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
+        self.spend()?;
+        Ok(Value::Null)
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
+        self.visit_unit()
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<Value, D::Error> {
+        serde::de::DeserializeSeed::deserialize(self, deserializer)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        self.spend()?;
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Bounded(self.0))? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        self.spend()?;
+        let mut object = serde_json::Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = map.next_value_seed(Bounded(self.0))?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+/// Where the work on request bodies runs: in place for small, shallow bodies; otherwise on
+/// the blocking pool with a deep stack, a few at a time, so that parsing, patching or
+/// applying a large body holds no async worker, and a request timeout answers 504 while it
+/// runs.
+#[derive(Clone)]
+pub struct Work {
+    slots: Arc<Semaphore>,
+}
+
+impl Default for Work {
+    /// As many bodies at once as the machine has cores.
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, usize::from);
+        Self {
+            slots: Arc::new(Semaphore::new(cores)),
+        }
+    }
+}
+
+impl Work {
+    /// Whether work on `body` leaves the async workers: any body larger than a small one, or
+    /// nested deeper than [`SHALLOW`].
+    pub fn is_heavy(body: &[u8]) -> bool {
+        body.len() > SMALL_BODY || text_depth(body, SHALLOW) > SHALLOW
+    }
+
+    /// Runs `work` on `body`: in place when the body is small and shallow, else off the async
+    /// workers on a stack deep enough for [`MAX_DEPTH`].
+    pub async fn run<T, F>(&self, body: &Bytes, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Bytes) -> Result<T> + Send + 'static,
+    {
+        let body = body.clone();
+        self.run_if(Self::is_heavy(&body), move || work(body)).await
+    }
+
+    /// Runs `work` off the async workers on a deep stack when `heavy`, else in place.
+    pub async fn run_if<T, F>(&self, heavy: bool, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T> + Send + 'static,
+    {
+        if !heavy {
+            return work();
+        }
+        let permit = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Internal("the body workers are closed".into()))?;
+        let task = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            stacker::grow(DEEP_STACK, work)
+        });
+        match task.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::Internal(format!("body work did not finish: {e}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nested(depth: usize) -> String {
+        format!("{}1{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn text_depth_counts_brackets_outside_strings() {
+        assert_eq!(text_depth(b"1", 10), 0);
+        assert_eq!(text_depth(br#"{"a":[1,{"b":"[[[["}]}"#, 10), 3);
+        assert_eq!(text_depth(br#"["\"[[["]"#, 10), 1);
+        assert_eq!(text_depth(nested(50).as_bytes(), 10), 11);
+    }
+
+    #[test]
+    fn a_value_at_the_bound_parses_and_one_past_it_is_refused() {
+        let at = stacker::grow(DEEP_STACK, || {
+            parse_json(nested(MAX_DEPTH).as_bytes()).map(|v| value_depth(&v.0, usize::MAX))
+        });
+        assert_eq!(at, Ok(MAX_DEPTH));
+        assert_eq!(
+            parse_json(nested(MAX_DEPTH + 1).as_bytes()).err(),
+            Some(too_deep_message())
+        );
+    }
+
+    #[test]
+    fn deep_values_drop_without_recursion() {
+        let mut value = Value::Null;
+        for _ in 0..200_000 {
+            value = Value::Array(vec![value]);
+        }
+        assert_eq!(value_depth(&value, usize::MAX), 200_000);
+        drop(Deep(value));
+    }
+}
