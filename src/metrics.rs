@@ -116,6 +116,11 @@ pub struct Metrics {
     pub stored_objects: Family<ResourceLabels, Gauge>,
     /// Requests whose handler panicked (answered 500, see [`crate::recovery`]).
     pub panics: Counter,
+    /// `farm_apiserver_watch_history_events`: events kept for watches to resume from, per
+    /// resource, refreshed on every scrape.
+    pub history_events: Family<ResourceLabels, Gauge>,
+    /// `farm_apiserver_watch_history_bytes`: what they hold, estimated.
+    pub history_bytes: Family<ResourceLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -146,6 +151,18 @@ impl Metrics {
         let open_watches = Gauge::default();
         let stored_objects = Family::<ResourceLabels, Gauge>::default();
         let panics = Counter::default();
+        let history_events = Family::<ResourceLabels, Gauge>::default();
+        let history_bytes = Family::<ResourceLabels, Gauge>::default();
+        registry.register(
+            "farm_apiserver_watch_history_events",
+            "Events kept for watches to resume from, by resource",
+            history_events.clone(),
+        );
+        registry.register(
+            "farm_apiserver_watch_history_bytes",
+            "What the events kept for watches hold, estimated in bytes, by resource",
+            history_bytes.clone(),
+        );
         registry.register(
             "farm_apiserver_request_panics",
             "Requests whose handler panicked; each was answered 500 and logged",
@@ -185,6 +202,8 @@ impl Metrics {
             open_watches,
             stored_objects,
             panics,
+            history_events,
+            history_bytes,
         }
     }
 
@@ -214,13 +233,22 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// Sets `apiserver_storage_objects` for `resource` (group-qualified).
-    pub fn set_stored(&self, resource: &str, objects: usize) {
+    /// Sets `apiserver_storage_objects` and the watch history's size for `resource`
+    /// (group-qualified).
+    pub fn set_stored(&self, resource: &str, stats: &crate::store::StoreStats) {
+        let labels = ResourceLabels {
+            resource: resource.to_owned(),
+        };
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.stored_objects
-            .get_or_create(&ResourceLabels {
-                resource: resource.to_owned(),
-            })
-            .set(i64::try_from(objects).unwrap_or(i64::MAX));
+            .get_or_create(&labels)
+            .set(gauge(stats.objects));
+        self.history_events
+            .get_or_create(&labels)
+            .set(gauge(stats.history_events));
+        self.history_bytes
+            .get_or_create(&labels)
+            .set(gauge(stats.history_bytes));
     }
 
     /// Every metric in the Prometheus text format.

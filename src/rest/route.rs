@@ -138,15 +138,12 @@ impl Endpoints {
         })
     }
 
-    /// Each kind's qualified resource (`llamas.farm.example.com`) and object count.
-    pub async fn stored_objects(&self) -> Vec<(String, usize)> {
+    /// Each kind's qualified resource (`llamas.farm.example.com`) and its store's figures.
+    pub async fn stored_objects(&self) -> Vec<(String, StoreStats)> {
         let mut counts = Vec::with_capacity(self.kinds.len());
         for kind in &self.kinds {
             if let Ok(stats) = kind.endpoint.stats().await {
-                counts.push((
-                    format!("{}.{}", kind.plural, crate::resource::GROUP),
-                    stats.objects,
-                ));
+                counts.push((format!("{}.{}", kind.plural, crate::resource::GROUP), stats));
             }
         }
         counts

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 use super::fields::{manager_or_user_agent, parse_apply_body};
 use super::options::{FieldValidation, dry_run_of, parse_delete_options, parse_query};
 use super::patch::{PatchType, apply_patch, json_len, patch_type};
-use super::response::{json_response, object_response, to_json, with_warnings};
+use super::response::{json_response, object_response, with_warnings};
 use super::strategy::{
     Part, UidSent, check_name, check_namespace, check_shallow, check_uid, decode_body,
     decode_object, prepare_create, prepare_update, validate, written_part,
@@ -413,7 +413,7 @@ pub(crate) async fn delete<K: ServedResource>(
             dry_run,
         )
         .await?;
-    Ok(json_response(StatusCode::OK, to_json(deleted.as_ref())?))
+    Ok(json_response(StatusCode::OK, deleted.json().clone()))
 }
 
 pub(crate) async fn delete_collection<K: ServedResource>(

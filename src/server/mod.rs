@@ -194,8 +194,8 @@ async fn version() -> Response {
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> Response {
-    for (resource, objects) in state.endpoints.stored_objects().await {
-        state.metrics.set_stored(&resource, objects);
+    for (resource, stats) in state.endpoints.stored_objects().await {
+        state.metrics.set_stored(&resource, &stats);
     }
     let mut response = (StatusCode::OK, state.metrics.render()).into_response();
     response.headers_mut().insert(

@@ -69,6 +69,10 @@ impl ContinueToken {
 pub struct MemoryStoreConfig {
     /// Events kept for watches to resume from; older resourceVersions get 410 Expired.
     pub event_window: usize,
+    /// What those events may hold, estimated in bytes (see [`StoreStats::history_bytes`]):
+    /// large objects written often keep fewer events, not more memory. The latest event is
+    /// kept whatever its size.
+    pub event_bytes: usize,
     /// How long a list snapshot stays available to `continue` tokens (etcd compacts at 5 min).
     pub snapshot_ttl: Duration,
     /// List snapshots kept for `continue` tokens at most; past it the oldest goes (410 Expired).
@@ -99,6 +103,7 @@ impl Default for MemoryStoreConfig {
     fn default() -> Self {
         Self {
             event_window: 10_000,
+            event_bytes: 64 * 1024 * 1024,
             snapshot_ttl: Duration::from_secs(300),
             max_snapshots: 64,
             watch_buffer: 4096,
@@ -191,6 +196,8 @@ impl<K: ServedResource> Snapshot<K> {
 struct State<K> {
     current: Snapshot<K>,
     events: VecDeque<Arc<Event<K>>>,
+    /// What `events` hold, estimated in bytes ([`event_bytes`]).
+    events_bytes: usize,
     /// Watches may start at any resourceVersion from this one on.
     oldest_watchable: u64,
     snapshots: BTreeMap<u64, (Instant, Snapshot<K>)>,
@@ -223,6 +230,13 @@ impl<K: ServedResource> Default for MemoryStore<K> {
     }
 }
 
+/// What an event in the history holds, estimated: its object and the object's JSON (the
+/// previous state of a MODIFIED event is the event before's). The JSON is encoded here if no
+/// one has yet: the write's response and its watchers need it anyway.
+fn event_bytes<K: ServedResource>(event: &Event<K>) -> usize {
+    2 * event.object.json().len()
+}
+
 fn lock_poisoned() -> Error {
     Error::Internal("store lock poisoned".into())
 }
@@ -244,6 +258,7 @@ impl<K: ServedResource> MemoryStore<K> {
                 state: RwLock::new(State {
                     current: Snapshot::empty(config.first_resource_version),
                     events: VecDeque::new(),
+                    events_bytes: 0,
                     oldest_watchable: config.first_resource_version,
                     snapshots: BTreeMap::new(),
                 }),
@@ -251,16 +266,6 @@ impl<K: ServedResource> MemoryStore<K> {
                 config,
             }),
         }
-    }
-
-    fn snapshot(&self) -> Result<Snapshot<K>> {
-        Ok(self
-            .shared
-            .state
-            .read()
-            .map_err(|_| lock_poisoned())?
-            .current
-            .clone())
     }
 
     /// Applies one change at `rv` (which must exceed the current one) and tells the watchers.
@@ -279,9 +284,13 @@ impl<K: ServedResource> MemoryStore<K> {
         state.current.resource_version = rv;
         let previous = previous.filter(|_| type_ == EventType::Modified);
         let event = Arc::new(Event::new(rv, type_, object).with_previous(previous));
+        state.events_bytes += event_bytes(&event);
         state.events.push_back(event.clone());
-        while state.events.len() > shared.config.event_window {
+        while state.events.len() > shared.config.event_window
+            || (state.events_bytes > shared.config.event_bytes && state.events.len() > 1)
+        {
             if let Some(old) = state.events.pop_front() {
+                state.events_bytes -= event_bytes(&old);
                 state.oldest_watchable = old.resource_version;
             }
         }
@@ -695,10 +704,14 @@ impl<K: ServedResource> MemoryStore<K> {
 
     /// The current revision and object count, without waiting.
     pub fn counts(&self) -> StoreStats {
-        self.snapshot()
-            .map(|s| StoreStats {
-                objects: s.objects.len(),
-                resource_version: s.resource_version,
+        self.shared
+            .state
+            .read()
+            .map(|state| StoreStats {
+                objects: state.current.objects.len(),
+                resource_version: state.current.resource_version,
+                history_events: state.events.len(),
+                history_bytes: state.events_bytes,
             })
             .unwrap_or_default()
     }

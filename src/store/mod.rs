@@ -377,6 +377,11 @@ pub struct StoreStats {
     pub objects: usize,
     /// The resourceVersion of the store's last write (what a watch from "now" starts after).
     pub resource_version: u64,
+    /// Events kept for watches to resume from (0 for a store that keeps none).
+    pub history_events: usize,
+    /// What those events hold, estimated in bytes (the objects' JSON, twice: the object and
+    /// its encoding).
+    pub history_bytes: usize,
 }
 
 /// The reads every store serves: get, list, watch, and where it stands.

@@ -1099,3 +1099,66 @@ async fn smaller_differences_from_kube_apiserver() {
     .expect("the watch ended");
     assert_eq!(reply.status, 200);
 }
+
+/// The watch history kept the last 10,000 events whatever their size: a large Llama patched
+/// with one label at a time grew the process by megabytes a patch (3 GB after 500 patches of
+/// a 2 MB Llama). It is now bounded in bytes too: the oldest events go, a watch from before
+/// them is 410 Expired, and the history's size is a metric.
+#[tokio::test]
+async fn the_watch_history_is_bounded_in_bytes() {
+    const LIMIT: u64 = 64 * 1024 * 1024;
+    let app = app();
+    let mut big: Value = serde_json::from_str(&llama("big", 1.0, 1.0)).unwrap();
+    big["metadata"]["annotations"] = json!({ "ballast": "x".repeat(250 * 1024) });
+    let created = create(&app, "default", &big.to_string()).await;
+    assert_eq!(created.status, 201);
+    let first = created.json()["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for i in 0..300 {
+        let reply = call(
+            &app,
+            "PATCH",
+            &format!("{LLAMAS}/big"),
+            &[("content-type", "application/merge-patch+json")],
+            &json!({"metadata": {"labels": {"n": i.to_string()}}}).to_string(),
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+    }
+    let metrics = String::from_utf8(get(&app, "/metrics").await.body).unwrap();
+    let figure = |name: &str| -> u64 {
+        let prefix = format!("{name}{{resource=\"llamas.farm.example.com\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+            .parse()
+            .unwrap()
+    };
+    let (bytes, events) = (
+        figure("farm_apiserver_watch_history_bytes"),
+        figure("farm_apiserver_watch_history_events"),
+    );
+    assert!(bytes <= LIMIT, "{bytes} bytes in {events} events");
+    // Each event holds about 2 x 256 KiB: about 128 of them fit.
+    assert!((100..=140).contains(&events), "{events} events");
+    let events = watch_events(
+        &app,
+        &format!("{LLAMAS}?watch=true&resourceVersion={first}"),
+        "application/json",
+        1,
+    )
+    .await;
+    assert_eq!(events[0]["type"], "ERROR");
+    assert_eq!(events[0]["object"]["code"], 410);
+    assert!(
+        events[0]["object"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("too old resource version: {first} (")),
+        "{}",
+        events[0]
+    );
+}
