@@ -39,8 +39,8 @@ pub fn bind(
     let builder = server.http_builder();
     builder
         .http1()
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_read)
+        // The header-read bound is the connection guard's (no timer per request).
+        .header_read_timeout(None)
         // hyper's 100 headers stay (see PERFORMANCE.md); the aggregator speaks HTTP/2 to us.
         .max_buf_size(MAX_HEADER_BYTES as usize + 64 * 1024);
     builder

@@ -1162,3 +1162,123 @@ async fn the_watch_history_is_bounded_in_bytes() {
         events[0]
     );
 }
+
+// ---- HTTP/2 frames that are not requests ----
+
+/// One HTTP/2 frame.
+fn h2_frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend([frame_type, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// The frame types in what the server sent (whole frames only).
+fn h2_frame_types(mut bytes: &[u8]) -> Vec<u8> {
+    let mut types = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        types.push(bytes[3]);
+        bytes = &bytes[(9 + len).min(bytes.len())..];
+    }
+    types
+}
+
+/// What a client that speaks HTTP/2 frame by frame meets: the bounds with these limits.
+fn h2_limits() -> farm_apiserver::connection::Limits {
+    farm_apiserver::connection::Limits {
+        header_read: Duration::from_millis(800),
+        idle: Duration::from_millis(3000),
+        write_stall: Duration::from_millis(800),
+    }
+}
+
+/// Opens an HTTP/2 connection by hand (preface and an empty SETTINGS), then runs `client` on
+/// its writing half while the test reads until the server closes; how long that took and the
+/// frame types the server sent.
+async fn h2_abuser<F, Fut>(server: &TestServer, client: F) -> (Duration, Vec<u8>)
+where
+    F: FnOnce(tokio::io::WriteHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let raw = server.raw(Some(server.admin_identity()), Alpn::Http2);
+    let mut stream = raw.tls().await;
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    stream.write_all(&h2_frame(0x4, 0, 0, &[])).await.unwrap();
+    let (mut read, write) = tokio::io::split(stream);
+    let writer = tokio::spawn(client(write));
+    let (after, bytes) = until_closed(&mut read, Duration::from_secs(10)).await;
+    writer.abort();
+    (after, h2_frame_types(&bytes))
+}
+
+/// HTTP/2 connections that never send a request are closed at the idle bound with a GOAWAY:
+/// one that sends nothing (it closed at twice the bound), and one that sends two PINGs in
+/// one write every 300 ms (their acks counted as responses and kept it open forever).
+#[tokio::test]
+async fn http2_pings_are_not_requests() {
+    let server = TestServer::start_with(Options {
+        limits: h2_limits(),
+        ..Default::default()
+    })
+    .await;
+    let (after, frames) = h2_abuser(&server, |_write| async {}).await;
+    assert!(
+        after >= Duration::from_millis(2900) && after < Duration::from_millis(3700),
+        "{after:?}"
+    );
+    assert_eq!(frames.last(), Some(&0x7), "a GOAWAY last: {frames:?}");
+    let (after, frames) = h2_abuser(&server, |mut write| async move {
+        loop {
+            let mut pings = h2_frame(0x6, 0, 0, &[1; 8]);
+            pings.extend(h2_frame(0x6, 0, 0, &[2; 8]));
+            if write.write_all(&pings).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await;
+    assert!(
+        after >= Duration::from_millis(2900) && after < Duration::from_millis(3700),
+        "{after:?}"
+    );
+    assert!(frames.contains(&0x6), "the pings were answered: {frames:?}");
+    assert_eq!(frames.last(), Some(&0x7), "a GOAWAY last: {frames:?}");
+}
+
+/// A header block dribbled a byte at a time is cut off at the header-read bound, as an
+/// HTTP/1.1 request's headers are (it was cut only at twice the idle bound).
+#[tokio::test]
+async fn http2_header_blocks_get_the_header_read_bound() {
+    let server = TestServer::start_with(Options {
+        limits: h2_limits(),
+        ..Default::default()
+    })
+    .await;
+    // A HEADERS frame without END_HEADERS, then a CONTINUATION frame of 1,000 bytes sent a
+    // byte every 100 ms.
+    let (after, frames) = h2_abuser(&server, |mut write| async move {
+        let mut start = h2_frame(0x1, 0, 1, &[0x82]);
+        start.extend(&h2_frame(0x9, 0x4, 1, &[0x84; 1000])[..9]);
+        if write.write_all(&start).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if write.write_all(&[0x84]).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert_eq!(frames.last(), Some(&0x7), "a GOAWAY last: {frames:?}");
+    assert!(
+        after >= Duration::from_millis(750) && after < Duration::from_millis(1500),
+        "{after:?}"
+    );
+}
