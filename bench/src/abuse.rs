@@ -30,6 +30,8 @@ pub struct Abusers {
     pub idle: usize,
     pub slow_headers: usize,
     pub not_reading: usize,
+    pub ping_keepalive: usize,
+    pub header_dribble: usize,
     /// Of all of them, how many the server closed within their bound (plus slack).
     pub closed_in_time: usize,
 }
@@ -100,23 +102,100 @@ async fn not_reading(t: &Target, path: &str, full_bytes: usize) -> Option<bool> 
     Some(read < full_bytes)
 }
 
-/// Keeps `idle`, `slow` and `reading` abusers connected until `stop`; then how they fared.
+/// One HTTP/2 frame.
+fn h2_frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.extend([frame_type, flags]);
+    out.extend(stream.to_be_bytes());
+    out.extend(payload);
+    out
+}
+
+/// An HTTP/2 connection (preface, empty SETTINGS) whose writes `client` makes while it is
+/// read until the server closes it; how long that took, or None.
+async fn h2_until_closed<F, Fut>(t: &Target, client: F) -> Option<Duration>
+where
+    F: FnOnce(tokio::io::WriteHalf<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut stream = t.tls(Proto::H2).await.ok()?;
+    let opened = Instant::now();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .ok()?;
+    stream.write_all(&h2_frame(0x4, 0, 0, &[])).await.ok()?;
+    let (mut read, write) = tokio::io::split(stream);
+    let writer = tokio::spawn(client(write));
+    let closed = closed_after(&mut read, GIVE_UP).await;
+    writer.abort();
+    Some(closed?.0 - opened)
+}
+
+/// HTTP/2 with no request, two PINGs in one write every second: closed at the idle bound.
+async fn ping_keepalive(t: &Target) -> Option<bool> {
+    let after = h2_until_closed(t, |mut write| async move {
+        loop {
+            let mut pings = h2_frame(0x6, 0, 0, &[1; 8]);
+            pings.extend(h2_frame(0x6, 0, 0, &[2; 8]));
+            if write.write_all(&pings).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+    .await?;
+    Some(after <= Duration::from_secs(IDLE) + SLACK)
+}
+
+/// HTTP/2 HEADERS without END_HEADERS, then a CONTINUATION frame a byte every 200 ms: closed
+/// at the header-read bound.
+async fn header_dribble(t: &Target) -> Option<bool> {
+    let after = h2_until_closed(t, |mut write| async move {
+        let mut start = h2_frame(0x1, 0, 1, &[0x82]);
+        start.extend(&h2_frame(0x9, 0x4, 1, &[0x84; 1000])[..9]);
+        if write.write_all(&start).await.is_err() {
+            return;
+        }
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if write.write_all(&[0x84]).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await?;
+    Some(after <= Duration::from_secs(HEADER_READ) + SLACK)
+}
+
+/// How many abusers of each kind.
+#[derive(Debug, Clone, Copy)]
+pub struct Counts {
+    pub idle: usize,
+    pub slow_headers: usize,
+    pub not_reading: usize,
+    pub ping_keepalive: usize,
+    pub header_dribble: usize,
+}
+
+/// Keeps the abusers of `counts` connected until `stop`; then how they fared.
 pub async fn run(
     t: Target,
-    counts: (usize, usize, usize),
+    counts: Counts,
     large_list: String,
     large_list_bytes: usize,
     stop: Arc<AtomicBool>,
 ) -> Abusers {
-    let opened = Arc::new([
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-        AtomicUsize::new(0),
-    ]);
+    let opened: Arc<[AtomicUsize; 5]> = Arc::new(Default::default());
     let in_time = Arc::new(AtomicUsize::new(0));
     let mut slots = Vec::new();
-    let (idle_n, slow_n, reading_n) = counts;
-    for (kind, n) in [(0usize, idle_n), (1, slow_n), (2, reading_n)] {
+    for (kind, n) in [
+        (0usize, counts.idle),
+        (1, counts.slow_headers),
+        (2, counts.not_reading),
+        (3, counts.ping_keepalive),
+        (4, counts.header_dribble),
+    ] {
         for _ in 0..n {
             let (t, stop, opened, in_time, list) = (
                 t.clone(),
@@ -131,7 +210,9 @@ pub async fn run(
                     let fared = match kind {
                         0 => idle(&t).await,
                         1 => slow_headers(&t).await,
-                        _ => not_reading(&t, &list, large_list_bytes).await,
+                        2 => not_reading(&t, &list, large_list_bytes).await,
+                        3 => ping_keepalive(&t).await,
+                        _ => header_dribble(&t).await,
                     };
                     if fared == Some(true) {
                         in_time.fetch_add(1, Ordering::Relaxed);
@@ -147,6 +228,8 @@ pub async fn run(
         idle: opened[0].load(Ordering::Relaxed),
         slow_headers: opened[1].load(Ordering::Relaxed),
         not_reading: opened[2].load(Ordering::Relaxed),
+        ping_keepalive: opened[3].load(Ordering::Relaxed),
+        header_dribble: opened[4].load(Ordering::Relaxed),
         closed_in_time: in_time.load(Ordering::Relaxed),
     }
 }

@@ -84,7 +84,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-12); default all.
+    /// Only these scenarios (1-13); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -1207,7 +1207,7 @@ async fn run(args: RunArgs) -> Result<()> {
 
     if wants(&args, 10) {
         println!(
-            "10. Connection abuse: idle, slow-header and non-reading connections during normal load"
+            "10. Connection abuse: idle, slow-header, non-reading, PING-only and header-dribbling connections during normal load"
         );
         let (server, _) = start_server(
             &args,
@@ -1241,7 +1241,13 @@ async fn run(args: RunArgs) -> Result<()> {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let abusers = tokio::spawn(abuse::run(
             t.clone(),
-            (200, 50, 20),
+            abuse::Counts {
+                idle: 200,
+                slow_headers: 50,
+                not_reading: 20,
+                ping_keepalive: 50,
+                header_dribble: 50,
+            },
             list,
             list_bytes,
             stop.clone(),
@@ -1257,11 +1263,22 @@ async fn run(args: RunArgs) -> Result<()> {
             quiet.rps, quiet.p99_us, abused.rps, abused.p99_us
         );
         println!(
-            "  abusive connections: {} idle, {} slow headers, {} not reading ({} B list); server fds {} before, {} after",
-            fared.idle, fared.slow_headers, fared.not_reading, list_bytes, fds_before, fds_after
+            "  abusive connections: {} idle, {} slow headers, {} not reading ({} B list), {} PING-only, {} dribbling a header block; server fds {} before, {} after",
+            fared.idle,
+            fared.slow_headers,
+            fared.not_reading,
+            list_bytes,
+            fared.ping_keepalive,
+            fared.header_dribble,
+            fds_before,
+            fds_after
         );
         let s = "10-abuse";
-        let total = fared.idle + fared.slow_headers + fared.not_reading;
+        let total = fared.idle
+            + fared.slow_headers
+            + fared.not_reading
+            + fared.ping_keepalive
+            + fared.header_dribble;
         report.metric(
             s,
             "abusive connections closed by their timeout",
@@ -1458,6 +1475,35 @@ async fn run(args: RunArgs) -> Result<()> {
             "×",
             "≤ 3",
             Some(ratio <= 3.0),
+        );
+    }
+
+    if wants(&args, 13) {
+        println!(
+            "13. Large-object soak: one 1 MB Llama (12,500 finalizers, listed again in its managedFields) patched with one label {LARGE_PATCHES} times; RSS"
+        );
+        let (server, _) = start_server(&args, &pki, &[]).await?;
+        let t = target(&pki, server.addr)?;
+        let rss = || procfs::rss_bytes(server.pid()).unwrap_or(0) as f64 / 1048576.0;
+        let (start, warm, peak, end) = large_object_soak(&t, rss).await?;
+        println!(
+            "  RSS {start:.0} MiB at start, {warm:.0} MiB after {LARGE_WARMUP} patches, peak {peak:.0} MiB, {end:.0} MiB at the end"
+        );
+        report.metric(
+            "13-large-object",
+            "RSS at the end ÷ after warm-up",
+            end / warm,
+            "×",
+            "≤ 1.2",
+            Some(end <= warm * 1.2),
+        );
+        report.metric(
+            "13-large-object",
+            "peak RSS",
+            peak,
+            "MiB",
+            "≤ 400",
+            Some(peak <= 400.0),
         );
     }
 
@@ -1732,6 +1778,53 @@ fn main() -> Result<()> {
             std::future::pending::<Result<()>>().await
         }),
     }
+}
+
+/// Scenario 13's patches, and how many of them warm the server up.
+const LARGE_PATCHES: usize = 600;
+const LARGE_WARMUP: usize = 100;
+
+/// Creates a Llama of about 1 MB and patches one label of it [`LARGE_PATCHES`] times; RSS
+/// (MiB) at the start, after [`LARGE_WARMUP`] patches, at its peak and at the end.
+async fn large_object_soak(t: &Target, rss: impl Fn() -> f64) -> Result<(f64, f64, f64, f64)> {
+    let llamas = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+    let finalizers: Vec<String> = (0..12_500)
+        .map(|i| format!("farm.example.com/hold-{i:0>57}"))
+        .collect();
+    let body = serde_json::json!({
+        "apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "large", "finalizers": finalizers},
+        "spec": {"weight": 1, "height": 1},
+    });
+    let mut conn = t.connect(Proto::H2).await?;
+    let json = [("content-type", "application/json")];
+    let created = conn
+        .send("POST", llamas, &json, Bytes::from(body.to_string()))
+        .await?;
+    anyhow::ensure!(created.status == 201, "create: {}", created.status);
+    let start = rss();
+    let (mut warm, mut peak) = (start, start);
+    let merge = [("content-type", "application/merge-patch+json")];
+    for i in 0..LARGE_PATCHES {
+        let patch = serde_json::json!({"metadata": {"labels": {"n": i.to_string()}}});
+        let reply = conn
+            .send(
+                "PATCH",
+                &format!("{llamas}/large"),
+                &merge,
+                Bytes::from(patch.to_string()),
+            )
+            .await?;
+        anyhow::ensure!(reply.status == 200, "patch {i}: {}", reply.status);
+        if i % 50 == 0 {
+            peak = peak.max(rss());
+        }
+        if i == LARGE_WARMUP {
+            warm = rss();
+        }
+    }
+    let end = rss();
+    Ok((start, warm, peak.max(end), end))
 }
 
 #[cfg(test)]
