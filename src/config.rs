@@ -180,6 +180,12 @@ pub struct Args {
     #[arg(long, env = "FARM_REQUEST_TIMEOUT", default_value_t = 60)]
     pub request_timeout: u64,
 
+    /// Admission plugins to turn off (kube-apiserver's flag). With a cluster,
+    /// `NamespaceLifecycle` refuses creates in a namespace that does not exist or is being
+    /// deleted; without one there is nothing to check.
+    #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
+    pub disable_admission_plugins: Vec<String>,
+
     /// Seconds between BOOKMARK events on watches that allow them.
     #[arg(long, env = "FARM_WATCH_BOOKMARK_INTERVAL", default_value_t = 60)]
     pub watch_bookmark_interval: u64,
@@ -312,6 +318,7 @@ impl Args {
             min_request_timeout: seconds(self.min_request_timeout),
             bookmark_interval: seconds(self.watch_bookmark_interval),
             request_timeout: seconds(self.request_timeout),
+            garbage_collection: false,
         }
     }
 
@@ -415,7 +422,7 @@ impl Args {
             token_ttl: Duration::from_secs(self.authentication_cache_ttl),
         }
         .build();
-        if let Some(client) = cluster {
+        if let Some(client) = cluster.clone() {
             tokio::spawn(source::follow_configmap(
                 client,
                 sources,
@@ -437,12 +444,23 @@ impl Args {
                 (store, checks)
             }
         };
+        let namespace_lifecycle = !self
+            .disable_admission_plugins
+            .iter()
+            .any(|p| p == "NamespaceLifecycle");
+        let namespaces = cluster
+            .clone()
+            .filter(|_| namespace_lifecycle)
+            .map(crate::namespaces::Namespaces::start);
+        let mut rest = self.rest_settings();
+        rest.garbage_collection = cluster.is_some();
         let (state, shutdown) = AppState::farm(
             llamas,
             farmpods,
             StateOptions {
-                rest: self.rest_settings(),
+                rest,
                 auth,
+                namespaces,
             },
         );
         for check in etcd_checks {

@@ -143,6 +143,16 @@ pub enum Error {
     #[error("{0}")]
     Forbidden(String),
 
+    /// 403 `Forbidden` with the `NamespaceTerminating` cause: a create in a namespace being
+    /// deleted (kube-apiserver's NamespaceLifecycle admission).
+    #[error("{} \"{}\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated", .subject.resource, .subject.name)]
+    NamespaceTerminating {
+        /// The object that was to be created (its name, or generateName).
+        subject: Subject,
+        /// The namespace being deleted.
+        namespace: String,
+    },
+
     /// 503 `ServiceUnavailable`: the kind's store cannot answer now (no cluster, cache not
     /// synced).
     #[error("{0}")]
@@ -204,7 +214,7 @@ impl Error {
             Error::Expired(_) => StatusCode::GONE,
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Error::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Error::Forbidden(_) => StatusCode::FORBIDDEN,
+            Error::Forbidden(_) | Error::NamespaceTerminating { .. } => StatusCode::FORBIDDEN,
             Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -225,7 +235,7 @@ impl Error {
             Error::Expired(_) => "Expired",
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => "Timeout",
             Error::Unauthorized(_) => "Unauthorized",
-            Error::Forbidden(_) => "Forbidden",
+            Error::Forbidden(_) | Error::NamespaceTerminating { .. } => "Forbidden",
             Error::ServiceUnavailable(_) => "ServiceUnavailable",
             Error::Internal(_) => "InternalError",
         }
@@ -246,6 +256,19 @@ impl Error {
             Error::ApplyConflict { causes, .. } => {
                 return Some(StatusDetails {
                     causes: Some(status_causes(causes)),
+                    ..Default::default()
+                });
+            }
+            Error::NamespaceTerminating { subject, namespace } => {
+                return Some(StatusDetails {
+                    name: (!subject.name.is_empty()).then(|| subject.name.clone()),
+                    group: Some(subject.group.clone()),
+                    kind: Some(subject.kind.clone()),
+                    causes: Some(vec![StatusCause {
+                        reason: Some("NamespaceTerminating".into()),
+                        message: Some(format!("namespace {namespace} is being terminated")),
+                        field: Some("metadata.namespace".into()),
+                    }]),
                     ..Default::default()
                 });
             }

@@ -28,6 +28,7 @@ pub mod health;
 pub mod list_body;
 pub mod list_buffer;
 pub mod metrics;
+pub mod namespaces;
 pub mod negotiate;
 pub mod openapi;
 pub mod recovery;

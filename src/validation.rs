@@ -80,6 +80,77 @@ fn is_label_value(value: &str) -> bool {
     value.is_empty() || is_label_name(value)
 }
 
+const NAME_PART_MESSAGE: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+
+/// Why `value` is not a qualified name (apimachinery's `IsQualifiedName`, its messages), or
+/// None when it is one.
+fn qualified_name_error(value: &str) -> Option<String> {
+    let parts: Vec<&str> = value.split('/').collect();
+    let (prefix, name) = match parts.as_slice() {
+        [name] => (None, *name),
+        [prefix, name] => (Some(*prefix), *name),
+        _ => {
+            return Some("a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')".into());
+        }
+    };
+    match prefix {
+        Some("") => return Some("prefix part must be non-empty".into()),
+        Some(p) if !is_dns1123_subdomain(p) => {
+            return Some(format!("prefix part {DNS1123_SUBDOMAIN_MESSAGE}"));
+        }
+        _ => {}
+    }
+    if name.is_empty() {
+        Some("name part must be non-empty".into())
+    } else if name.len() > 63 {
+        Some("name part must be no more than 63 bytes".into())
+    } else if !is_label_name(name) {
+        Some(NAME_PART_MESSAGE.into())
+    } else {
+        None
+    }
+}
+
+/// The finalizers' names (apimachinery's `ValidateFinalizerName`: qualified names), and the
+/// garbage collector's two, which exclude each other.
+pub fn validate_finalizers(meta: &ObjectMeta) -> Vec<FieldError> {
+    let finalizers = meta.finalizers.as_deref().unwrap_or_default();
+    let mut errors: Vec<FieldError> = finalizers
+        .iter()
+        .filter_map(|f| {
+            qualified_name_error(f)
+                .map(|why| FieldError::invalid("metadata.finalizers", format!("{f:?}"), &why))
+        })
+        .collect();
+    let has = |name: &str| finalizers.iter().any(|f| f == name);
+    if has("orphan") && has("foregroundDeletion") {
+        errors.push(FieldError::invalid(
+            "metadata.finalizers",
+            format!("{finalizers:?}"),
+            "finalizer orphan and foregroundDeletion cannot be both set",
+        ));
+    }
+    errors
+}
+
+/// kube-apiserver's warning for a custom resource's finalizer that is not domain-qualified
+/// (the standard ones apart).
+pub fn finalizer_warnings(meta: &ObjectMeta) -> Vec<String> {
+    meta.finalizers
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|f| {
+            !f.contains('/') && !matches!(f.as_str(), "kubernetes" | "orphan" | "foregroundDeletion")
+        })
+        .map(|f| {
+            format!(
+                "metadata.finalizers: {f:?}: prefer a domain-qualified finalizer name including a path (/) to avoid accidental conflicts with other finalizer writers"
+            )
+        })
+        .collect()
+}
+
 /// Labels and annotations a client set.
 pub fn validate_metadata(meta: &ObjectMeta) -> Vec<FieldError> {
     let mut errors = Vec::new();

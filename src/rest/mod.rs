@@ -11,6 +11,8 @@
 
 pub mod body;
 pub mod fields;
+pub mod guaranteed;
+pub mod lifecycle;
 pub mod options;
 pub mod patch;
 pub mod read;
@@ -46,6 +48,10 @@ pub struct RestSettings {
     /// How long a request that is not a watch may take, response included (kube-apiserver's
     /// `--request-timeout`): past it, 504.
     pub request_timeout: Duration,
+    /// A cluster's garbage collector looks after our objects: a delete adds its finalizer
+    /// (`orphan`, `foregroundDeletion`) as the propagation policy says. Without one nobody
+    /// would remove them, so none is added.
+    pub garbage_collection: bool,
 }
 
 impl Default for RestSettings {
@@ -54,6 +60,7 @@ impl Default for RestSettings {
             min_request_timeout: Duration::from_secs(1800),
             bookmark_interval: Duration::from_secs(60),
             request_timeout: Duration::from_secs(60),
+            garbage_collection: false,
         }
     }
 }
@@ -69,6 +76,9 @@ pub struct RestContext {
     pub settings: Arc<RestSettings>,
     /// Where large and deep request bodies are worked on.
     pub work: body::Work,
+    /// The cluster's namespaces, for NamespaceLifecycle admission of creates; None without a
+    /// cluster (or with the plugin disabled): no check.
+    pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
 }
 
 pub(crate) struct KindApiInner<K> {

@@ -32,6 +32,8 @@ pub(crate) struct Query {
     pub(crate) field_validation: Option<String>,
     pub(crate) field_manager: Option<String>,
     pub(crate) force: Option<String>,
+    pub(crate) propagation_policy: Option<String>,
+    pub(crate) orphan_dependents: Option<String>,
 }
 
 /// Parses a query string; a parameter given twice takes its first value, as kube-apiserver's
@@ -62,6 +64,8 @@ pub(crate) fn parse_query(raw: Option<&str>) -> Result<Query> {
             "fieldValidation" => &mut query.field_validation,
             "fieldManager" => &mut query.field_manager,
             "force" => &mut query.force,
+            "propagationPolicy" => &mut query.propagation_policy,
+            "orphanDependents" => &mut query.orphan_dependents,
             _ => continue,
         };
         if slot.is_none() {

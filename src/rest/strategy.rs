@@ -5,6 +5,7 @@ use rand::Rng;
 use serde_json::Value;
 
 use super::body;
+use super::lifecycle;
 use super::options::FieldValidation;
 use crate::{
     error::{Error, FieldError, Result},
@@ -152,12 +153,15 @@ pub(crate) fn validate<K: ServedResource>(object: &K, old: Option<&K>) -> Result
         ));
     }
     causes.extend(validation::validate_metadata(meta));
+    causes.extend(validation::validate_finalizers(meta));
     causes.extend(object.validate());
     if let Some(old) = old {
         causes.extend(object.validate_update(old));
     }
     if causes.is_empty() {
-        return Ok(object.warnings(old));
+        let mut warnings = validation::finalizer_warnings(meta);
+        warnings.extend(object.warnings(old));
+        return Ok(warnings);
     }
     Err(Error::Invalid {
         subject: K::invalid_subject(&name),
@@ -252,7 +256,13 @@ pub(crate) fn written_part<K: ServedResource>(sent: K, current: &K, part: Part) 
     }
 }
 
-pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K, part: Part) {
+/// Server-owned metadata of an update (`BeforeUpdate`), and what an update may not do to an
+/// object's deletion ([`lifecycle::check_update`]: 422).
+pub(crate) fn prepare_update<K: ServedResource>(
+    next: &mut K,
+    current: &K,
+    part: Part,
+) -> Result<()> {
     if K::STATUS_SUBRESOURCE && part == Part::Object {
         next.set_status_from(current);
     }
@@ -264,9 +274,16 @@ pub(crate) fn prepare_update<K: ServedResource>(next: &mut K, current: &K, part:
     meta.creation_timestamp = old.creation_timestamp.clone();
     meta.generation = Some(generation);
     meta.namespace = old.namespace.clone();
-    meta.deletion_timestamp = old.deletion_timestamp.clone();
     meta.self_link = None;
+    let causes = lifecycle::check_update(meta, old);
+    if !causes.is_empty() {
+        return Err(Error::Invalid {
+            subject: K::invalid_subject(old.name.as_deref().unwrap_or("")),
+            causes,
+        });
+    }
     next.prepare_for_update(current);
+    Ok(())
 }
 
 /// How a write that names a uid other than the stored object's is refused, as in

@@ -1,25 +1,29 @@
 //! create, update, patch, delete and deletecollection.
 
-use std::sync::Arc;
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use axum::{body::Bytes, extract::Request, http::StatusCode, response::Response};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ListMeta};
 
 use super::fields::{manager_or_user_agent, parse_apply_body};
-use super::options::{FieldValidation, dry_run_of, parse_delete_options, parse_query};
+use super::guaranteed::Deleted;
+use super::options::{FieldValidation, Query, dry_run_of, parse_delete_options, parse_query};
 use super::patch::{PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, with_warnings};
 use super::strategy::{
     Part, UidSent, check_name, check_namespace, check_shallow, check_uid, decode_body,
     decode_object, prepare_create, prepare_update, validate, written_part,
 };
-use super::{KindApi, MAX_BODY_BYTES, body};
+use super::{KindApi, MAX_BODY_BYTES, body, guaranteed, lifecycle};
 use crate::{
     error::{Error, FieldError, Result},
     list_body::{self},
     negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
-    store::{ListRequest, Object, Preconditions, UpdateFrom, WritableStore},
+    store::{ListRequest, UpdateFrom, WritableStore, check_preconditions},
     table::IncludeObject,
 };
 
@@ -46,6 +50,7 @@ pub(crate) async fn create<K: ServedResource>(
         })
         .await?;
     prepare_create(&mut object, &namespace)?;
+    admit_create(&api, &object).await?;
     let mut warnings = warnings;
     warnings.extend(validate(&object, None)?);
     api.fields()?
@@ -58,6 +63,23 @@ pub(crate) async fn create<K: ServedResource>(
         StatusCode::CREATED,
     )?;
     Ok(with_warnings(response, &warnings))
+}
+
+/// NamespaceLifecycle admission of a create, when the server has a cluster's namespaces.
+async fn admit_create<K: ServedResource>(api: &KindApi<K>, object: &K) -> Result<()> {
+    let (Some(namespaces), true) = (&api.ctx.namespaces, K::namespaced()) else {
+        return Ok(());
+    };
+    let meta = object.meta();
+    let name = meta
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .or(meta.generate_name.as_deref())
+        .unwrap_or("Unknown");
+    namespaces
+        .admit_create(meta.namespace.as_deref().unwrap_or(""), K::subject(name))
+        .await
 }
 
 pub(crate) async fn update<K: ServedResource>(
@@ -104,26 +126,22 @@ pub(crate) async fn update<K: ServedResource>(
     }
     let key = ObjectKey::new(&namespace, &name);
     let writer = api.writer()?;
-    let mut from = first_read(writer);
-    let (updated, warnings) = loop {
-        let attempt = async {
-            let current = writer.get_for_update(&key, from).await?;
-            check_uid(&object, current.as_ref(), UidSent::Precondition)?;
-            let mut object = written_part(object.clone(), current.as_ref(), part);
-            prepare_update(&mut object, current.as_ref(), part);
-            let mut warnings = warnings.clone();
-            warnings.extend(validate(&object, Some(current.as_ref()))?);
-            api.fields()?
-                .update(part, Some(&current), &mut object, &manager)?;
-            let updated = update_unless_unchanged(writer, object, &current, dry_run).await?;
-            Ok::<_, Error>((updated, warnings))
-        };
-        match attempt.await {
-            // A stale copy: once more from the source, where a failure is the client's.
-            Err(_) if from == UpdateFrom::Cache => from = UpdateFrom::Source,
-            result => break result?,
-        }
-    };
+    // A PUT names the resourceVersion it replaces: a conflict is the client's to resolve.
+    let pinned = AtomicBool::new(true);
+    let (object, warnings, manager, api, key) = (&object, &warnings, &manager, &api, &key);
+    let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
+        let current = writer.get_for_update(key, from).await?;
+        check_uid(object, current.as_ref(), UidSent::Precondition)?;
+        let mut object = written_part(object.clone(), current.as_ref(), part);
+        prepare_update(&mut object, current.as_ref(), part)?;
+        let mut warnings = warnings.clone();
+        warnings.extend(validate(&object, Some(current.as_ref()))?);
+        api.fields()?
+            .update(part, Some(&current), &mut object, manager)?;
+        let updated = guaranteed::write(writer, object, &current, dry_run).await?;
+        Ok((updated, warnings))
+    })
+    .await?;
     let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
     Ok(with_warnings(response, &warnings))
 }
@@ -163,102 +181,59 @@ pub(crate) async fn patch<K: ServedResource>(
     }
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let writer = api.writer()?;
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        let from = if attempts == 1 {
-            first_read(writer)
-        } else {
-            UpdateFrom::Source
-        };
-        let pinned = std::sync::atomic::AtomicBool::new(false);
-        let attempt = async {
-            let current = writer.get_for_update(&key, from).await?;
-            // A JSON patch may nest its result deeper than its body: always off the workers.
-            let heavy = patch_type == PatchType::Json || body::Work::is_heavy(&body);
-            let (patched_from, body) = (current.clone(), body.clone());
-            let (mut object, warnings) = api
-                .ctx
-                .work
-                .run_if(heavy, move || {
-                    let patched = apply_patch(&patched_from, patch_type, &body)?;
-                    let decoded = decode_object::<K>(patched, field_validation)?;
-                    check_shallow(&decoded.0)?;
-                    Ok(decoded)
-                })
-                .await?;
-            // Patch after patch must not grow an object past what one request may send.
-            let size = json_len(&object);
-            if size > MAX_BODY_BYTES {
-                return Err(Error::RequestEntityTooLarge(format!(
-                    "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
-                )));
-            }
-            check_name(&object, &name)?;
-            check_namespace(&object, &namespace)?;
-            check_uid(&object, current.as_ref(), UidSent::Field)?;
-            pinned.store(
-                object.meta().resource_version != current.meta().resource_version,
-                std::sync::atomic::Ordering::Relaxed,
-            );
-            if object
-                .meta()
-                .resource_version
-                .as_deref()
-                .unwrap_or("")
-                .is_empty()
-            {
-                object.meta_mut().resource_version = current.meta().resource_version.clone();
-            }
-            let mut object = written_part(object, current.as_ref(), part);
-            prepare_update(&mut object, current.as_ref(), part);
-            let mut warnings = warnings;
-            warnings.extend(validate(&object, Some(current.as_ref()))?);
-            api.fields()?
-                .update(part, Some(&current), &mut object, &manager)?;
-            let updated = update_unless_unchanged(writer, object, &current, dry_run).await?;
-            let response =
-                object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
-            Ok(with_warnings(response, &warnings))
-        };
-        match attempt.await {
-            Ok(response) => return Ok(response),
-            // Whatever failed from a cached copy (a conflict, a JSON patch `test`, validation)
-            // may be its staleness: tried once from the source, as kube-apiserver's
-            // GuaranteedUpdate does with its cached object; then conflicts while no
-            // resourceVersion pins the patch.
-            Err(_) if from == UpdateFrom::Cache => {}
-            Err(Error::Conflict { .. })
-                if !pinned.load(std::sync::atomic::Ordering::Relaxed) && attempts < 5 => {}
-            Err(e) => return Err(e),
+    let pinned = AtomicBool::new(false);
+    let (api, key, body, name, namespace, manager, pinned_ref) =
+        (&api, &key, &body, &name, &namespace, &manager, &pinned);
+    guaranteed::retry(writer, &pinned, |from| async move {
+        let pinned = pinned_ref;
+        let current = writer.get_for_update(key, from).await?;
+        // A JSON patch may nest its result deeper than its body: always off the workers.
+        let heavy = patch_type == PatchType::Json || body::Work::is_heavy(body);
+        let (patched_from, body) = (current.clone(), body.clone());
+        let (mut object, warnings) = api
+            .ctx
+            .work
+            .run_if(heavy, move || {
+                let patched = apply_patch(&patched_from, patch_type, &body)?;
+                let decoded = decode_object::<K>(patched, field_validation)?;
+                check_shallow(&decoded.0)?;
+                Ok(decoded)
+            })
+            .await?;
+        // Patch after patch must not grow an object past what one request may send.
+        let size = json_len(&object);
+        if size > MAX_BODY_BYTES {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+            )));
         }
-    }
-}
-
-/// Where a write's first attempt reads the object it starts from.
-fn first_read<K: ServedResource>(writer: &dyn WritableStore<K>) -> UpdateFrom {
-    if writer.updates_from_a_cache() {
-        UpdateFrom::Cache
-    } else {
-        UpdateFrom::Source
-    }
-}
-
-/// An update, unless it changes nothing: then, as kube-apiserver's storage does, nothing is
-/// written, the object keeps its resourceVersion and watchers hear nothing (an apply of an
-/// unchanged configuration, a PUT of what was read).
-async fn update_unless_unchanged<K: ServedResource>(
-    writer: &dyn WritableStore<K>,
-    object: K,
-    current: &Object<K>,
-    dry_run: bool,
-) -> Result<Object<K>> {
-    if object.meta().resource_version == current.meta().resource_version
-        && serde_json::to_vec(&object).is_ok_and(|json| json[..] == current.json()[..])
-    {
-        return Ok(current.clone());
-    }
-    writer.update(object, dry_run).await
+        check_name(&object, name)?;
+        check_namespace(&object, namespace)?;
+        check_uid(&object, current.as_ref(), UidSent::Field)?;
+        pinned.store(
+            object.meta().resource_version != current.meta().resource_version,
+            Ordering::Relaxed,
+        );
+        if object
+            .meta()
+            .resource_version
+            .as_deref()
+            .unwrap_or("")
+            .is_empty()
+        {
+            object.meta_mut().resource_version = current.meta().resource_version.clone();
+        }
+        let mut object = written_part(object, current.as_ref(), part);
+        prepare_update(&mut object, current.as_ref(), part)?;
+        let mut warnings = warnings;
+        warnings.extend(validate(&object, Some(current.as_ref()))?);
+        api.fields()?
+            .update(part, Some(&current), &mut object, manager)?;
+        let updated = guaranteed::write(writer, object, &current, dry_run).await?;
+        let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
+        Ok(with_warnings(response, &warnings))
+    })
+    .await
 }
 
 /// A server-side apply of one object (or of its status).
@@ -293,27 +268,12 @@ impl Apply {
             .pointer("/metadata/resourceVersion")
             .and_then(serde_json::Value::as_str)
             .is_some_and(|rv| !rv.is_empty());
-        let mut attempts = 0;
-        loop {
-            attempts += 1;
-            let from = if attempts == 1 {
-                first_read(writer)
-            } else {
-                UpdateFrom::Source
-            };
-            match self
-                .attempt(&api, writer, &config, heavy, from, pinned)
-                .await
-            {
-                Ok(response) => return Ok(response),
-                // As for patches: anything that failed from a cached copy is tried once from
-                // the source (a conflict with managers, too, may come from a stale copy).
-                Err(_) if from == UpdateFrom::Cache => {}
-                Err(Error::Conflict { .. } | Error::AlreadyExists(_))
-                    if !pinned && attempts < 5 => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let pinned_flag = AtomicBool::new(pinned);
+        let (this, api, config) = (&self, &api, &config);
+        guaranteed::retry(writer, &pinned_flag, |from| async move {
+            this.attempt(api, writer, config, heavy, from, pinned).await
+        })
+        .await
     }
 
     async fn attempt<K: ServedResource>(
@@ -365,6 +325,7 @@ impl Apply {
                 }
                 object.meta_mut().resource_version = None;
                 prepare_create(&mut object, &self.key.namespace)?;
+                admit_create(api, &object).await?;
                 warnings.extend(validate(&object, None)?);
                 (
                     writer.create(object, self.dry_run).await?,
@@ -380,10 +341,10 @@ impl Apply {
                 let managed = object.meta().managed_fields.clone();
                 let mut object = written_part(object, current.as_ref(), self.part);
                 object.meta_mut().managed_fields = managed;
-                prepare_update(&mut object, current.as_ref(), self.part);
+                prepare_update(&mut object, current.as_ref(), self.part)?;
                 warnings.extend(validate(&object, Some(current.as_ref()))?);
                 (
-                    update_unless_unchanged(writer, object, &current, self.dry_run).await?,
+                    guaranteed::write(writer, object, &current, self.dry_run).await?,
                     StatusCode::OK,
                 )
             }
@@ -403,17 +364,92 @@ pub(crate) async fn delete<K: ServedResource>(
     let raw = parts.uri.query();
     let query = parse_query(raw)?;
     let body = body::read(body).await?;
-    let options = parse_delete_options(&body)?;
+    let options = delete_options(&body, &query)?;
     let dry_run = dry_run_of(&options, &query)?;
-    let deleted = api
-        .writer()?
-        .delete(
-            &ObjectKey::new(namespace, name),
-            &options.preconditions.unwrap_or_default(),
-            dry_run,
-        )
-        .await?;
-    Ok(json_response(StatusCode::OK, deleted.json().clone()))
+    let writer = api.writer()?;
+    let key = ObjectKey::new(namespace, name);
+    match delete_one(&api, writer, &key, &options, dry_run).await? {
+        // As for custom resources: a success Status naming what went.
+        Deleted::Now(object) => Ok(json_response(
+            StatusCode::OK,
+            deleted_status::<K>(object.meta()),
+        )),
+        // Held by its finalizers: the object as it is now; 202 only for the legacy
+        // `orphanDependents: false`, as kube-apiserver answers.
+        Deleted::Pending(object) => {
+            let code = if options.orphan_dependents == Some(false) {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
+            Ok(json_response(code, object.json().clone()))
+        }
+    }
+}
+
+/// A DELETE's options: its body, or the query's parameters when it has none (kubectl and
+/// client-go send a body; curl users the query), validated as kube-apiserver validates them.
+fn delete_options(body: &[u8], query: &Query) -> Result<DeleteOptions> {
+    let mut options = parse_delete_options(body)?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        options.propagation_policy = query.propagation_policy.clone();
+        options.orphan_dependents = match query.orphan_dependents.as_deref() {
+            None | Some("") => None,
+            Some(value) => Some(crate::request_info::parse_bool(value).ok_or_else(|| {
+                Error::BadRequest(format!(
+                    "strconv.ParseBool: parsing {value:?}: invalid syntax"
+                ))
+            })?),
+        };
+    }
+    lifecycle::validate_delete_options(&options)?;
+    Ok(options)
+}
+
+/// Deletes one object through the write loop: marked deleting while finalizers hold it,
+/// else gone.
+async fn delete_one<K: ServedResource>(
+    api: &KindApi<K>,
+    writer: &dyn WritableStore<K>,
+    key: &ObjectKey,
+    options: &DeleteOptions,
+    dry_run: bool,
+) -> Result<Deleted<K>> {
+    let preconditions = options.preconditions.clone().unwrap_or_default();
+    // A precondition on the resourceVersion pins the delete to it.
+    let pinned = AtomicBool::new(preconditions.resource_version.is_some());
+    let gc = api.ctx.settings.garbage_collection;
+    let preconditions = &preconditions;
+    guaranteed::retry(writer, &pinned, |from| async move {
+        let current = writer.get_for_update(key, from).await?;
+        check_preconditions(current.get(), preconditions)?;
+        let finalizers = lifecycle::finalizers_on_delete(
+            current.meta().finalizers.as_deref().unwrap_or_default(),
+            options,
+            gc,
+        );
+        guaranteed::delete(writer, &current, finalizers, dry_run).await
+    })
+    .await
+}
+
+/// The Status kube-apiserver answers a delete that deleted (`details.kind` is the resource).
+fn deleted_status<K: ServedResource>(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Vec<u8> {
+    let status = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "details": {
+            "name": meta.name.as_deref().unwrap_or(""),
+            "group": crate::resource::GROUP,
+            "kind": K::plural(&()),
+            "uid": meta.uid.as_deref().unwrap_or(""),
+        },
+    });
+    serde_json::to_vec(&status).unwrap_or_default()
 }
 
 pub(crate) async fn delete_collection<K: ServedResource>(
@@ -429,8 +465,9 @@ pub(crate) async fn delete_collection<K: ServedResource>(
     query.timeout_seconds()?;
     query.limit()?;
     let body = body::read(body).await?;
-    let options = parse_delete_options(&body)?;
+    let options = delete_options(&body, &query)?;
     let dry_run = dry_run_of(&options, &query)?;
+    let writer = api.writer()?;
     let page = api
         .store
         .list(&ListRequest {
@@ -439,20 +476,12 @@ pub(crate) async fn delete_collection<K: ServedResource>(
             ..Default::default()
         })
         .await?;
-    let mut deleted = Vec::with_capacity(page.items.len());
-    for item in page.items {
-        match api
-            .writer()?
-            .delete(
-                &ObjectKey::of(item.meta()),
-                &Preconditions::default(),
-                dry_run,
-            )
-            .await
-        {
-            Ok(object) => deleted.push(object),
+    // Each as a DELETE of it would go (finalizers hold some); the answer lists them as they
+    // were listed, as kube-apiserver's does.
+    for item in &page.items {
+        match delete_one(&api, writer, &ObjectKey::of(item.meta()), &options, dry_run).await {
             // Deleted meanwhile by someone else: not an error for a collection delete.
-            Err(Error::NotFound(_)) => {}
+            Ok(_) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
     }
@@ -462,6 +491,6 @@ pub(crate) async fn delete_collection<K: ServedResource>(
     };
     Ok(json_response(
         StatusCode::OK,
-        list_body::json_list::<K>(&deleted, &metadata)?,
+        list_body::json_list::<K>(&page.items, &metadata)?,
     ))
 }

@@ -121,6 +121,8 @@ pub struct StateOptions {
     pub rest: RestSettings,
     /// Shared with whatever replaces its configuration (the ConfigMap follower).
     pub auth: Arc<Auth>,
+    /// NamespaceLifecycle admission of creates (None: no check).
+    pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
 }
 
 impl Default for StateOptions {
@@ -129,6 +131,7 @@ impl Default for StateOptions {
         Self {
             rest: RestSettings::default(),
             auth: AuthOptions::default().build(),
+            namespaces: None,
         }
     }
 }
@@ -159,6 +162,7 @@ impl AppState {
             shutdown: watches.clone(),
             settings: Arc::new(options.rest),
             work: rest::body::Work::default(),
+            namespaces: options.namespaces,
         };
         let (resources, endpoints) = group.endpoints(&rest);
         let state = Self {

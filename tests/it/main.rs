@@ -16,6 +16,7 @@ mod common;
 mod apply;
 mod binary;
 mod bodies;
+mod deletion;
 mod e2e_cluster;
 mod e2e_tls;
 mod etcd;

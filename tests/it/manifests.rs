@@ -217,6 +217,9 @@ fn rbac_for_an_aggregated_api_server() {
     let pods = find(objects, "ClusterRole", "farm-apiserver");
     assert_eq!(pods["rules"][0]["resources"], json!(["pods"]));
     assert_eq!(pods["rules"][0]["verbs"], json!(["get", "list", "watch"]));
+    // NamespaceLifecycle admission watches Namespaces.
+    assert_eq!(pods["rules"][1]["resources"], json!(["namespaces"]));
+    assert_eq!(pods["rules"][1]["verbs"], json!(["get", "list", "watch"]));
 
     let view = find(objects, "ClusterRole", "farm:view");
     assert_eq!(

@@ -387,7 +387,13 @@ async fn create_update_patch_delete_round_trip(storage: TestStorage) {
     )
     .await;
     assert_eq!(deleted.status, StatusCode::OK);
-    assert_eq!(deleted.json()["metadata"]["name"], "kuzco");
+    // As for a custom resource: a success Status naming what went.
+    let status = deleted.json();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["status"], "Success");
+    assert_eq!(status["details"]["name"], "kuzco");
+    assert_eq!(status["details"]["kind"], "llamas");
+    assert_eq!(status["details"]["group"], "farm.example.com");
     get(&app, &format!("{BASE}/namespaces/farm/llamas/kuzco"))
         .await
         .status(404, "NotFound");

@@ -182,7 +182,8 @@ impl Etcd {
             .expect("starting etcd");
         self.child = Some(child);
         let client = self.client();
-        for _ in 0..200 {
+        // Up to 30 s: a loaded machine starting many etcds at once may take a while.
+        for _ in 0..600 {
             if client.revision(b"/").await.is_ok() {
                 return;
             }

@@ -83,8 +83,22 @@ pub fn pod(namespace: &str, name: &str, labels: &[(&str, &str)], containers: usi
 fn resource_of(object: &Value) -> String {
     match object["kind"].as_str() {
         Some("ConfigMap") => "configmaps".into(),
+        Some("Namespace") => "namespaces".into(),
         _ => "pods".into(),
     }
+}
+
+/// A Namespace, Active or (with `terminating`) being deleted.
+pub fn namespace(name: &str, terminating: bool) -> Value {
+    let mut ns = json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "uid": format!("uid-{name}")},
+        "status": {"phase": if terminating { "Terminating" } else { "Active" }},
+    });
+    if terminating {
+        ns["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    }
+    ns
 }
 
 fn key_of(object: &Value) -> (String, String, String) {
@@ -121,6 +135,8 @@ impl FakeKube {
         });
         let app = Router::new()
             .route("/api/v1/pods", get(all_pods))
+            .route("/api/v1/namespaces", get(all_namespaces))
+            .route("/api/v1/namespaces/{name}", get(one_namespace))
             .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced))
             .route(
                 "/apis/authorization.k8s.io/v1/subjectaccessreviews",
@@ -231,10 +247,10 @@ impl FakeKube {
                 .filter(|v| in_scope(&resource, ns.as_deref(), v))
                 .cloned()
                 .collect();
-            let kind = if resource == "configmaps" {
-                "ConfigMapList"
-            } else {
-                "PodList"
+            let kind = match resource.as_str() {
+                "configmaps" => "ConfigMapList",
+                "namespaces" => "NamespaceList",
+                _ => "PodList",
             };
             let body = json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": pods.rv.to_string()}, "items": items});
             return ([("content-type", "application/json")], body.to_string()).into_response();
@@ -254,10 +270,7 @@ impl FakeKube {
                     .unwrap()
                     .parse()
                     .unwrap();
-                let in_scope = ns
-                    .as_deref()
-                    .is_none_or(|ns| pod["metadata"]["namespace"] == ns);
-                if rv > since && in_scope {
+                if rv > since && in_scope(&resource, ns.as_deref(), &pod) {
                     let line = format!("{}\n", json!({"type": type_, "object": pod}));
                     if tx.send(Bytes::from(line)).await.is_err() {
                         return;
@@ -310,6 +323,32 @@ where
 
 async fn all_pods(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
     fake.serve("pods".into(), None, q)
+}
+
+async fn all_namespaces(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
+    fake.serve("namespaces".into(), None, q)
+}
+
+async fn one_namespace(State(fake): State<Arc<FakeKube>>, Path(name): Path<String>) -> Response {
+    let found = fake
+        .pods
+        .lock()
+        .unwrap()
+        .items
+        .get(&("namespaces".to_owned(), String::new(), name.clone()))
+        .cloned();
+    match found {
+        Some(ns) => ([("content-type", "application/json")], ns.to_string()).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            [("content-type", "application/json")],
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                "message": format!("namespaces \"{name}\" not found"),
+                "details": {"name": name, "kind": "namespaces"}})
+            .to_string(),
+        )
+            .into_response(),
+    }
 }
 
 async fn namespaced(

@@ -140,6 +140,10 @@ pub struct Options {
     pub request_timeout: Duration,
     /// Where Llamas live.
     pub storage: TestStorage,
+    /// NamespaceLifecycle admission against `cluster`'s Namespaces.
+    pub namespace_lifecycle: bool,
+    /// Deletes add the garbage collector's finalizers (a cluster's collector removes them).
+    pub garbage_collection: bool,
 }
 
 impl Default for Options {
@@ -155,6 +159,8 @@ impl Default for Options {
             limits: Default::default(),
             request_timeout: Duration::from_secs(60),
             storage: TestStorage::Memory,
+            namespace_lifecycle: false,
+            garbage_collection: false,
         }
     }
 }
@@ -241,9 +247,15 @@ impl TestServer {
                 rest: RestSettings {
                     bookmark_interval: options.bookmark_interval,
                     request_timeout: options.request_timeout,
+                    garbage_collection: options.garbage_collection,
                     ..Default::default()
                 },
                 auth,
+                namespaces: options
+                    .cluster
+                    .clone()
+                    .filter(|_| options.namespace_lifecycle)
+                    .map(farm_apiserver::namespaces::Namespaces::start),
             },
         );
         let app = server::app(state.clone());

@@ -36,8 +36,17 @@ pub fn app() -> App {
 /// The app with its Llamas on `storage` (seeded with dolly), and the etcd it uses (kept
 /// running while held); None (SKIPPED printed) for etcd when there is none.
 pub async fn app_on(storage: super::TestStorage) -> Option<(App, Option<super::etcd::Etcd>)> {
+    app_on_with(storage, false).await
+}
+
+/// [`app_on`], its deletes adding the garbage collector's finalizers when `gc`.
+pub async fn app_on_with(
+    storage: super::TestStorage,
+    gc: bool,
+) -> Option<(App, Option<super::etcd::Etcd>)> {
     use farm_apiserver::store::Store as _;
-    let (options, peer) = identity();
+    let (mut options, peer) = identity();
+    options.rest.garbage_collection = gc;
     let (llamas, etcd): (Arc<dyn farm_apiserver::store::Store<Llama>>, _) = match storage {
         super::TestStorage::Memory => (group::memory_llamas(true, 0), None),
         super::TestStorage::Etcd => {

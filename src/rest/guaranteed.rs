@@ -1,0 +1,130 @@
+//! kube-apiserver's GuaranteedUpdate, for every write that starts from the stored object
+//! (update, every patch, apply, delete): an attempt reads the object, the verb transforms it,
+//! and [`write`] stores the result only if nobody wrote in between (compare-and-swap on the
+//! resourceVersion read). [`retry`] owns when an attempt is tried again; [`write`] owns what
+//! storing a result means: nothing for an unchanged object, a delete for an object being
+//! deleted whose last finalizer the write removed ([`lifecycle`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::lifecycle;
+use crate::{
+    error::{Error, Result},
+    resource::{ObjectKey, ServedResource},
+    store::{Object, Preconditions, Stored, UpdateFrom, WritableStore},
+};
+
+/// Attempts after the first, for writes that no resourceVersion pins (a patch, an apply, a
+/// delete): each lost a race to another writer.
+const MAX_ATTEMPTS: usize = 64;
+
+/// Where a write's first attempt reads the object it starts from: the cache when the store
+/// has one (one read of the source less per write), else the source.
+pub(crate) fn first_read<K: ServedResource>(writer: &dyn WritableStore<K>) -> UpdateFrom {
+    if writer.updates_from_a_cache() {
+        UpdateFrom::Cache
+    } else {
+        UpdateFrom::Source
+    }
+}
+
+/// Runs `attempt` until it succeeds or fails for good, as GuaranteedUpdate does: whatever
+/// failed from a cached copy (a conflict, a JSON patch `test`, validation, an apply conflict)
+/// may be its staleness and is tried once more from the source; then a lost race (409) is
+/// tried again unless the write is `pinned` to a resourceVersion the client named (the
+/// attempt may learn that late, from the body it decodes, hence a flag).
+pub(crate) async fn retry<K: ServedResource, T, F>(
+    writer: &dyn WritableStore<K>,
+    pinned: &AtomicBool,
+    mut attempt: impl FnMut(UpdateFrom) -> F,
+) -> Result<T>
+where
+    F: Future<Output = Result<T>>,
+{
+    let mut from = first_read(writer);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match attempt(from).await {
+            Ok(done) => return Ok(done),
+            Err(_) if from == UpdateFrom::Cache => from = UpdateFrom::Source,
+            Err(Error::Conflict { .. } | Error::AlreadyExists(_))
+                if !pinned.load(Ordering::Relaxed) && attempts < MAX_ATTEMPTS =>
+            {
+                from = UpdateFrom::Source;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+/// Stores `next` in place of `current` (read by the same attempt): nothing when it changes
+/// nothing (the object keeps its resourceVersion and watchers hear nothing, as in
+/// kube-apiserver's storage); a delete when `current` is being deleted and `next` has no
+/// finalizer left, answered with `next` as kube-apiserver answers it. Either is refused (409)
+/// if the object changed since `current` was read.
+pub(crate) async fn write<K: ServedResource>(
+    writer: &dyn WritableStore<K>,
+    next: K,
+    current: &Object<K>,
+    dry_run: bool,
+) -> Result<Object<K>> {
+    if lifecycle::deletes_on_update(next.meta(), current.meta()) {
+        let read = Preconditions {
+            uid: current.meta().uid.clone(),
+            resource_version: current.meta().resource_version.clone(),
+        };
+        match writer
+            .delete(&ObjectKey::of(current.meta()), &read, dry_run)
+            .await
+        {
+            // Deleted meanwhile by the write that removed the last finalizer first.
+            Ok(_) | Err(Error::NotFound(_)) => return Ok(Stored::new(next)),
+            Err(error) => return Err(error),
+        }
+    }
+    if next.meta().resource_version == current.meta().resource_version
+        && serde_json::to_vec(&next).is_ok_and(|json| json[..] == current.json()[..])
+    {
+        return Ok(current.clone());
+    }
+    writer.update(next, dry_run).await
+}
+
+/// A delete's attempt: either the object is gone, or it waits for its finalizers.
+pub(crate) enum Deleted<K> {
+    /// Deleted; its last state.
+    Now(Object<K>),
+    /// Marked deleting (or already so); as it is stored now.
+    Pending(Object<K>),
+}
+
+/// Deletes `current` (read by the same attempt) as kube-apiserver's store does: with
+/// `finalizers` left (its own, with the garbage collector's as the propagation policy set
+/// them) it is marked deleting and kept; with none it is deleted, if it did not change since
+/// it was read.
+pub(crate) async fn delete<K: ServedResource>(
+    writer: &dyn WritableStore<K>,
+    current: &Object<K>,
+    finalizers: Vec<String>,
+    dry_run: bool,
+) -> Result<Deleted<K>> {
+    if finalizers.is_empty() {
+        let read = Preconditions {
+            uid: current.meta().uid.clone(),
+            resource_version: current.meta().resource_version.clone(),
+        };
+        let deleted = writer
+            .delete(&ObjectKey::of(current.meta()), &read, dry_run)
+            .await?;
+        return Ok(Deleted::Now(deleted));
+    }
+    let mut next = current.get().clone();
+    let meta = next.meta_mut();
+    meta.finalizers = Some(finalizers);
+    lifecycle::mark_deleting(meta);
+    // A repeated delete of an object being deleted writes nothing.
+    Ok(Deleted::Pending(
+        write(writer, next, current, dry_run).await?,
+    ))
+}
