@@ -43,11 +43,13 @@ impl Auth {
     /// or front-proxy identity, a cached or unneeded authorization: nearly every request
     /// through the aggregator). Identity headers are stripped unless a verified front proxy
     /// sent them.
+    /// `now` is when the request started (cached decisions' age is counted from it).
     pub fn check_sync(
         &self,
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
         info: &RequestInfo<'_>,
+        now: std::time::Instant,
     ) -> AuthStep {
         let Authenticated::User(user) = self.authn.authenticate_sync(peer, headers) else {
             return AuthStep::ReviewToken;
@@ -55,7 +57,7 @@ impl Auth {
         let Some(user) = user else {
             return AuthStep::Checked(anonymous(info).map_err(|e| (e, None)));
         };
-        match self.authz.authorize_sync(&user, info) {
+        match self.authz.authorize_sync(&user, info, now) {
             Some(Ok(())) => AuthStep::Checked(Ok(Some(user))),
             Some(Err(error)) => AuthStep::Checked(Err((error, Some(user)))),
             None => AuthStep::Authorize(user),

@@ -63,29 +63,46 @@ where
 /// kube-apiserver's storage); a delete when `current` is being deleted and `next` has no
 /// finalizer left, answered with `next` as kube-apiserver answers it. Either is refused (409)
 /// if the object changed since `current` was read.
+///
+/// `from` is where `current` was read: nothing is skipped on the word of a cached copy (it may
+/// be stale), so an unchanged result or a vanished object from the cache is an error that
+/// [`retry`] takes back to the source.
 pub(crate) async fn write<K: ServedResource>(
     writer: &dyn WritableStore<K>,
     next: K,
     current: &Object<K>,
+    from: UpdateFrom,
     dry_run: bool,
 ) -> Result<Object<K>> {
+    let name = current.meta().name.as_deref().unwrap_or("");
+    let stale = || {
+        Error::Conflict {
+        subject: K::subject(name),
+        message: "the object has been modified; please apply your changes to the latest version and try again".into(),
+    }
+    };
+    if next.meta().resource_version != current.meta().resource_version {
+        // The client's resourceVersion is not the one stored: refused like any update.
+        return Err(stale());
+    }
     if lifecycle::deletes_on_update(next.meta(), current.meta()) {
         let read = Preconditions {
             uid: current.meta().uid.clone(),
             resource_version: current.meta().resource_version.clone(),
         };
-        match writer
+        return match writer
             .delete(&ObjectKey::of(current.meta()), &read, dry_run)
             .await
         {
-            // Deleted meanwhile by the write that removed the last finalizer first.
-            Ok(_) | Err(Error::NotFound(_)) => return Ok(Stored::new(next)),
-            Err(error) => return Err(error),
-        }
+            Ok(_) => Ok(Stored::new(next)),
+            Err(Error::NotFound(_)) if from == UpdateFrom::Cache => Err(stale()),
+            Err(error) => Err(error),
+        };
     }
-    if next.meta().resource_version == current.meta().resource_version
-        && serde_json::to_vec(&next).is_ok_and(|json| json[..] == current.json()[..])
-    {
+    if serde_json::to_vec(&next).is_ok_and(|json| json[..] == current.json()[..]) {
+        if from == UpdateFrom::Cache {
+            return Err(stale());
+        }
         return Ok(current.clone());
     }
     writer.update(next, dry_run).await
@@ -107,6 +124,7 @@ pub(crate) async fn delete<K: ServedResource>(
     writer: &dyn WritableStore<K>,
     current: &Object<K>,
     finalizers: Vec<String>,
+    from: UpdateFrom,
     dry_run: bool,
 ) -> Result<Deleted<K>> {
     if finalizers.is_empty() {
@@ -125,6 +143,6 @@ pub(crate) async fn delete<K: ServedResource>(
     lifecycle::mark_deleting(meta);
     // A repeated delete of an object being deleted writes nothing.
     Ok(Deleted::Pending(
-        write(writer, next, current, dry_run).await?,
+        write(writer, next, current, from, dry_run).await?,
     ))
 }

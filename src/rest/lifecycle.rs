@@ -88,7 +88,9 @@ pub(crate) fn finalizers_on_delete(
     if foreground {
         kept.push(FOREGROUND.to_owned());
     }
-    kept
+    // The same set in another order is no change (and no write).
+    let same = kept.len() == current.len() && kept.iter().all(|f| current.contains(f));
+    if same { current.to_vec() } else { kept }
 }
 
 /// Marks an object deleting, as `markAsDeleting`: the first time, the deletion time is now and

@@ -138,7 +138,7 @@ pub(crate) async fn update<K: ServedResource>(
         warnings.extend(validate(&object, Some(current.as_ref()))?);
         api.fields()?
             .update(part, Some(&current), &mut object, manager)?;
-        let updated = guaranteed::write(writer, object, &current, dry_run).await?;
+        let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         Ok((updated, warnings))
     })
     .await?;
@@ -229,7 +229,7 @@ pub(crate) async fn patch<K: ServedResource>(
         warnings.extend(validate(&object, Some(current.as_ref()))?);
         api.fields()?
             .update(part, Some(&current), &mut object, manager)?;
-        let updated = guaranteed::write(writer, object, &current, dry_run).await?;
+        let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
     })
@@ -262,12 +262,15 @@ impl Apply {
             })
             .await?;
         let writer = api.writer()?;
-        // A resourceVersion in the configuration is a precondition: no retry past it.
-        let pinned = config
-            .0
-            .pointer("/metadata/resourceVersion")
-            .and_then(serde_json::Value::as_str)
-            .is_some_and(|rv| !rv.is_empty());
+        // A resourceVersion or uid in the configuration is a precondition: no retry past it.
+        let names = |field: &str| {
+            config
+                .0
+                .pointer(field)
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|v| !v.is_empty())
+        };
+        let pinned = names("/metadata/resourceVersion") || names("/metadata/uid");
         let pinned_flag = AtomicBool::new(pinned);
         let (this, api, config) = (&self, &api, &config);
         guaranteed::retry(writer, &pinned_flag, |from| async move {
@@ -344,7 +347,7 @@ impl Apply {
                 prepare_update(&mut object, current.as_ref(), self.part)?;
                 warnings.extend(validate(&object, Some(current.as_ref()))?);
                 (
-                    guaranteed::write(writer, object, &current, self.dry_run).await?,
+                    guaranteed::write(writer, object, &current, from, self.dry_run).await?,
                     StatusCode::OK,
                 )
             }
@@ -416,8 +419,9 @@ async fn delete_one<K: ServedResource>(
     dry_run: bool,
 ) -> Result<Deleted<K>> {
     let preconditions = options.preconditions.clone().unwrap_or_default();
-    // A precondition on the resourceVersion pins the delete to it.
-    let pinned = AtomicBool::new(preconditions.resource_version.is_some());
+    // A precondition pins the delete: failing it again and again will not help.
+    let pinned =
+        AtomicBool::new(preconditions.resource_version.is_some() || preconditions.uid.is_some());
     let gc = api.ctx.settings.garbage_collection;
     let preconditions = &preconditions;
     guaranteed::retry(writer, &pinned, |from| async move {
@@ -428,7 +432,7 @@ async fn delete_one<K: ServedResource>(
             options,
             gc,
         );
-        guaranteed::delete(writer, &current, finalizers, dry_run).await
+        guaranteed::delete(writer, &current, finalizers, from, dry_run).await
     })
     .await
 }

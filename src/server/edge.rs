@@ -131,20 +131,24 @@ impl Edge {
                 log: RequestLog::of(&info),
             })
         };
-        let (response, user) = match self.auth.check_sync(peer, request.headers_mut(), &info) {
-            AuthStep::Checked(Ok(user)) => {
-                let target = self.endpoints.find(uri.path());
-                let answered = target.as_ref().and_then(|target| {
-                    target.call_sync(request.method(), uri.query(), request.headers())
-                });
-                match answered {
-                    Some(response) => (response, user),
-                    None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
+        let (response, user) =
+            match self
+                .auth
+                .check_sync(peer, request.headers_mut(), &info, started)
+            {
+                AuthStep::Checked(Ok(user)) => {
+                    let target = self.endpoints.find(uri.path());
+                    let answered = target.as_ref().and_then(|target| {
+                        target.call_sync(request.method(), uri.query(), request.headers())
+                    });
+                    match answered {
+                        Some(response) => (response, user),
+                        None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
+                    }
                 }
-            }
-            AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
-            step => return Err(pending(step, self.endpoints.find(uri.path()))),
-        };
+                AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
+                step => return Err(pending(step, self.endpoints.find(uri.path()))),
+            };
         Ok(self.finish(&LogFields::of(&info), user.as_ref(), response, started))
     }
 

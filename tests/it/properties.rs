@@ -223,3 +223,71 @@ proptest! {
         }
     }
 }
+
+/// How a deep value is nested: arrays, objects, or both by turns.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Arrays,
+    Objects,
+    Mixed,
+}
+
+/// A JSON value `depth` levels deep in `shape` (flow style, so also YAML).
+fn nested(depth: usize, shape: Shape) -> String {
+    let mut open = String::with_capacity(depth * 6);
+    let mut close = String::with_capacity(depth * 2);
+    for level in 0..depth {
+        let object = match shape {
+            Shape::Arrays => false,
+            Shape::Objects => true,
+            Shape::Mixed => level % 2 == 0,
+        };
+        if object {
+            open.push_str("{\"k\":");
+            close.push('}');
+        } else {
+            open.push('[');
+            close.push(']');
+        }
+    }
+    format!("{open}1{}", close.chars().rev().collect::<String>())
+}
+
+proptest! {
+    // Each case sends a body up to 10,040 levels deep through the whole stack: few cases.
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Depth near Go's bound × shape × verb × encoding: every reply is a success or a
+    /// client error; past the bound it is always a refusal; nothing is stored from a refusal,
+    /// and the server answers a GET afterwards (a crash would end the test process).
+    #[test]
+    fn nesting_depth_and_body_shape(
+        offset in -40i64..40,
+        shape in prop_oneof![Just(Shape::Arrays), Just(Shape::Objects), Just(Shape::Mixed)],
+        verb in 0usize..5,
+        yaml in any::<bool>(),
+    ) {
+        let app = app();
+        // The Llama itself and `spec` are two levels: the value goes at depth 3.
+        let depth = usize::try_from(9_998 + offset).unwrap_or(1);
+        let value = nested(depth, shape);
+        let object = format!(
+            r#"{{"apiVersion":"farm.example.com/v1alpha","kind":"Llama","metadata":{{"name":"deep"}},"spec":{{"weight":1,"height":1,"deep":{value}}}}}"#
+        );
+        let (method, uri, content_type, body) = match verb {
+            0 => ("POST", format!("{LLAMAS}?fieldValidation=Ignore"), if yaml { "application/yaml" } else { "application/json" }, object),
+            1 => ("PATCH", format!("{LLAMAS}/dolly?fieldValidation=Ignore"), "application/merge-patch+json", format!(r#"{{"spec":{{"deep":{value}}}}}"#)),
+            2 => ("PATCH", format!("{LLAMAS}/dolly?fieldValidation=Ignore"), "application/json-patch+json", format!(r#"[{{"op":"add","path":"/spec/deep","value":{value}}}]"#)),
+            3 => ("PATCH", format!("{LLAMAS}/deep?fieldManager=p"), "application/apply-patch+yaml", object),
+            _ => ("PATCH", format!("{LLAMAS}/dolly?fieldValidation=Ignore"), "application/json-patch+json", format!(r#"[{{"op":"add","path":"/spec/a","value":{value}}},{{"op":"move","from":"/spec/a","path":"/spec/b"}},{{"op":"copy","from":"/spec/b","path":"/spec/c"}}]"#)),
+        };
+        let reply = runtime().block_on(call(&app, method, &uri, &[("content-type", content_type)], &body));
+        client_error_or_success(&reply)?;
+        if depth + 2 > 10_000 {
+            prop_assert!(reply.status.as_u16() >= 400, "{depth} levels accepted by {method} {content_type}");
+        }
+        let after = runtime().block_on(get(&app, &format!("{LLAMAS}/dolly")));
+        prop_assert_eq!(after.status.as_u16(), 200);
+        prop_assert_eq!(&after.json()["spec"], &serde_json::json!({"weight": 31.4, "height": 0.5}));
+    }
+}
