@@ -1,11 +1,14 @@
 //! Just enough kube-apiserver for farm-apiserver's delegated authorization: SubjectAccessReview
-//! (always allowed, counted) and an empty, never-changing auth ConfigMap watch. Plain HTTP on
-//! loopback, so the measured server does real reviews and caches them.
+//! (always allowed, counted) and an empty, never-changing auth ConfigMap watch; and Namespaces
+//! for its NamespaceLifecycle admission: every namespace exists, made (and announced to the
+//! Namespace watch, as a cluster's informer would learn of it) when first looked up. Plain
+//! HTTP on loopback, so the measured server does real reviews and caches them.
 
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -13,17 +16,70 @@ use std::{
 use axum::{
     Json, Router,
     body::Body,
-    extract::{RawQuery, State},
+    extract::{Path, RawQuery, State},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
 use serde_json::{Value, json};
 
-#[derive(Default)]
 pub struct Fake {
     pub reviews: AtomicU64,
     /// Every request, reviews included (anything else, Pods for one, is answered 404).
     pub requests: AtomicU64,
+    /// Namespaces looked up so far, and their announcements to Namespace watches.
+    namespaces: Mutex<BTreeSet<String>>,
+    announced: tokio::sync::broadcast::Sender<String>,
+}
+
+impl Default for Fake {
+    fn default() -> Self {
+        Self {
+            reviews: AtomicU64::default(),
+            requests: AtomicU64::default(),
+            namespaces: Mutex::new(BTreeSet::from(["default".to_owned()])),
+            announced: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
+}
+
+fn namespace(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "resourceVersion": "1"}, "status": {"phase": "Active"}})
+}
+
+/// Every namespace exists: made on its first lookup, and announced to the watches.
+async fn get_namespace(State(fake): State<Arc<Fake>>, Path(name): Path<String>) -> Json<Value> {
+    let new = fake
+        .namespaces
+        .lock()
+        .map(|mut known| known.insert(name.clone()))
+        .unwrap_or(false);
+    if new {
+        let _ = fake.announced.send(name.clone());
+    }
+    Json(namespace(&name))
+}
+
+async fn namespaces(State(fake): State<Arc<Fake>>, RawQuery(q): RawQuery) -> Response {
+    if q.unwrap_or_default().contains("watch=true") {
+        let announced = fake.announced.subscribe();
+        let events = futures::stream::unfold(announced, |mut rx| async move {
+            let name = rx.recv().await.ok()?;
+            let line = format!("{}\n", json!({"type": "ADDED", "object": namespace(&name)}));
+            Some((Ok::<_, std::io::Error>(bytes::Bytes::from(line)), rx))
+        });
+        return (
+            [("content-type", "application/json")],
+            Body::from_stream(events),
+        )
+            .into_response();
+    }
+    let items: Vec<Value> = fake
+        .namespaces
+        .lock()
+        .map(|known| known.iter().map(|n| namespace(n)).collect())
+        .unwrap_or_default();
+    Json(json!({"apiVersion": "v1", "kind": "NamespaceList", "metadata": {"resourceVersion": "1"}, "items": items}))
+        .into_response()
 }
 
 async fn count(
@@ -64,6 +120,8 @@ pub async fn start() -> anyhow::Result<(SocketAddr, Arc<Fake>)> {
             post(review),
         )
         .route("/api/v1/namespaces/kube-system/configmaps", get(configmaps))
+        .route("/api/v1/namespaces", get(namespaces))
+        .route("/api/v1/namespaces/{name}", get(get_namespace))
         .layer(axum::middleware::from_fn_with_state(fake.clone(), count))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -3,6 +3,7 @@
 //! paths are always allowed. Without a cluster only `system:masters` (the dev identity) is allowed.
 
 use std::{
+    collections::HashMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicU64, Ordering},
@@ -57,119 +58,9 @@ pub struct Authorizer {
 
 const CACHE_LIMIT: usize = 10_000;
 
-/// Decisions by everything a review depends on ([`key_fields`]), found without building the
-/// key: its fields are hashed as they are read from the request (foldhash, randomly seeded
-/// per process, see PERFORMANCE.md) and compared in place with the key stored. The size limit
-/// bounds what crafted keys could cost.
-#[derive(Default)]
-struct DecisionCache {
-    table: hashbrown::HashTable<(String, u64, Arc<OnceCell<Decision>>)>,
-    hasher: foldhash::fast::RandomState,
-}
-
-/// Everything a review depends on, in order, each with a separator byte no name contains.
-fn key_fields(user: &UserInfo, info: &RequestInfo<'_>, field: &mut impl FnMut(&str, u8)) {
-    field(&user.name, 0);
-    field(&user.uid, 0);
-    for group in &user.groups {
-        field(group, 1);
-    }
-    for (k, values) in &user.extra {
-        field(k, b'=');
-        for v in values {
-            field(v, 1);
-        }
-        field("", 0);
-    }
-    if info.is_resource_request {
-        field("r", 0);
-        for value in [
-            info.verb,
-            info.namespace,
-            info.api_group,
-            info.api_version,
-            info.resource,
-            info.subresource,
-            info.name,
-        ] {
-            field(value, 0);
-        }
-    } else {
-        field("n", 0);
-        field(info.verb, 0);
-        field(info.path, 0);
-    }
-}
-
-impl DecisionCache {
-    fn hash(&self, user: &UserInfo, info: &RequestInfo<'_>) -> u64 {
-        use std::hash::{BuildHasher, Hasher};
-        let mut hasher = self.hasher.build_hasher();
-        key_fields(user, info, &mut |value, separator| {
-            hasher.write(value.as_bytes());
-            hasher.write_u8(separator);
-        });
-        hasher.finish()
-    }
-
-    /// True when `key` is what [`key_fields`] gives for this user and request.
-    fn matches(key: &str, user: &UserInfo, info: &RequestInfo<'_>) -> bool {
-        let mut rest = key.as_bytes();
-        let mut same = true;
-        key_fields(user, info, &mut |value, separator| {
-            if !same {
-                return;
-            }
-            let value = value.as_bytes();
-            match rest.get(value.len()) {
-                Some(&byte) if byte == separator && rest.starts_with(value) => {
-                    rest = &rest[value.len() + 1..];
-                }
-                _ => same = false,
-            }
-        });
-        same && rest.is_empty()
-    }
-
-    fn get(
-        &self,
-        hash: u64,
-        user: &UserInfo,
-        info: &RequestInfo<'_>,
-    ) -> Option<&Arc<OnceCell<Decision>>> {
-        self.table
-            .find(hash, |(key, h, _)| {
-                *h == hash && Self::matches(key, user, info)
-            })
-            .map(|(_, _, cell)| cell)
-    }
-
-    /// A cell for this user and request, replacing a stale one.
-    fn insert(
-        &mut self,
-        hash: u64,
-        user: &UserInfo,
-        info: &RequestInfo<'_>,
-    ) -> Arc<OnceCell<Decision>> {
-        if let Ok(entry) = self.table.find_entry(hash, |(key, h, _)| {
-            *h == hash && Self::matches(key, user, info)
-        }) {
-            entry.remove();
-        }
-        if self.table.len() >= CACHE_LIMIT {
-            self.table.clear();
-        }
-        let mut key = String::with_capacity(160);
-        key_fields(user, info, &mut |value, separator| {
-            key.push_str(value);
-            key.push(char::from(separator));
-        });
-        let cell = Arc::new(OnceCell::new());
-        self.table
-            .insert_unique(hash, (key, hash, cell.clone()), |(_, h, _)| *h);
-        cell
-    }
-}
+/// Keyed by [`Authorizer::cache_key`], hashed on every authorized request: foldhash, randomly
+/// seeded per process (see PERFORMANCE.md); the size limit bounds what crafted keys could cost.
+type DecisionCache = HashMap<String, Arc<OnceCell<Decision>>, foldhash::fast::RandomState>;
 
 fn without_cluster(user: &UserInfo, info: &RequestInfo<'_>) -> Error {
     Error::Forbidden(forbidden_message(
@@ -259,6 +150,47 @@ impl Authorizer {
         }
     }
 
+    /// Everything a review depends on, separated by bytes no name contains. Built by appending
+    /// (not `write!`): it is computed on every authorized request.
+    fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> String {
+        let mut key = String::with_capacity(160);
+        let mut field = |value: &str, separator: char| {
+            key.push_str(value);
+            key.push(separator);
+        };
+        field(&user.name, '\0');
+        field(&user.uid, '\0');
+        for group in &user.groups {
+            field(group, '\x01');
+        }
+        for (k, values) in &user.extra {
+            field(k, '=');
+            for v in values {
+                field(v, '\x01');
+            }
+            field("", '\0');
+        }
+        if info.is_resource_request {
+            field("r", '\0');
+            for value in [
+                info.verb,
+                info.namespace,
+                info.api_group,
+                info.api_version,
+                info.resource,
+                info.subresource,
+                info.name,
+            ] {
+                field(value, '\0');
+            }
+        } else {
+            field("n", '\0');
+            field(info.verb, '\0');
+            field(info.path, '\0');
+        }
+        key
+    }
+
     fn ttl(&self, decision: &Decision) -> Duration {
         if decision.allowed {
             self.allow_ttl
@@ -282,12 +214,12 @@ impl Authorizer {
         if self.client.is_none() {
             return Some(Err(without_cluster(user, info)));
         }
+        let key = Self::cache_key(user, info);
         let cache = match self.cache.lock() {
             Ok(cache) => cache,
             Err(_) => return Some(Err(cache_poisoned())),
         };
-        let hash = cache.hash(user, info);
-        let decision = cache.get(hash, user, info)?.get()?;
+        let decision = cache.get(&key)?.get()?;
         (now.saturating_duration_since(decision.at) < self.ttl(decision))
             .then(|| self.verdict(decision, user, info))
     }
@@ -302,16 +234,23 @@ impl Authorizer {
         let Some(client) = &self.client else {
             return Err(without_cluster(user, info));
         };
+        let key = Self::cache_key(user, info);
         let cell = {
             let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
-            let hash = cache.hash(user, info);
             let fresh = cache
-                .get(hash, user, info)
+                .get(&key)
                 .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))
                 .cloned();
             match fresh {
                 Some(cell) => cell,
-                None => cache.insert(hash, user, info),
+                None => {
+                    if cache.len() >= CACHE_LIMIT {
+                        cache.clear();
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    cache.insert(key, cell.clone());
+                    cell
+                }
             }
         };
         // The cached decision without an await; the review itself is boxed because its future
