@@ -441,19 +441,16 @@ async fn delete_one<K: ServedResource>(
 fn deleted_status<K: ServedResource>(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> Vec<u8> {
-    let status = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Success",
-        "details": {
-            "name": meta.name.as_deref().unwrap_or(""),
-            "group": crate::resource::GROUP,
-            "kind": K::plural(&()),
-            "uid": meta.uid.as_deref().unwrap_or(""),
-        },
-    });
-    serde_json::to_vec(&status).unwrap_or_default()
+    // Written by hand (one buffer): every deletion answers with one.
+    let string = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    format!(
+        r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Success","details":{{"name":{},"group":{},"kind":{},"uid":{}}}}}"#,
+        string(meta.name.as_deref().unwrap_or("")),
+        string(crate::resource::GROUP),
+        string(&K::plural(&())),
+        string(meta.uid.as_deref().unwrap_or("")),
+    )
+    .into_bytes()
 }
 
 pub(crate) async fn delete_collection<K: ServedResource>(

@@ -196,8 +196,9 @@ impl<K: ServedResource> Snapshot<K> {
 struct State<K> {
     current: Snapshot<K>,
     events: VecDeque<Arc<Event<K>>>,
-    /// What `events` hold, estimated in bytes ([`event_bytes`]).
+    /// What `events` hold, estimated in bytes, in all and each (in step with `events`).
     events_bytes: usize,
+    event_sizes: VecDeque<usize>,
     /// Watches may start at any resourceVersion from this one on.
     oldest_watchable: u64,
     snapshots: BTreeMap<u64, (Instant, Snapshot<K>)>,
@@ -230,11 +231,11 @@ impl<K: ServedResource> Default for MemoryStore<K> {
     }
 }
 
-/// What an event in the history holds, estimated: its object and the object's JSON (the
-/// previous state of a MODIFIED event is the event before's). The JSON is encoded here if no
-/// one has yet: the write's response and its watchers need it anyway.
-fn event_bytes<K: ServedResource>(event: &Event<K>) -> usize {
-    2 * event.object.json().len()
+/// What an event in the history holds, estimated from its object: the object and its JSON
+/// (the previous state of a MODIFIED event is the event before's). The JSON is encoded here if
+/// no one has yet: the write's response and its watchers need it anyway.
+fn event_bytes<K: ServedResource>(object: &Object<K>) -> usize {
+    2 * object.json().len()
 }
 
 fn lock_poisoned() -> Error {
@@ -259,6 +260,7 @@ impl<K: ServedResource> MemoryStore<K> {
                     current: Snapshot::empty(config.first_resource_version),
                     events: VecDeque::new(),
                     events_bytes: 0,
+                    event_sizes: VecDeque::new(),
                     oldest_watchable: config.first_resource_version,
                     snapshots: BTreeMap::new(),
                 }),
@@ -282,15 +284,22 @@ impl<K: ServedResource> MemoryStore<K> {
             EventType::Added | EventType::Modified => state.current.put(key, object.clone()),
         };
         state.current.resource_version = rv;
+        // A DELETED event's object is the last state with a new version: its size is the
+        // removed object's, whose JSON is usually encoded already.
+        let size = match (type_, &previous) {
+            (EventType::Deleted, Some(removed)) => event_bytes(removed),
+            _ => event_bytes(&object),
+        };
         let previous = previous.filter(|_| type_ == EventType::Modified);
         let event = Arc::new(Event::new(rv, type_, object).with_previous(previous));
-        state.events_bytes += event_bytes(&event);
+        state.events_bytes += size;
+        state.event_sizes.push_back(size);
         state.events.push_back(event.clone());
         while state.events.len() > shared.config.event_window
             || (state.events_bytes > shared.config.event_bytes && state.events.len() > 1)
         {
             if let Some(old) = state.events.pop_front() {
-                state.events_bytes -= event_bytes(&old);
+                state.events_bytes -= state.event_sizes.pop_front().unwrap_or_default();
                 state.oldest_watchable = old.resource_version;
             }
         }
