@@ -459,7 +459,44 @@ async fn finalizer_removals_race_safely(storage: TestStorage) {
     }
 }
 
+/// Server-side apply keeps finalizers as a set: a manager that applied a finalizer removes it
+/// by applying without it, and when that was the last one of an object being deleted, the
+/// object goes; applying a new one while deleting is refused.
+async fn apply_owns_finalizers_like_any_field(storage: TestStorage) {
+    let Some((app, _etcd)) = gc_app(storage).await else {
+        return;
+    };
+    let apply = |finalizers: &[&str]| {
+        let (app, body) = (app.clone(), held("applied", finalizers));
+        async move {
+            call(
+                &app,
+                "PATCH",
+                &format!("{LLAMAS}/applied?fieldManager=ctl"),
+                &[("content-type", "application/apply-patch+yaml")],
+                &body,
+            )
+            .await
+        }
+    };
+    assert_eq!(apply(&["farm.example.com/hold"]).await.status, 201);
+    assert_eq!(delete(&app, "applied", "").await.status, 200);
+    let message = apply(&["farm.example.com/hold", "farm.example.com/more"])
+        .await
+        .status(422, "Invalid");
+    assert!(
+        message.contains("no new finalizers can be added"),
+        "{message}"
+    );
+    let last = apply(&[]).await;
+    assert_eq!(last.status, 200, "{}", String::from_utf8_lossy(&last.body));
+    get(&app, &format!("{LLAMAS}/applied"))
+        .await
+        .status(404, "NotFound");
+}
+
 crate::on_both_storages!(
+    apply_owns_finalizers_like_any_field,
     a_finalizer_holds_a_delete_until_it_is_removed,
     propagation_policies_set_the_collectors_finalizers,
     finalizers_and_deletion_fields_are_validated,
