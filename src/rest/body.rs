@@ -58,6 +58,16 @@ pub(crate) async fn read(body: Body) -> Result<Bytes> {
 /// counted the same way), scanned without parsing; stops counting past `limit`. Brackets in
 /// strings do not count.
 pub fn text_depth(text: &[u8], limit: usize) -> usize {
+    scan(text, limit).0
+}
+
+/// The bracket (`[` or `{`) that takes a JSON text past [`MAX_DEPTH`], for Go's message.
+pub fn too_deep_bracket(text: &[u8]) -> char {
+    char::from(scan(text, MAX_DEPTH).1.unwrap_or(b'['))
+}
+
+/// [`text_depth`], and the bracket that went past `limit` if one did.
+fn scan(text: &[u8], limit: usize) -> (usize, Option<u8>) {
     let (mut depth, mut deepest) = (0usize, 0usize);
     let mut bytes = text.iter();
     while let Some(&b) = bytes.next() {
@@ -79,7 +89,7 @@ pub fn text_depth(text: &[u8], limit: usize) -> usize {
                 if depth > deepest {
                     deepest = depth;
                     if deepest > limit {
-                        return deepest;
+                        return (deepest, Some(b));
                     }
                 }
             }
@@ -87,7 +97,7 @@ pub fn text_depth(text: &[u8], limit: usize) -> usize {
             _ => {}
         }
     }
-    deepest
+    (deepest, None)
 }
 
 /// How deeply arrays and objects nest in `value` (a scalar is 0, `[1]` is 1), walked without
@@ -111,36 +121,6 @@ pub fn value_depth(value: &Value, limit: usize) -> usize {
         stack.extend(children.map(|child| (child, depth)));
     }
     deepest
-}
-
-/// The bracket (`[` or `{`) that takes a JSON text past [`MAX_DEPTH`], for Go's message.
-pub fn too_deep_bracket(text: &[u8]) -> char {
-    let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &b in text {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > MAX_DEPTH {
-                    return char::from(b);
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    '['
 }
 
 /// Drops `value` without recursion (serde_json's `Value` drops recursively).

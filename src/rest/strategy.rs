@@ -23,7 +23,8 @@ pub(crate) fn cannot_handle<K: ServedResource>(detail: impl std::fmt::Display) -
 }
 
 /// Decodes a JSON object into `K`: apiVersion and kind must name this kind; unknown fields are
-/// rejected, reported or dropped per `fieldValidation`. Returns the object and the warnings.
+/// rejected, reported or dropped per `fieldValidation`; the object is held to
+/// [`check_shallow`]. Returns the object and the warnings.
 pub(crate) fn decode_object<K: ServedResource>(
     value: Value,
     validation: FieldValidation,
@@ -64,6 +65,7 @@ pub(crate) fn decode_object<K: ServedResource>(
         .iter()
         .map(|p| format!("unknown field \"{p}\""))
         .collect();
+    check_shallow(&object)?;
     match validation {
         FieldValidation::Strict if !messages.is_empty() => Err(cannot_handle::<K>(format!(
             "strict decoding error: {}",
@@ -92,9 +94,7 @@ pub(crate) fn decode_body<K: ServedResource>(
             cannot_handle::<K>(message)
         }
     })?;
-    let decoded = decode_object::<K>(std::mem::take(&mut value.0), validation)?;
-    check_shallow(&decoded.0)?;
-    Ok(decoded)
+    decode_object::<K>(std::mem::take(&mut value.0), validation)
 }
 
 /// kube-apiserver's answer to a body its decoder could not read the kind of (a body nested
@@ -126,7 +126,7 @@ pub(crate) const MAX_FIELDS_V1_DEPTH: usize = 64;
 
 /// Refuses an object that would carry a value deeper than [`MAX_FIELDS_V1_DEPTH`] out of the
 /// body's work: its one free-form field is a managed fields entry's `fieldsV1`.
-pub(crate) fn check_shallow<K: ServedResource>(object: &K) -> Result<()> {
+fn check_shallow<K: ServedResource>(object: &K) -> Result<()> {
     let entries = object.meta().managed_fields.as_deref().unwrap_or_default();
     for (index, entry) in entries.iter().enumerate() {
         if let Some(fields) = &entry.fields_v1

@@ -14,8 +14,8 @@ use super::options::{FieldValidation, Query, dry_run_of, parse_delete_options, p
 use super::patch::{PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, with_warnings};
 use super::strategy::{
-    Part, UidSent, check_name, check_namespace, check_shallow, check_uid, decode_body,
-    decode_object, prepare_create, prepare_update, validate, written_part,
+    Part, UidSent, check_name, check_namespace, check_uid, decode_body, decode_object,
+    prepare_create, prepare_update, validate, written_part,
 };
 use super::{KindApi, MAX_BODY_BYTES, body, guaranteed, lifecycle};
 use crate::{
@@ -195,9 +195,7 @@ pub(crate) async fn patch<K: ServedResource>(
             .work
             .run_if(heavy, move || {
                 let patched = apply_patch(&patched_from, patch_type, &body)?;
-                let decoded = decode_object::<K>(patched, field_validation)?;
-                check_shallow(&decoded.0)?;
-                Ok(decoded)
+                decode_object::<K>(patched, field_validation)
             })
             .await?;
         // Patch after patch must not grow an object past what one request may send.
@@ -303,9 +301,7 @@ impl Apply {
                 let applied =
                     api_.fields()?
                         .apply(part, live.as_deref(), &config.0, &manager, force)?;
-                let decoded = decode_object::<K>(applied, field_validation)?;
-                check_shallow(&decoded.0)?;
-                Ok(decoded)
+                decode_object::<K>(applied, field_validation)
             })
             .await?;
         let size = json_len(&object);
