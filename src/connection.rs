@@ -26,7 +26,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
-    task::{Context, Poll, ready},
+    task::{Context, Poll, Waker, ready},
     time::Duration,
 };
 
@@ -137,22 +137,33 @@ struct Seen {
 impl Frames {
     fn feed(&mut self, mut bytes: &[u8]) -> Seen {
         let mut seen = Seen::default();
-        while !bytes.is_empty() {
-            if self.left > 0 {
-                let n = self.left.min(bytes.len());
-                self.left -= n;
-                bytes = &bytes[n..];
-                continue;
-            }
-            let n = (9 - self.have).min(bytes.len());
-            self.head[self.have..self.have + n].copy_from_slice(&bytes[..n]);
-            self.have += n;
+        loop {
+            // Inside a payload: pass over it.
+            let n = self.left.min(bytes.len());
+            self.left -= n;
             bytes = &bytes[n..];
-            if self.have < 9 {
+            if bytes.is_empty() {
                 break;
             }
-            self.have = 0;
-            let [l0, l1, l2, frame_type, flags, s0, s1, s2, s3] = self.head;
+            // A frame header: read in place when it is whole (nearly always), else assembled.
+            let head = match bytes.first_chunk::<9>() {
+                Some(head) if self.have == 0 => {
+                    bytes = &bytes[9..];
+                    *head
+                }
+                _ => {
+                    let n = (9 - self.have).min(bytes.len());
+                    self.head[self.have..self.have + n].copy_from_slice(&bytes[..n]);
+                    self.have += n;
+                    bytes = &bytes[n..];
+                    if self.have < 9 {
+                        break;
+                    }
+                    self.have = 0;
+                    self.head
+                }
+            };
+            let [l0, l1, l2, frame_type, flags, s0, s1, s2, s3] = head;
             self.left = usize::from(l0) << 16 | usize::from(l1) << 8 | usize::from(l2);
             self.frame_type = frame_type;
             self.flags = flags;
@@ -198,6 +209,10 @@ pub struct Guarded<S> {
     protocol: Protocol,
     /// One timer: every `period` it turns what passed into times and checks the bounds.
     timer: Pin<Box<Sleep>>,
+    /// The waker the timer was last polled with: while it is this task's, the timer will wake
+    /// the task when it fires, and a read that waits need not poll it again (that costs more
+    /// than the read; an HTTP/2 request waits several times).
+    timer_waker: Option<Waker>,
     period: Duration,
     /// A request or response passed since the timer last looked.
     active: bool,
@@ -220,6 +235,7 @@ impl<S> Guarded<S> {
             activity,
             protocol: Protocol::Unknown(0),
             timer: Box::pin(tokio::time::sleep_until(now + period)),
+            timer_waker: None,
             period,
             active: false,
             last_active: now,
@@ -279,6 +295,14 @@ impl<S> Guarded<S> {
 
     /// True when a bound has passed; otherwise the timer wakes the reader by the next look.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.timer.is_elapsed()
+            && self
+                .timer_waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            return false;
+        }
         while self.timer.as_mut().poll(cx).is_ready() {
             let now = Instant::now();
             if std::mem::take(&mut self.active) || self.activity.busy() {
@@ -305,6 +329,14 @@ impl<S> Guarded<S> {
                 return true;
             }
             self.timer.as_mut().reset(now + self.period);
+        }
+        // Pending: the timer holds this waker now.
+        if !self
+            .timer_waker
+            .as_ref()
+            .is_some_and(|w| w.will_wake(cx.waker()))
+        {
+            self.timer_waker = Some(cx.waker().clone());
         }
         false
     }

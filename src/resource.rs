@@ -248,12 +248,63 @@ impl ObjectKey {
         }
     }
 
+    /// The key as its two parts, for lookups that build no key (see [`KeyParts`]).
+    pub fn parts(&self) -> (&str, &str) {
+        (&self.namespace, &self.name)
+    }
+
     /// The key of an object from its metadata (an unset namespace or name is "").
     pub fn of(meta: &ObjectMeta) -> Self {
         Self {
             namespace: meta.namespace.clone().unwrap_or_default(),
             name: meta.name.clone().unwrap_or_default(),
         }
+    }
+}
+
+/// A key as its namespace and name, borrowed: an ordered map of [`ObjectKey`]s can be searched
+/// with `&(namespace, name) as &dyn KeyParts`, without building (allocating) a key. Ordered as
+/// `ObjectKey` is (namespace, then name), as `Borrow` requires.
+pub trait KeyParts {
+    /// Namespace and name.
+    fn key_parts(&self) -> (&str, &str);
+}
+
+impl KeyParts for ObjectKey {
+    fn key_parts(&self) -> (&str, &str) {
+        self.parts()
+    }
+}
+
+impl KeyParts for (&str, &str) {
+    fn key_parts(&self) -> (&str, &str) {
+        (self.0, self.1)
+    }
+}
+
+impl<'a> std::borrow::Borrow<dyn KeyParts + 'a> for ObjectKey {
+    fn borrow(&self) -> &(dyn KeyParts + 'a) {
+        self
+    }
+}
+
+impl PartialEq for dyn KeyParts + '_ {
+    fn eq(&self, other: &Self) -> bool {
+        self.key_parts() == other.key_parts()
+    }
+}
+
+impl Eq for dyn KeyParts + '_ {}
+
+impl PartialOrd for dyn KeyParts + '_ {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for dyn KeyParts + '_ {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key_parts().cmp(&other.key_parts())
     }
 }
 

@@ -19,6 +19,8 @@ use rustls::{
 use rustls_pki_types::{CertificateDer, UnixTime};
 use sha2::{Digest, Sha256};
 
+use super::authz::DecisionMemo;
+pub use super::user::{Groups, UserInfo};
 use crate::error::Error;
 
 /// Verified client certificate chain of a connection (leaf first, empty when none was sent),
@@ -35,6 +37,10 @@ pub struct Peer {
     /// The chain as the TLS handshake verified it, leaf first; empty when none was sent.
     pub chain: Vec<CertificateDer<'static>>,
     verdict: Mutex<Option<(u64, CertIdentity)>>,
+    /// The front proxy's users this connection named lately (see [`UserMemo`]).
+    users: Mutex<UserMemo>,
+    /// The authorization decisions this connection's requests used lately.
+    pub decisions: DecisionMemo,
 }
 
 impl PeerCertificates {
@@ -43,6 +49,8 @@ impl PeerCertificates {
         Self(Arc::new(Peer {
             chain,
             verdict: Mutex::default(),
+            users: Mutex::default(),
+            decisions: DecisionMemo::default(),
         }))
     }
 }
@@ -55,62 +63,99 @@ impl std::ops::Deref for PeerCertificates {
     }
 }
 
-/// Who made a request.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct UserInfo {
-    /// The user name: the certificate's CN, `X-Remote-User`, or the TokenReview's username.
-    pub name: String,
-    /// Empty when the authenticator gave none (client certificates never do).
-    pub uid: String,
-    /// The certificate's O values, `X-Remote-Group`, or the TokenReview's groups; with
-    /// `system:authenticated` added (see [`UserInfo::authenticated`]).
-    pub groups: Vec<String>,
-    /// `X-Remote-Extra-<key>` values, or the TokenReview's extra, passed on in
-    /// SubjectAccessReviews.
-    pub extra: BTreeMap<String, Vec<String>>,
+/// The users a front proxy named on one connection, by their identity headers as sent: the
+/// aggregator sends the same few users' headers request after request, and building a user
+/// from them (strings, groups, `system:authenticated`) is most of what authenticating costs.
+/// The key holds every header whose name may carry identity (name and value, in the
+/// request's order): a superset of what [`user_from_headers`] reads, so a hit is the user it
+/// would build. Forgotten when the configuration changes (the generation); bounded in entries
+/// and key size.
+#[derive(Debug, Default)]
+struct UserMemo {
+    generation: u64,
+    /// Least recently used first.
+    users: Vec<(Box<[u8]>, Arc<UserInfo>)>,
 }
 
-/// The group every authenticated user is in, and the ones that rule it out.
-pub const ALL_AUTHENTICATED: &str = "system:authenticated";
-const ALL_UNAUTHENTICATED: &str = "system:unauthenticated";
-const ANONYMOUS: &str = "system:anonymous";
+/// Users one connection remembers; the aggregator multiplexes its users over few connections.
+const MEMO_USERS: usize = 8;
+/// Identity headers longer than this (a user with very many groups or extras) are read anew.
+const MEMO_KEY_BYTES: usize = 4096;
 
-impl UserInfo {
-    /// In `system:masters`, the group that is always authorized.
-    pub fn is_system_masters(&self) -> bool {
-        self.groups.iter().any(|g| g == "system:masters")
+/// Calls `part` with each part of the memo's key for `headers`, in order: each candidate
+/// identity header's name, then its value; stops at the first false.
+fn identity_parts(
+    config: &RequestHeaderConfig,
+    headers: &HeaderMap,
+    mut part: impl FnMut(&[u8]) -> bool,
+) -> bool {
+    // A loop, not iterator adapters: this runs on every request (see PERFORMANCE.md).
+    for (name, value) in headers {
+        let name = name.as_str();
+        if config.may_name_identity(name) && !(part(name.as_bytes()) && part(value.as_bytes())) {
+            return false;
+        }
     }
+    true
+}
 
-    /// k8s.io/apiserver's AuthenticatedGroupAdder, applied to every way a user authenticates:
-    /// adds `system:authenticated` unless the user is anonymous or already carries it (or
-    /// `system:unauthenticated`). The default RBAC binds discovery and `/openapi` to that
-    /// group, so without it kube-apiserver (`system:aggregator`, sent with no group) could not
-    /// download this server's OpenAPI.
-    pub fn authenticated(mut self) -> Self {
-        if self.name != ANONYMOUS
-            && !self
-                .groups
-                .iter()
-                .any(|g| g == ALL_AUTHENTICATED || g == ALL_UNAUTHENTICATED)
+/// Whether `key` is the memo key of `headers`, compared as it is read (no key is built).
+fn same_identity(config: &RequestHeaderConfig, headers: &HeaderMap, mut key: &[u8]) -> bool {
+    identity_parts(config, headers, |part| {
+        // Each part is preceded by its length: no byte of a part can pass for a boundary.
+        let end = 4 + part.len();
+        let same = key.len() >= end
+            && key[..4] == (part.len() as u32).to_le_bytes()
+            && key[4..end] == *part;
+        if same {
+            key = &key[end..];
+        }
+        same
+    }) && key.is_empty()
+}
+
+impl Peer {
+    /// The user a verified front proxy names in `headers`, None when it names none.
+    fn front_proxy_user(
+        &self,
+        config: &RequestHeaderConfig,
+        headers: &HeaderMap,
+        generation: u64,
+    ) -> Option<Arc<UserInfo>> {
+        let build = || user_from_headers(config, headers).map(|u| Arc::new(u.authenticated()));
+        let Ok(mut memo) = self.users.lock() else {
+            return build();
+        };
+        if memo.generation != generation {
+            memo.generation = generation;
+            memo.users.clear();
+        }
+        // Most often the user of the connection's previous request.
+        if let Some((key, user)) = memo.users.last()
+            && same_identity(config, headers, key)
         {
-            self.groups.push(ALL_AUTHENTICATED.to_owned());
+            return Some(user.clone());
         }
-        self
-    }
-}
-
-/// A user's groups for a log line, joined with commas only when the line is written.
-pub struct Groups<'a>(pub &'a [String]);
-
-impl std::fmt::Display for Groups<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, group) in self.0.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
+        let mut key = Vec::new();
+        identity_parts(config, headers, |part| {
+            key.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            key.extend_from_slice(part);
+            true
+        });
+        if let Some(at) = memo.users.iter().position(|(k, _)| **k == *key) {
+            let entry = memo.users.remove(at);
+            let user = entry.1.clone();
+            memo.users.push(entry);
+            return Some(user);
+        }
+        let user = build()?;
+        if key.len() <= MEMO_KEY_BYTES {
+            if memo.users.len() >= MEMO_USERS {
+                memo.users.remove(0);
             }
-            f.write_str(group)?;
+            memo.users.push((key.into(), user.clone()));
         }
-        Ok(())
+        Some(user)
     }
 }
 
@@ -299,7 +344,7 @@ pub enum CertIdentity {
     /// Signed by the request-header CA with an allowed CN: trust `X-Remote-*`.
     FrontProxy,
     /// Signed by a client CA: the user is the CN, the groups are the O values.
-    User(UserInfo),
+    User(Arc<UserInfo>),
 }
 
 fn subject_names(cert: &CertificateDer<'_>) -> Option<(String, Vec<String>)> {
@@ -349,14 +394,14 @@ pub fn classify(config: &AuthnConfig, chain: &[CertificateDer<'static>]) -> Cert
             .any(|ca| verifies(ca.verifier.as_ref(), chain))
     {
         // In system:authenticated once, here, rather than on every request's copy.
-        return CertIdentity::User(
+        return CertIdentity::User(Arc::new(
             UserInfo {
                 name: cn,
                 groups: orgs,
                 ..Default::default()
             }
             .authenticated(),
-        );
+        ));
     }
     CertIdentity::None
 }
@@ -634,7 +679,7 @@ impl Authenticator {
         &self,
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
-    ) -> Result<Option<UserInfo>, Error> {
+    ) -> Result<Option<Arc<UserInfo>>, Error> {
         match self.authenticate_sync(peer, headers) {
             Authenticated::User(user) => Ok(user),
             Authenticated::NeedsTokenReview => self.review_token(headers).await,
@@ -644,12 +689,12 @@ impl Authenticator {
     /// The user a TokenReview names for the request's bearer token, or None (anonymous) when
     /// there is no token or nobody to review it: the part of [`Authenticator::authenticate`]
     /// that waits.
-    pub async fn review_token(&self, headers: &HeaderMap) -> Result<Option<UserInfo>, Error> {
+    pub async fn review_token(&self, headers: &HeaderMap) -> Result<Option<Arc<UserInfo>>, Error> {
         match (bearer_token(headers), &self.tokens) {
             // Boxed: the TokenReview's future is large and would size every request's future.
             (Some(token), Some(reviewer)) => Ok(Box::pin(reviewer.review(token))
                 .await?
-                .map(UserInfo::authenticated)),
+                .map(|user| Arc::new(user.authenticated()))),
             _ => Ok(None),
         }
     }
@@ -668,9 +713,10 @@ impl Authenticator {
         });
         if identity == CertIdentity::FrontProxy
             && let Some(rh) = &config.request_header
+            && let Some(peer) = peer
         {
-            if let Some(user) = user_from_headers(rh, headers) {
-                return Authenticated::User(Some(user.authenticated()));
+            if let Some(user) = peer.front_proxy_user(rh, headers, generation) {
+                return Authenticated::User(Some(user));
             }
             strip_identity_headers(Some(rh), headers);
         } else {
@@ -689,7 +735,7 @@ impl Authenticator {
 /// What [`Authenticator::authenticate_sync`] could tell without waiting.
 pub enum Authenticated {
     /// The user, or None for anonymous.
-    User(Option<UserInfo>),
+    User(Option<Arc<UserInfo>>),
     /// A bearer token that only a TokenReview can tell about.
     NeedsTokenReview,
 }
@@ -724,7 +770,7 @@ mod tests {
             Some(&PeerCertificates::new(chain.clone())),
             &mut HeaderMap::new(),
         ) {
-            Authenticated::User(user) => user.map(|u| u.name),
+            Authenticated::User(user) => user.map(|u| u.name.clone()),
             Authenticated::NeedsTokenReview => panic!("no token was sent"),
         };
         // Two connections with one certificate: classified once, the same answer.
@@ -772,6 +818,59 @@ mod tests {
         crate::tls::install_default_provider();
         let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
         RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap()
+    }
+
+    #[test]
+    fn a_connection_remembers_its_users_by_every_identity_header() {
+        let config = default_request_header_config();
+        let peer = PeerCertificates::new(vec![]);
+        let headers = |user: &str, groups: &[&str]| {
+            let mut headers = HeaderMap::new();
+            headers.append("accept", HeaderValue::from_static("application/json"));
+            headers.append("x-remote-user", HeaderValue::from_str(user).unwrap());
+            for group in groups {
+                headers.append("x-remote-group", HeaderValue::from_str(group).unwrap());
+            }
+            headers
+        };
+        let user = |h: &HeaderMap, generation| peer.front_proxy_user(&config, h, generation);
+        let alice = user(&headers("alice", &["dev"]), 1).unwrap();
+        assert!(Arc::ptr_eq(
+            &alice,
+            &user(&headers("alice", &["dev"]), 1).unwrap()
+        ));
+        assert_eq!(alice.groups, ["dev", "system:authenticated"]);
+        // Any difference in what identifies is another user, boundaries included.
+        for (name, groups, want) in [
+            (
+                "alice",
+                &["dev", "ops"][..],
+                &["dev", "ops", "system:authenticated"][..],
+            ),
+            ("alic", &["edev"][..], &["edev", "system:authenticated"][..]),
+            ("alice", &[][..], &["system:authenticated"][..]),
+        ] {
+            let other = user(&headers(name, groups), 1).unwrap();
+            assert!(!Arc::ptr_eq(&alice, &other));
+            assert_eq!(other.name, name);
+            assert_eq!(other.groups, want);
+        }
+        // More users than are remembered: each still gets its own.
+        for i in 0..2 * MEMO_USERS {
+            let name = format!("u{i}");
+            assert_eq!(user(&headers(&name, &[]), 1).unwrap().name, name);
+        }
+        assert_eq!(
+            user(&headers("alice", &["dev"]), 1).unwrap().groups,
+            alice.groups
+        );
+        assert!(peer.users.lock().unwrap().users.len() <= MEMO_USERS);
+        // Another configuration: nothing remembered is reused.
+        let again = user(&headers("alice", &["dev"]), 2).unwrap();
+        assert!(!Arc::ptr_eq(&alice, &again));
+        assert_eq!(peer.users.lock().unwrap().users.len(), 1);
+        // No user named: no user, whatever else was sent.
+        assert!(user(&headers("", &["dev"]), 2).is_none());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::{Api, api::PostParams};
 
-use super::authn::UserInfo;
+use super::user::UserInfo;
 use crate::{error::Error, request_info::RequestInfo};
 
 /// Paths anyone may call (`--authorization-always-allow-paths`).
@@ -61,6 +61,99 @@ const CACHE_LIMIT: usize = 10_000;
 /// Keyed by [`Authorizer::cache_key`], hashed on every authorized request: foldhash, randomly
 /// seeded per process (see PERFORMANCE.md); the size limit bounds what crafted keys could cost.
 type DecisionCache = HashMap<String, Arc<OnceCell<Decision>>, foldhash::fast::RandomState>;
+
+/// The request's part of a cache key, in order: resource attributes or the path.
+fn request_fields<'a>(info: &RequestInfo<'a>) -> impl Iterator<Item = &'a str> {
+    let (fields, n) = if info.is_resource_request {
+        let i = info;
+        let fields = [
+            "r",
+            i.verb,
+            i.namespace,
+            i.api_group,
+            i.api_version,
+            i.resource,
+            i.subresource,
+            i.name,
+        ];
+        (fields, 8)
+    } else {
+        (["n", info.verb, info.path, "", "", "", "", ""], 3)
+    };
+    fields.into_iter().take(n)
+}
+
+/// The decisions one connection's requests used lately, found by comparing a request with
+/// theirs instead of building and hashing its cache key: a client repeats its requests (a
+/// controller's GETs, a poll), and the aggregator keeps them on the same connections. Each
+/// entry is the shared cache's cell, so its answer and age are the cache's; the user is the
+/// connection's one `Arc` for that identity (see `authn`), compared by address.
+#[derive(Debug, Default)]
+pub struct DecisionMemo(Mutex<Vec<Remembered>>);
+
+#[derive(Debug)]
+struct Remembered {
+    user: Arc<UserInfo>,
+    /// The cache key and where its request part begins.
+    key: String,
+    request_at: usize,
+    cell: Arc<OnceCell<Decision>>,
+}
+
+/// Decisions one connection remembers.
+const MEMO_DECISIONS: usize = 8;
+
+impl DecisionMemo {
+    fn find(
+        &self,
+        user: &Arc<UserInfo>,
+        info: &RequestInfo<'_>,
+    ) -> Option<Arc<OnceCell<Decision>>> {
+        let memo = self.0.lock().ok()?;
+        memo.iter()
+            .rev()
+            .find(|r| Arc::ptr_eq(&r.user, user) && same_request(&r.key[r.request_at..], info))
+            .map(|r| r.cell.clone())
+    }
+
+    fn remember(
+        &self,
+        user: &Arc<UserInfo>,
+        key: String,
+        request_at: usize,
+        cell: Arc<OnceCell<Decision>>,
+    ) {
+        let Ok(mut memo) = self.0.lock() else {
+            return;
+        };
+        memo.retain(|r| {
+            !(Arc::ptr_eq(&r.user, user) && r.key[r.request_at..] == key[request_at..])
+        });
+        if memo.len() >= MEMO_DECISIONS {
+            memo.remove(0);
+        }
+        memo.push(Remembered {
+            user: user.clone(),
+            key,
+            request_at,
+            cell,
+        });
+    }
+}
+
+/// Whether `key` (a cache key's request part) is `info`'s, compared as it is read.
+fn same_request(mut key: &str, info: &RequestInfo<'_>) -> bool {
+    for value in request_fields(info) {
+        match key
+            .strip_prefix(value)
+            .and_then(|rest| rest.strip_prefix('\0'))
+        {
+            Some(rest) => key = rest,
+            None => return false,
+        }
+    }
+    key.is_empty()
+}
 
 fn without_cluster(user: &UserInfo, info: &RequestInfo<'_>) -> Error {
     Error::Forbidden(forbidden_message(
@@ -150,9 +243,10 @@ impl Authorizer {
         }
     }
 
-    /// Everything a review depends on, separated by bytes no name contains. Built by appending
-    /// (not `write!`): it is computed on every authorized request.
-    fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> String {
+    /// Everything a review depends on, separated by bytes no name contains, and where the
+    /// request's part begins. Built by appending (not `write!`): it is computed on every
+    /// authorized request a connection's [`DecisionMemo`] does not know.
+    fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> (String, usize) {
         let mut key = String::with_capacity(160);
         let mut field = |value: &str, separator: char| {
             key.push_str(value);
@@ -170,25 +264,12 @@ impl Authorizer {
             }
             field("", '\0');
         }
-        if info.is_resource_request {
-            field("r", '\0');
-            for value in [
-                info.verb,
-                info.namespace,
-                info.api_group,
-                info.api_version,
-                info.resource,
-                info.subresource,
-                info.name,
-            ] {
-                field(value, '\0');
-            }
-        } else {
-            field("n", '\0');
-            field(info.verb, '\0');
-            field(info.path, '\0');
+        let request_at = key.len();
+        for value in request_fields(info) {
+            key.push_str(value);
+            key.push('\0');
         }
-        key
+        (key, request_at)
     }
 
     fn ttl(&self, decision: &Decision) -> Duration {
@@ -201,12 +282,14 @@ impl Authorizer {
 
     /// [`Authorizer::authorize`] without waiting: None when a SubjectAccessReview has to be
     /// sent (or awaited) first.
-    /// `now` is the request's start (one clock read per request, the edge's).
+    /// `now` is the request's start (one clock read per request, the edge's). `memo` is the
+    /// connection's, when there is one.
     pub fn authorize_sync(
         &self,
-        user: &UserInfo,
+        user: &Arc<UserInfo>,
         info: &RequestInfo<'_>,
         now: Instant,
+        memo: Option<&DecisionMemo>,
     ) -> Option<Result<(), Error>> {
         if always_allowed(info.path) || user.is_system_masters() {
             return Some(Ok(()));
@@ -214,27 +297,42 @@ impl Authorizer {
         if self.client.is_none() {
             return Some(Err(without_cluster(user, info)));
         }
-        let key = Self::cache_key(user, info);
-        let cache = match self.cache.lock() {
-            Ok(cache) => cache,
+        let fresh =
+            |decision: &Decision| now.saturating_duration_since(decision.at) < self.ttl(decision);
+        if let Some(memo) = memo
+            && let Some(cell) = memo.find(user, info)
+            && let Some(decision) = cell.get()
+            && fresh(decision)
+        {
+            return Some(self.verdict(decision, user, info));
+        }
+        let (key, request_at) = Self::cache_key(user, info);
+        let cell = match self.cache.lock() {
+            Ok(cache) => cache.get(&key)?.clone(),
             Err(_) => return Some(Err(cache_poisoned())),
         };
-        let decision = cache.get(&key)?.get()?;
-        (now.saturating_duration_since(decision.at) < self.ttl(decision))
-            .then(|| self.verdict(decision, user, info))
+        let decision = cell.get().filter(|d| fresh(d))?;
+        if let Some(memo) = memo {
+            memo.remember(user, key, request_at, cell.clone());
+        }
+        Some(self.verdict(decision, user, info))
     }
 
     /// Ok when `user` may make the request `info` describes; 403 Forbidden with
     /// kube-apiserver's message otherwise, 500 when the review could not be sent (not cached:
     /// the next request tries again).
-    pub async fn authorize(&self, user: &UserInfo, info: &RequestInfo<'_>) -> Result<(), Error> {
-        if let Some(decided) = self.authorize_sync(user, info, Instant::now()) {
+    pub async fn authorize(
+        &self,
+        user: &Arc<UserInfo>,
+        info: &RequestInfo<'_>,
+    ) -> Result<(), Error> {
+        if let Some(decided) = self.authorize_sync(user, info, Instant::now(), None) {
             return decided;
         }
         let Some(client) = &self.client else {
             return Err(without_cluster(user, info));
         };
-        let key = Self::cache_key(user, info);
+        let (key, _) = Self::cache_key(user, info);
         let cell = {
             let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
             let fresh = cache
@@ -308,6 +406,92 @@ mod tests {
     use axum::http::Method;
 
     use super::*;
+
+    /// An authorizer with a cluster that is never reached: decisions come from its cache.
+    fn cached_only() -> Authorizer {
+        let unreachable = tower::service_fn(|_: axum::http::Request<kube::client::Body>| async {
+            Err::<axum::http::Response<kube::client::Body>, _>(std::io::Error::other(
+                "no cluster in this test",
+            ))
+        });
+        let client = kube::Client::new(unreachable, "default");
+        Authorizer::new(
+            Some(client),
+            Duration::from_secs(10),
+            Duration::from_secs(5),
+        )
+    }
+
+    fn decide(
+        authz: &Authorizer,
+        user: &UserInfo,
+        info: &RequestInfo<'_>,
+        allowed: bool,
+        at: Instant,
+    ) {
+        let decision = Decision {
+            allowed,
+            reason: "a reason".into(),
+            at,
+        };
+        let (key, _) = Authorizer::cache_key(user, info);
+        let cell = Arc::new(OnceCell::new_with(Some(decision)));
+        authz.cache.lock().unwrap().insert(key, cell);
+    }
+
+    #[tokio::test]
+    async fn a_connection_remembers_decisions_for_its_user_and_request_within_their_ttl() {
+        let authz = cached_only();
+        let memo = DecisionMemo::default();
+        let alice = Arc::new(UserInfo {
+            name: "alice".into(),
+            ..Default::default()
+        });
+        let path = "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly";
+        let get = RequestInfo::parse(&Method::GET, path, None);
+        let now = Instant::now();
+        decide(&authz, &alice, &get, true, now);
+        let check = |user: &Arc<UserInfo>, info: &RequestInfo<'_>, at: Instant| {
+            authz
+                .authorize_sync(user, info, at, Some(&memo))
+                .map(|r| r.is_ok())
+        };
+        assert_eq!(check(&alice, &get, now), Some(true));
+        // The shared cache forgets: the connection still knows (the same cell, the same age).
+        authz.cache.lock().unwrap().clear();
+        assert_eq!(check(&alice, &get, now), Some(true));
+        // Only for that user (by identity) and that request, and only within the TTL.
+        let same_name = Arc::new((*alice).clone());
+        assert_eq!(check(&same_name, &get, now), None);
+        let delete = RequestInfo::parse(&Method::DELETE, path, None);
+        assert_eq!(check(&alice, &delete, now), None);
+        let other_path = path.replace("dolly", "dollx");
+        let other = RequestInfo::parse(&Method::GET, &other_path, None);
+        assert_eq!(check(&alice, &other, now), None);
+        assert_eq!(check(&alice, &get, now + Duration::from_secs(11)), None);
+        // Denials are remembered too, with their message.
+        decide(&authz, &alice, &delete, false, now);
+        for _ in 0..2 {
+            let denied = authz.authorize_sync(&alice, &delete, now, Some(&memo));
+            let Some(Err(Error::Forbidden(message))) = denied else {
+                panic!("{denied:?}");
+            };
+            assert!(message.ends_with(": a reason"), "{message}");
+        }
+        authz.cache.lock().unwrap().clear();
+        assert!(matches!(
+            authz.authorize_sync(&alice, &delete, now, Some(&memo)),
+            Some(Err(Error::Forbidden(_)))
+        ));
+        // Bounded.
+        for i in 0..2 * MEMO_DECISIONS {
+            let path = format!("{path}{i}");
+            let info = RequestInfo::parse(&Method::GET, &path, None);
+            decide(&authz, &alice, &info, true, now);
+            assert_eq!(check(&alice, &info, now), Some(true));
+        }
+        assert_eq!(memo.0.lock().unwrap().len(), MEMO_DECISIONS);
+    }
 
     #[test]
     fn messages_read_like_kube_apiserver() {

@@ -4,14 +4,17 @@
 pub mod authn;
 pub mod authz;
 pub mod source;
+pub mod user;
+
+use std::sync::Arc;
 
 use axum::http::HeaderMap;
 
 pub use authn::{
     Authenticated, Authenticator, AuthnConfig, ClientCa, PeerCertificates, RequestHeaderConfig,
-    UserInfo,
 };
 pub use authz::Authorizer;
+pub use user::UserInfo;
 
 use crate::{error::Error, request_info::RequestInfo};
 
@@ -25,7 +28,7 @@ pub struct Auth {
 
 /// The outcome of a check: the user (None: anonymous on an always-allowed path), or the error
 /// to answer with and whoever was identified.
-pub type Checked = Result<Option<UserInfo>, (Error, Option<UserInfo>)>;
+pub type Checked = Result<Option<Arc<UserInfo>>, (Error, Option<Arc<UserInfo>>)>;
 
 /// How far a check got without waiting: done, or the review still to send. The edge hands it
 /// from the path that answers at once to the one that waits, so nothing is checked twice.
@@ -33,7 +36,7 @@ pub enum AuthStep {
     /// Authenticated and authorized, or refused.
     Checked(Checked),
     /// Authenticated; a SubjectAccessReview has to be sent (no cached decision).
-    Authorize(UserInfo),
+    Authorize(Arc<UserInfo>),
     /// A bearer token has to be reviewed (TokenReview) first.
     ReviewToken,
 }
@@ -57,7 +60,8 @@ impl Auth {
         let Some(user) = user else {
             return AuthStep::Checked(anonymous(info).map_err(|e| (e, None)));
         };
-        match self.authz.authorize_sync(&user, info, now) {
+        let memo = peer.map(|p| &p.decisions);
+        match self.authz.authorize_sync(&user, info, now, memo) {
             Some(Ok(())) => AuthStep::Checked(Ok(Some(user))),
             Some(Err(error)) => AuthStep::Checked(Err((error, Some(user)))),
             None => AuthStep::Authorize(user),
@@ -95,7 +99,7 @@ impl Auth {
 }
 
 /// Anonymous callers reach only the always-allowed paths.
-fn anonymous(info: &RequestInfo<'_>) -> Result<Option<UserInfo>, Error> {
+fn anonymous(info: &RequestInfo<'_>) -> Result<Option<Arc<UserInfo>>, Error> {
     if authz::always_allowed(info.path) {
         Ok(None)
     } else {

@@ -232,24 +232,31 @@ pub(crate) async fn get_item<K: ServedResource>(
 /// [`get_item`] without waiting; None for a watch or a store that is not in memory.
 pub(crate) fn get_item_sync<K: ServedResource>(
     api: &KindApi<K>,
-    namespace: String,
-    name: String,
+    namespace: &str,
+    name: &str,
     query: Option<&str>,
     headers: &HeaderMap,
 ) -> Option<Result<Response>> {
-    let options = match get_item_options(api, query, headers) {
-        Ok(options) if options.watch => return None,
-        Ok(options) => options,
-        Err(error) => return Some(Err(error)),
+    let (output, include) = if query.is_none_or(str::is_empty) {
+        // Most GETs carry no query: nothing to parse (get_item_options' checks otherwise).
+        let checked = negotiate::output(headers).and_then(|output| {
+            api.store.check_ready()?;
+            Ok(output)
+        });
+        match checked {
+            Ok(output) => (output, IncludeObject::Metadata),
+            Err(error) => return Some(Err(error)),
+        }
+    } else {
+        match get_item_options(api, query, headers) {
+            Ok(options) if options.watch => return None,
+            Ok(options) => (options.output, options.include),
+            Err(error) => return Some(Err(error)),
+        }
     };
-    let object = match api.store.get_sync(&ObjectKey::new(namespace, name))? {
+    let object = match api.store.get_sync(namespace, name)? {
         Ok(object) => object,
         Err(error) => return Some(Err(error)),
     };
-    Some(object_response(
-        &object,
-        options.output,
-        options.include,
-        StatusCode::OK,
-    ))
+    Some(object_response(&object, output, include, StatusCode::OK))
 }

@@ -1,7 +1,7 @@
 //! Where a request goes: the kind, namespace and name from the path, then the verb from the
 //! method (k8s.io/apiserver's `endpoints/installer`).
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use axum::{
     extract::Request,
@@ -65,8 +65,8 @@ pub(crate) trait Endpoint: Send + Sync {
     /// when only [`Endpoint::call`] can answer.
     fn get_sync(
         &self,
-        namespace: String,
-        name: String,
+        namespace: &str,
+        name: &str,
         query: Option<&str>,
         headers: &HeaderMap,
     ) -> Option<Response>;
@@ -177,8 +177,12 @@ impl Target<'_> {
     /// The owned [`Route`] of this target.
     pub fn route(&self) -> Route {
         let segments = match (
-            self.namespace.map(path_segment).transpose(),
-            self.name.map(path_segment).transpose(),
+            self.namespace
+                .map(|s| path_segment(s).map(Cow::into_owned))
+                .transpose(),
+            self.name
+                .map(|s| path_segment(s).map(Cow::into_owned))
+                .transpose(),
         ) {
             (Ok(namespace), Ok(name)) => Ok((namespace, name)),
             (Err(error), _) | (_, Err(error)) => Err(error),
@@ -205,7 +209,7 @@ impl Target<'_> {
             return None;
         }
         match (path_segment(namespace), path_segment(name)) {
-            (Ok(namespace), Ok(name)) => self.endpoint.get_sync(namespace, name, query, headers),
+            (Ok(namespace), Ok(name)) => self.endpoint.get_sync(&namespace, &name, query, headers),
             (Err(error), _) | (_, Err(error)) => Some(error.into_response()),
         }
     }
@@ -213,13 +217,9 @@ impl Target<'_> {
 
 /// A path segment as the client meant it (percent-decoded, as Go's net/url gives
 /// kube-apiserver its paths).
-pub(crate) fn path_segment(raw: &str) -> Result<String> {
-    if !raw.contains('%') {
-        return Ok(raw.to_owned());
-    }
+pub(crate) fn path_segment(raw: &str) -> Result<Cow<'_, str>> {
     percent_encoding::percent_decode_str(raw)
         .decode_utf8()
-        .map(|s| s.into_owned())
         .map_err(|_| Error::BadRequest(format!("invalid path segment {raw:?}: not UTF-8")))
 }
 
@@ -236,8 +236,8 @@ impl<K: ServedResource> Endpoint for KindApi<K> {
 
     fn get_sync(
         &self,
-        namespace: String,
-        name: String,
+        namespace: &str,
+        name: &str,
         query: Option<&str>,
         headers: &HeaderMap,
     ) -> Option<Response> {

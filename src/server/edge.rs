@@ -14,7 +14,7 @@ use axum::{
 };
 
 use crate::{
-    auth::{Auth, AuthStep, PeerCertificates, UserInfo, authn::Groups},
+    auth::{Auth, AuthStep, PeerCertificates, UserInfo, user::Groups},
     connection,
     error::{Error, ErrorReason},
     health,
@@ -149,7 +149,7 @@ impl Edge {
                 AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
                 step => return Err(pending(step, self.endpoints.find(uri.path()))),
             };
-        Ok(self.finish(&LogFields::of(&info), user.as_ref(), response, started))
+        Ok(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
     }
 
     /// The rest of a request [`Edge::handle_sync`] could not answer: the review it needs, the
@@ -199,7 +199,7 @@ impl Edge {
                 ),
             }
         };
-        self.finish(&log.fields(), user.as_ref(), response, started)
+        self.finish(&log.fields(), user.as_deref(), response, started)
     }
 
     /// A request whose handler panicked: 500, counted, in the request log like any other.

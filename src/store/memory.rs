@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    resource::{ObjectKey, ServedResource},
+    resource::{KeyParts, ObjectKey, ServedResource},
     selector::Filter,
 };
 
@@ -361,7 +361,7 @@ impl<K: ServedResource> MemoryStore<K> {
             .current
             .objects
             .iter()
-            .filter(|(k, _)| !incoming.contains_key(k))
+            .filter(|(k, _)| !incoming.contains_key(*k))
             .map(|(_, v)| v.clone())
             .collect();
         for object in gone {
@@ -474,7 +474,7 @@ impl<K: ServedResource> MemoryStore<K> {
                 .current
                 .objects
                 .iter()
-                .filter(|(k, _)| scope_matches(namespace, k) && !incoming.contains_key(k))
+                .filter(|(k, _)| scope_matches(namespace, k) && !incoming.contains_key(*k))
                 .map(|(_, v)| v.clone())
                 .collect()
         };
@@ -725,14 +725,14 @@ impl<K: ServedResource> MemoryStore<K> {
             .unwrap_or_default()
     }
 
-    fn lookup(&self, key: &ObjectKey) -> Result<Object<K>> {
+    fn lookup(&self, key: &dyn KeyParts) -> Result<Object<K>> {
         let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
         state
             .current
             .objects
             .get(key)
             .cloned()
-            .ok_or_else(|| Error::NotFound(K::subject(&key.name)))
+            .ok_or_else(|| Error::NotFound(K::subject(key.key_parts().1)))
     }
 
     /// A list's page: its objects go to `visit` in key order, from one snapshot.
@@ -807,8 +807,8 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         self.lookup(key)
     }
 
-    fn get_sync(&self, key: &ObjectKey) -> Option<Result<Object<K>>> {
-        Some(self.lookup(key))
+    fn get_sync(&self, namespace: &str, name: &str) -> Option<Result<Object<K>>> {
+        Some(self.lookup(&(namespace, name)))
     }
 
     async fn list_each(

@@ -392,7 +392,8 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     /// The object without waiting, from a store that holds its objects in memory; None when
     /// only [`Store::get`] can answer. A GET is then served without a future (see the
     /// `_sync` convention in the crate docs).
-    fn get_sync(&self, _key: &ObjectKey) -> Option<Result<Object<K>>> {
+    /// The key is given as its parts: a GET's path has them, and builds no key.
+    fn get_sync(&self, _namespace: &str, _name: &str) -> Option<Result<Object<K>>> {
         None
     }
     /// Lends the page's objects to `visit`, in order, instead of handing out references: a

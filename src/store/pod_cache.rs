@@ -212,8 +212,8 @@ impl Store<FarmPod> for PodCache {
         self.store.get(key).await
     }
 
-    fn get_sync(&self, key: &ObjectKey) -> Option<Result<Object<FarmPod>>> {
-        self.store.get_sync(key)
+    fn get_sync(&self, namespace: &str, name: &str) -> Option<Result<Object<FarmPod>>> {
+        self.store.get_sync(namespace, name)
     }
 
     async fn list_each(

@@ -186,9 +186,9 @@ impl Store<Llama> for Panicky {
         boom(&key.name);
         self.0.get(key).await
     }
-    fn get_sync(&self, key: &ObjectKey) -> Option<Result<Object<Llama>>> {
-        boom(&key.name);
-        self.0.get_sync(key)
+    fn get_sync(&self, namespace: &str, name: &str) -> Option<Result<Object<Llama>>> {
+        boom(name);
+        self.0.get_sync(namespace, name)
     }
     async fn list_each(
         &self,

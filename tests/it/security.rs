@@ -208,6 +208,59 @@ async fn the_front_proxy_identity_comes_from_the_headers() {
     );
 }
 
+/// The aggregator multiplexes its users over a few connections, and the server remembers the
+/// users and decisions of each connection's recent requests: every request must still be its
+/// own user's, with more users than a connection remembers, alternating on one connection.
+#[tokio::test]
+async fn one_proxy_connection_carries_many_users_each_judged_as_itself() {
+    let s = setup().await;
+    // Allowed: users with an even number, and anyone in the group "trusted".
+    s.fake.set_policy(|spec| {
+        let user = spec["user"].as_str().unwrap_or_default();
+        let n: u32 = user.trim_start_matches("user-").parse().unwrap_or(1);
+        let trusted = spec["groups"]
+            .as_array()
+            .is_some_and(|g| g.iter().any(|g| g == "trusted"));
+        (n.is_multiple_of(2) || trusted, "odd".into())
+    });
+    let proxy = client(
+        &s.server,
+        Some(s.proxy_ca.issue_client("front-proxy-client", &[]).unwrap()),
+    );
+    let mut conn = proxy.connect().await.unwrap();
+    let names: Vec<String> = (0..12).map(|i| format!("user-{i}")).collect();
+    for round in 0..3 {
+        for (i, name) in names.iter().enumerate() {
+            for (path, groups) in [
+                (LLAMAS.to_owned(), vec![]),
+                (format!("{LLAMAS}/dolly"), vec![]),
+                (LLAMAS.to_owned(), vec!["trusted"]),
+            ] {
+                let mut headers = vec![("X-Remote-User", name.as_str())];
+                headers.extend(groups.iter().map(|g| ("X-Remote-Group", *g)));
+                let reply = conn.get(&path, &headers).await.unwrap();
+                let allowed = i % 2 == 0 || !groups.is_empty();
+                let want = if allowed { 200 } else { 403 };
+                assert_eq!(
+                    reply.status,
+                    want,
+                    "round {round}, {name} in {groups:?}, GET {path}: {}",
+                    String::from_utf8_lossy(&reply.body)
+                );
+                if want == 403 {
+                    let message = reply.json()["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    assert!(message.contains(&format!("User \"{name}\"")), "{message}");
+                }
+            }
+        }
+    }
+    // Each distinct user and request reviewed once; the rest came from the caches.
+    assert_eq!(s.fake.sar_count(), 12 * 3);
+}
+
 /// kube-apiserver's default RBAC for non-resource paths: `system:discovery` and
 /// `system:public-info-viewer` are bound to the group `system:authenticated`, never to a user.
 fn default_rbac(spec: &Value) -> (bool, String) {

@@ -585,7 +585,7 @@ async fn get_and_missing<H: Harness>(make: impl AsyncFn(&[Seed]) -> H) {
             rv_of(object.get()) <= current,
             "{key:?} is newer than the store"
         );
-        if let Some(sync) = store.get_sync(&key) {
+        if let Some(sync) = store.get_sync(&key.namespace, &key.name) {
             let sync = sync.unwrap_or_else(|e| panic!("get_sync {key:?}: {e}"));
             assert_eq!(rv_of(sync.get()), rv_of(object.get()));
         }
@@ -593,7 +593,7 @@ async fn get_and_missing<H: Harness>(make: impl AsyncFn(&[Seed]) -> H) {
     for (ns, name) in [("a", "missing"), ("zz", "o0"), ("", "o0")] {
         let key = h.key(ns, name);
         assert_err!(store.get(&key).await, Error::NotFound(_));
-        if let Some(sync) = store.get_sync(&key) {
+        if let Some(sync) = store.get_sync(&key.namespace, &key.name) {
             assert_err!(sync, Error::NotFound(_));
         }
     }
