@@ -243,6 +243,22 @@ impl CertsArgs {
 
 /// A duration flag: at least a second, at most a year (so deadlines computed from it never
 /// overflow).
+/// Whether `url` is this server listening on `addr`: its port, on a loopback address or
+/// `localhost` (the development kubeconfig's `https://127.0.0.1:<port>`), or on the address
+/// bound.
+fn names_this_server(url: &axum::http::Uri, addr: SocketAddr) -> bool {
+    let Some(host) = url.host() else {
+        return false;
+    };
+    let port = url.port_u16().unwrap_or(443);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let local = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback() || ip == addr.ip());
+    port == addr.port() && local
+}
+
 fn seconds(value: u64) -> Duration {
     Duration::from_secs(value.clamp(1, 365 * 24 * 3600))
 }
@@ -322,8 +338,11 @@ impl Args {
         }
     }
 
-    /// The cluster FarmPods come from: --kubeconfig, KUBECONFIG, or in-cluster config.
-    async fn cluster_client(&self) -> anyhow::Result<Option<kube::Client>> {
+    /// The cluster FarmPods come from: --kubeconfig, KUBECONFIG, or in-cluster config. None
+    /// (standalone) when there is none, or when the kubeconfig names this server itself (the
+    /// development kubeconfig it writes, which README has kubectl users export): that would
+    /// make the server a client of itself, never ready. `addr` is where it listens.
+    async fn cluster_client(&self, addr: SocketAddr) -> anyhow::Result<Option<kube::Client>> {
         if self.standalone {
             return Ok(None);
         }
@@ -334,9 +353,18 @@ impl Args {
         let config = if let Some(path) = path {
             let kubeconfig = kube::config::Kubeconfig::read_from(&path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
-                .with_context(|| format!("loading kubeconfig {}", path.display()))?
+                .with_context(|| format!("loading kubeconfig {}", path.display()))?;
+            if names_this_server(&config.cluster_url, addr) {
+                tracing::info!(
+                    kubeconfig = %path.display(),
+                    cluster = %config.cluster_url,
+                    "the kubeconfig names this server itself, not a cluster: running standalone"
+                );
+                return Ok(None);
+            }
+            config
         } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
             kube::Config::incluster().context("loading the in-cluster configuration")?
         } else {
@@ -401,7 +429,7 @@ impl Args {
                 .clone()
                 .reload_loop(Duration::from_secs(self.cert_reload_interval.max(1))),
         );
-        let cluster = self.cluster_client().await?;
+        let cluster = self.cluster_client(addr).await?;
         let farmpods = match (self.synthetic_pods, &cluster) {
             (Some(count), _) => PodCache::synthetic(count),
             (None, Some(client)) => {
@@ -492,6 +520,21 @@ mod tests {
     use clap::CommandFactory;
 
     use super::Args;
+
+    #[test]
+    fn a_kubeconfig_names_this_server_by_its_port_on_a_local_address() {
+        let names = |url: &str, addr: &str| {
+            super::names_this_server(&url.parse().unwrap(), addr.parse().unwrap())
+        };
+        assert!(names("https://127.0.0.1:8443", "0.0.0.0:8443"));
+        assert!(names("https://localhost:8443", "127.0.0.1:8443"));
+        assert!(names("https://[::1]:8443", "[::]:8443"));
+        assert!(names("https://10.0.0.5:8443", "10.0.0.5:8443"));
+        // Another port or another host is a cluster.
+        assert!(!names("https://127.0.0.1:6443", "0.0.0.0:8443"));
+        assert!(!names("https://10.0.0.5:8443", "0.0.0.0:8443"));
+        assert!(!names("https://kubernetes.default.svc", "0.0.0.0:443"));
+    }
 
     #[test]
     fn verify_cli() {

@@ -231,3 +231,44 @@ async fn after_a_restart_old_resource_versions_are_expired_not_reused() {
         "ResourceVersionTooLarge"
     );
 }
+
+/// README has kubectl users `export KUBECONFIG=$PWD/certs/kubeconfig`; a server started in that
+/// terminal must not take its own development kubeconfig for a cluster (it would wait for its
+/// own Pods, never ready): it runs standalone and says so once.
+#[tokio::test]
+async fn a_kubeconfig_naming_the_server_itself_means_standalone() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let kubeconfig = certs.join("kubeconfig");
+    let server = Running::start_with_env(
+        [std::ffi::OsStr::new("--cert-dir"), certs.as_os_str()],
+        &[("KUBECONFIG", kubeconfig.as_os_str())],
+    );
+    let said: Vec<String> = server
+        .start_up
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter_map(|log| log["message"].as_str().map(str::to_owned))
+        .filter(|m| m.contains("kubeconfig") || m.contains("cluster"))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            "the kubeconfig names this server itself, not a cluster: running standalone",
+            "no cluster configured: FarmPods answer 503, Llamas are served, only the dev identity is authorized"
+        ],
+        "{:#?}",
+        server.start_up
+    );
+    let raw = RawClient::new(server.addr, &ca_pem(&certs), admin(&certs), Alpn::Http1);
+    assert_eq!(raw.get("/readyz", &[]).await.status, 200);
+    assert_eq!(
+        raw.get(
+            "/apis/farm.example.com/v1alpha/namespaces/default/llamas",
+            &[]
+        )
+        .await
+        .status,
+        200
+    );
+}

@@ -30,13 +30,13 @@ use serde_json::{Value, json};
 const API_SERVICE: &str = "v1alpha.farm.example.com";
 
 /// kubectl against the cluster under test.
-struct Cluster {
+pub(crate) struct Cluster {
     kubeconfig: PathBuf,
     cache: tempfile::TempDir,
 }
 
 impl Cluster {
-    fn from_env() -> Option<Self> {
+    pub(crate) fn from_env() -> Option<Self> {
         let Some(kubeconfig) = std::env::var_os("FARM_E2E_KUBECONFIG") else {
             eprintln!(
                 "SKIPPED: FARM_E2E_KUBECONFIG is not set; it names a cluster whose kube-apiserver runs on this host (see README: 'Against a real kube-apiserver')"
@@ -53,7 +53,7 @@ impl Cluster {
         })
     }
 
-    fn kubectl(&self) -> Command {
+    pub(crate) fn kubectl(&self) -> Command {
         let mut cmd = Command::new("kubectl");
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
@@ -64,7 +64,7 @@ impl Cluster {
     }
 
     /// (success, stdout, stderr) of kubectl with `args` and `stdin`.
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    pub(crate) fn run(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
         let mut cmd = self.kubectl();
         cmd.args(args)
             .stdin(Stdio::piped())
@@ -87,14 +87,14 @@ impl Cluster {
     }
 
     /// kubectl that must succeed; its stdout.
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+    pub(crate) fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
         let (ok, out, err) = self.run(args, stdin);
         assert!(ok, "kubectl {}: {err}{out}", args.join(" "));
         out
     }
 
     /// Runs kubectl until `check` accepts its (success, stdout, stderr), for up to `within`.
-    async fn eventually(
+    pub(crate) async fn eventually(
         &self,
         args: &[&str],
         within: Duration,
@@ -115,7 +115,26 @@ impl Cluster {
         }
     }
 
-    async fn client(&self) -> kube::Client {
+    /// The cluster's Ready nodes' names.
+    pub(crate) fn ready_nodes(&self) -> Vec<String> {
+        let (ok, out, _) = self.run(
+            &[
+                "get",
+                "nodes",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+            ],
+            None,
+        );
+        if !ok {
+            return Vec::new();
+        }
+        out.lines()
+            .filter_map(|l| l.strip_suffix(" True").map(str::to_owned))
+            .collect()
+    }
+
+    pub(crate) async fn client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
@@ -278,6 +297,34 @@ async fn through_kube_apiserver() {
         )
         .await;
 
+    // With a node (the lab's `up.sh --node`) Pods run; without, they stay Pending.
+    let nodes = if cluster.ready_nodes().is_empty() {
+        Nodes::None
+    } else {
+        Nodes::Real
+    };
+    suite(&cluster, ns, &step, nodes).await;
+
+    step("cleaning up: the APIService first");
+    drop(installed);
+    let (_, out, _) = cluster.run(&["get", "apiservice", API_SERVICE], None);
+    assert!(out.is_empty(), "APIService removed: {out}");
+    drop(server);
+    step("done");
+}
+
+/// Whether the cluster runs Pods: FarmPods then show them Running, on their node.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nodes {
+    /// The lab without `--node`: Pods stay Pending.
+    None,
+    /// A real node runs them.
+    Real,
+}
+
+/// Everything a cluster's users do with farm-apiserver once its APIService is Available, in
+/// the namespace `ns`: the server may be this host's process or a Pod on a node.
+pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), nodes: Nodes) {
     // Through the aggregator to this process (a stale Available from an earlier registration
     // does not count).
     cluster
@@ -527,70 +574,7 @@ async fn through_kube_apiserver() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 
-    step("FarmPods follow real Pods");
-    cluster.ok(
-        &[
-            "run",
-            "shepherd",
-            "-n",
-            ns,
-            "--image=registry.invalid/pause:3.10",
-            "--labels=app=shepherd",
-            "--restart=Never",
-        ],
-        None,
-    );
-    let out = cluster
-        .eventually(
-            &[
-                "get",
-                "farmpods",
-                "-n",
-                ns,
-                "-l",
-                "app=shepherd",
-                "-o",
-                "wide",
-            ],
-            Duration::from_secs(30),
-            |ok, out, _| ok && out.contains("farm-shepherd"),
-        )
-        .await;
-    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
-    assert_eq!(
-        header,
-        [
-            "NAME",
-            "CONTAINERS",
-            "READY",
-            "STATUS",
-            "RESTARTS",
-            "AGE",
-            "NODE",
-            "IP"
-        ],
-        "{out}"
-    );
-    assert!(out.contains("Pending"), "{out}");
-    cluster.ok(
-        &[
-            "delete",
-            "pod",
-            "shepherd",
-            "-n",
-            ns,
-            "--grace-period=0",
-            "--force",
-        ],
-        None,
-    );
-    cluster
-        .eventually(
-            &["get", "farmpods", "-n", ns, "-o", "name"],
-            Duration::from_secs(30),
-            |ok, out, _| ok && !out.contains("farm-shepherd"),
-        )
-        .await;
+    farmpods_follow_pods(cluster, ns, step, nodes).await;
 
     step("RBAC: no binding is refused; the built-in view role reads Llamas");
     let (ok, _, err) = cluster.run(&["get", "llamas", "-n", ns, "--as=e2e-nobody"], None);
@@ -672,14 +656,79 @@ async fn through_kube_apiserver() {
         .collect();
     assert_eq!(names, ["cuzco"]);
 
-    deletion_with_the_real_controllers(&cluster, ns, &step).await;
+    deletion_with_the_real_controllers(cluster, ns, step).await;
+}
 
-    step("cleaning up: the APIService first");
-    drop(installed);
-    let (_, out, _) = cluster.run(&["get", "apiservice", API_SERVICE], None);
-    assert!(out.is_empty(), "APIService removed: {out}");
-    drop(server);
-    step("done");
+/// FarmPods follow the cluster's Pods: Pending without a node; with one, Running with its
+/// node, IP, ready count and restarts.
+async fn farmpods_follow_pods(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), nodes: Nodes) {
+    if nodes == Nodes::Real {
+        return crate::e2e_node::farmpods_of_running_pods(cluster, ns, step).await;
+    }
+    step("FarmPods follow real Pods (no node: Pending)");
+    cluster.ok(
+        &[
+            "run",
+            "shepherd",
+            "-n",
+            ns,
+            "--image=registry.invalid/pause:3.10",
+            "--labels=app=shepherd",
+            "--restart=Never",
+        ],
+        None,
+    );
+    let out = cluster
+        .eventually(
+            &[
+                "get",
+                "farmpods",
+                "-n",
+                ns,
+                "-l",
+                "app=shepherd",
+                "-o",
+                "wide",
+            ],
+            Duration::from_secs(30),
+            |ok, out, _| ok && out.contains("farm-shepherd"),
+        )
+        .await;
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "CONTAINERS",
+            "READY",
+            "STATUS",
+            "RESTARTS",
+            "AGE",
+            "NODE",
+            "IP"
+        ],
+        "{out}"
+    );
+    assert!(out.contains("Pending"), "{out}");
+    cluster.ok(
+        &[
+            "delete",
+            "pod",
+            "shepherd",
+            "-n",
+            ns,
+            "--grace-period=0",
+            "--force",
+        ],
+        None,
+    );
+    cluster
+        .eventually(
+            &["get", "farmpods", "-n", ns, "-o", "name"],
+            Duration::from_secs(30),
+            |ok, out, _| ok && !out.contains("farm-shepherd"),
+        )
+        .await;
 }
 
 /// A Llama manifest with finalizers and owners (`ownerReferences` as JSON).

@@ -9,7 +9,8 @@
 //!   store against one contract.
 //! - `binary`: the shipped binary (signals, restarts); `manifests`, `openapi_snapshot`:
 //!   generated artefacts against the committed copies.
-//! - `e2e_cluster`: through a real kube-apiserver when `FARM_E2E_KUBECONFIG` is set.
+//! - `e2e_cluster`: through a real kube-apiserver when `FARM_E2E_KUBECONFIG` is set;
+//!   `e2e_node`: the image and manifests installed on a real node when that cluster has one.
 
 mod common;
 
@@ -18,6 +19,7 @@ mod binary;
 mod bodies;
 mod deletion;
 mod e2e_cluster;
+mod e2e_node;
 mod e2e_tls;
 mod etcd;
 mod farmpods;

@@ -15,6 +15,8 @@ pub struct Running {
     pub child: Child,
     pub addr: SocketAddr,
     pub lines: std::sync::mpsc::Receiver<String>,
+    /// The lines logged up to "serving" (start-up).
+    pub start_up: Vec<String>,
 }
 
 impl Drop for Running {
@@ -26,13 +28,33 @@ impl Drop for Running {
 
 impl Running {
     /// Starts `farm-apiserver --bind 127.0.0.1:0 --log-format json <args>` and waits until it
-    /// logs the address it serves.
+    /// logs the address it serves. Hermetic: none of the environment's cluster or flag
+    /// variables reach it (a developer's `KUBECONFIG`, `FARM_*`), only what the test passes.
     pub fn start<I, S>(args: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_farm-apiserver"))
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`Running::start`] with these environment variables set.
+    pub fn start_with_env<I, S>(args: I, env: &[(&str, &OsStr)]) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_farm-apiserver"));
+        for (name, _) in std::env::vars_os() {
+            let selects = name.to_str().is_some_and(|n| {
+                n.starts_with("FARM_") || n == "KUBECONFIG" || n.starts_with("KUBERNETES_")
+            });
+            if selects {
+                command.env_remove(&name);
+            }
+        }
+        command.envs(env.iter().copied());
+        let mut child = command
             .args(["--bind", "127.0.0.1:0", "--log-format", "json"])
             .args(args)
             .stdout(Stdio::piped())
@@ -48,10 +70,12 @@ impl Running {
                 }
             }
         });
+        let mut start_up = Vec::new();
         let addr = loop {
             let line = lines
                 .recv_timeout(Duration::from_secs(30))
                 .expect("server logs that it serves");
+            start_up.push(line.clone());
             let Ok(log) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
@@ -63,6 +87,11 @@ impl Running {
                     .expect("socket addr");
             }
         };
-        Running { child, addr, lines }
+        Running {
+            child,
+            addr,
+            lines,
+            start_up,
+        }
     }
 }
