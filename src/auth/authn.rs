@@ -583,11 +583,12 @@ impl TokenReviewer {
 /// Who is calling, in k8s.io/apiserver's order (see the module docs). Its configuration can
 /// be replaced while it serves ([`Authenticator::set_config`]).
 pub struct Authenticator {
-    /// What is trusted now; replace it with [`Authenticator::set_config`], which also forgets
-    /// the cached certificate verdicts.
-    pub config: ArcSwap<AuthnConfig>,
-    /// Bumped on every config change, so per-connection verdicts are recomputed.
-    generation: std::sync::atomic::AtomicU64,
+    /// What is trusted now, with its generation (one snapshot: what was remembered under a
+    /// generation was made by that very config); replace it with
+    /// [`Authenticator::set_config`], which also forgets the cached verdicts and users.
+    config: ArcSwap<(u64, AuthnConfig)>,
+    /// The last generation handed out; each config gets its own.
+    generations: std::sync::atomic::AtomicU64,
     /// Verdicts by certificate chain (SHA-256) for this generation: the front proxy opens many
     /// connections with one certificate, and classifying it again is a signature check each
     /// (see PERFORMANCE.md). Safe to reuse because the TLS
@@ -605,8 +606,8 @@ impl Authenticator {
     /// Trusts `config`; reviews bearer tokens with `tokens`, when given.
     pub fn new(config: AuthnConfig, tokens: Option<TokenReviewer>) -> Self {
         Self {
-            config: ArcSwap::from_pointee(config),
-            generation: std::sync::atomic::AtomicU64::new(1),
+            config: ArcSwap::from_pointee((1, config)),
+            generations: std::sync::atomic::AtomicU64::new(1),
             verdicts: Mutex::default(),
             tokens,
         }
@@ -615,13 +616,15 @@ impl Authenticator {
     /// Trusts `config` from the next request on (the ConfigMap changed); verdicts about
     /// certificates made under the old one are not reused.
     pub fn set_config(&self, config: AuthnConfig) {
-        self.config.store(Arc::new(config));
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let generation = self
+            .generations
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        self.config.store(Arc::new((generation, config)));
     }
 
-    /// `generation` is read before `config` is loaded (set_config stores, then bumps), so a
-    /// verdict is never filed under a newer generation than the config that produced it.
+    /// `generation` is the one `config` was stored with: a verdict is filed under the
+    /// generation of the config that produced it.
     fn cert_identity(
         &self,
         peer: &PeerCertificates,
@@ -706,10 +709,10 @@ impl Authenticator {
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
     ) -> Authenticated {
-        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
-        let config = self.config.load();
+        let trusted = self.config.load();
+        let (generation, config) = (trusted.0, &trusted.1);
         let identity = peer.map_or(CertIdentity::None, |p| {
-            self.cert_identity(p, generation, &config)
+            self.cert_identity(p, generation, config)
         });
         if identity == CertIdentity::FrontProxy
             && let Some(rh) = &config.request_header
@@ -855,6 +858,15 @@ mod tests {
             assert_eq!(other.name, name);
             assert_eq!(other.groups, want);
         }
+        // The uid and extras identify too.
+        let mut with = headers("alice", &["dev"]);
+        with.append("x-remote-uid", HeaderValue::from_static("u-1"));
+        let with_uid = user(&with, 1).unwrap();
+        assert_eq!(with_uid.uid, "u-1");
+        with.append("x-remote-extra-scopes", HeaderValue::from_static("s"));
+        let with_extra = user(&with, 1).unwrap();
+        assert_eq!(with_extra.extra["scopes"], ["s"]);
+        assert!(!Arc::ptr_eq(&with_uid, &with_extra));
         // More users than are remembered: each still gets its own.
         for i in 0..2 * MEMO_USERS {
             let name = format!("u{i}");

@@ -141,6 +141,24 @@ impl DecisionMemo {
     }
 }
 
+/// Appends `n` in decimal, then `;` (no formatting machinery: this is on the request path).
+fn push_decimal(key: &mut String, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        key.push(char::from(d));
+    }
+    key.push(';');
+}
+
 /// Whether `key` (a cache key's request part) is `info`'s, compared as it is read.
 fn same_request(mut key: &str, info: &RequestInfo<'_>) -> bool {
     for value in request_fields(info) {
@@ -243,27 +261,33 @@ impl Authorizer {
         }
     }
 
-    /// Everything a review depends on, separated by bytes no name contains, and where the
-    /// request's part begins. Built by appending (not `write!`): it is computed on every
-    /// authorized request a connection's [`DecisionMemo`] does not know.
+    /// Everything a review depends on, and where the request's part begins. The user's part
+    /// is length-prefixed (extra keys are percent-decoded, so any byte may be in them); the
+    /// request's fields come from the path and the method, where no NUL can be, and are
+    /// separated by one. Built by appending (not `write!`): it is computed on every authorized
+    /// request a connection's [`DecisionMemo`] does not know.
     fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> (String, usize) {
         let mut key = String::with_capacity(160);
-        let mut field = |value: &str, separator: char| {
+        let field = |key: &mut String, value: &str| {
+            push_decimal(key, value.len());
+            key.push(':');
             key.push_str(value);
-            key.push(separator);
         };
-        field(&user.name, '\0');
-        field(&user.uid, '\0');
+        field(&mut key, &user.name);
+        field(&mut key, &user.uid);
+        push_decimal(&mut key, user.groups.len());
         for group in &user.groups {
-            field(group, '\x01');
+            field(&mut key, group);
         }
+        push_decimal(&mut key, user.extra.len());
         for (k, values) in &user.extra {
-            field(k, '=');
+            field(&mut key, k);
+            push_decimal(&mut key, values.len());
             for v in values {
-                field(v, '\x01');
+                field(&mut key, v);
             }
-            field("", '\0');
         }
+        key.push('\0');
         let request_at = key.len();
         for value in request_fields(info) {
             key.push_str(value);
@@ -483,6 +507,14 @@ mod tests {
             authz.authorize_sync(&alice, &delete, now, Some(&memo)),
             Some(Err(Error::Forbidden(_)))
         ));
+        // A denial ages by the deny TTL (5 s here), not the allow TTL (10 s).
+        let later = now + Duration::from_secs(6);
+        assert!(
+            authz
+                .authorize_sync(&alice, &delete, later, Some(&memo))
+                .is_none()
+        );
+        assert_eq!(check(&alice, &get, later), Some(true));
         // Bounded.
         for i in 0..2 * MEMO_DECISIONS {
             let path = format!("{path}{i}");
@@ -491,6 +523,42 @@ mod tests {
             assert_eq!(check(&alice, &info, now), Some(true));
         }
         assert_eq!(memo.0.lock().unwrap().len(), MEMO_DECISIONS);
+    }
+
+    #[test]
+    fn users_whose_extras_differ_never_share_a_cache_key() {
+        let get = RequestInfo::parse(&Method::GET, "/apis/farm.example.com/v1alpha", None);
+        let user = |extra: &[(&str, &[&str])], groups: &[&str]| UserInfo {
+            name: "alice".into(),
+            groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+            extra: extra
+                .iter()
+                .map(|(k, vs)| {
+                    (
+                        (*k).to_owned(),
+                        vs.iter().map(|v| (*v).to_owned()).collect(),
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let users = [
+            user(&[("a=b", &["c"])], &[]),
+            user(&[("a", &["b=c"])], &[]),
+            user(&[("a\u{0}", &["c"])], &[]),
+            user(&[("a", &["c", ""])], &[]),
+            user(&[("a", &["c"])], &[""]),
+            user(&[("a", &["c"]), ("", &[])], &[]),
+            user(&[], &["a;1:c"]),
+            user(&[], &["a", "c"]),
+        ];
+        let keys: std::collections::HashSet<String> = users
+            .iter()
+            .map(|u| Authorizer::cache_key(u, &get).0)
+            .collect();
+        assert_eq!(keys.len(), users.len(), "{keys:#?}");
+        let (key, at) = Authorizer::cache_key(&users[0], &get);
+        assert!(same_request(&key[at..], &get));
     }
 
     #[test]

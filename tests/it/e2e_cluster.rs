@@ -29,6 +29,10 @@ use serde_json::{Value, json};
 
 const API_SERVICE: &str = "v1alpha.farm.example.com";
 
+/// The tests through a real cluster (here and in `e2e_node`) install the same APIService and
+/// namespace: one at a time.
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// kubectl against the cluster under test.
 pub(crate) struct Cluster {
     kubeconfig: PathBuf,
@@ -196,6 +200,7 @@ async fn through_kube_apiserver() {
     let Some(cluster) = Cluster::from_env() else {
         return;
     };
+    let _one = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
 

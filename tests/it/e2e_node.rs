@@ -17,11 +17,10 @@ use std::{
 use serde_json::Value;
 
 use crate::common::install;
-use crate::e2e_cluster::{Cluster, Nodes, suite};
+use crate::e2e_cluster::{Cluster, Nodes, ONE_AT_A_TIME, suite};
 
 const API_SERVICE: &str = "v1alpha.farm.example.com";
-/// The node tests install the same APIService and namespace: one at a time.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 const NS: &str = "farm-system";
 const SELECTOR: &str = "app.kubernetes.io/name=farm-apiserver";
 
