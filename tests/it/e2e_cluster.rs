@@ -138,6 +138,24 @@ impl Cluster {
             .collect()
     }
 
+    /// Waits (up to two minutes) for the APIService to be Available; how long it took.
+    pub(crate) async fn available(&self) -> Duration {
+        let since = Instant::now();
+        self.eventually(
+            &[
+                "get",
+                "apiservice",
+                API_SERVICE,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+            ],
+            Duration::from_secs(120),
+            |_, out, _| out == "True",
+        )
+        .await;
+        since.elapsed()
+    }
+
     pub(crate) async fn client(&self) -> kube::Client {
         let kubeconfig = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -149,10 +167,19 @@ impl Cluster {
 
 /// What the test put into the cluster; removed when dropped, the APIService first (a stale
 /// APIService breaks discovery and namespace deletion cluster-wide).
-struct Installed<'a> {
-    cluster: &'a Cluster,
-    applied: Value,
-    namespace: String,
+pub(crate) struct Installed<'a> {
+    pub(crate) cluster: &'a Cluster,
+    pub(crate) applied: Applied,
+    /// The test's namespace for Llamas.
+    pub(crate) namespace: String,
+}
+
+/// How the install was applied, so it can be deleted the same way.
+pub(crate) enum Applied {
+    /// `kubectl apply -f -` of these objects.
+    Objects(Value),
+    /// `kubectl apply -k` of this kustomization.
+    Kustomization(PathBuf),
 }
 
 impl Drop for Installed<'_> {
@@ -172,10 +199,22 @@ impl Drop for Installed<'_> {
             ],
             None,
         );
-        let _ = c.run(
-            &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
-            Some(&self.applied.to_string()),
-        );
+        let _ = match &self.applied {
+            Applied::Objects(objects) => c.run(
+                &["delete", "-f", "-", "--ignore-not-found", "--wait=false"],
+                Some(&objects.to_string()),
+            ),
+            Applied::Kustomization(dir) => c.run(
+                &[
+                    "delete",
+                    "-k",
+                    &dir.to_string_lossy(),
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+                None,
+            ),
+        };
     }
 }
 
@@ -281,26 +320,14 @@ async fn through_kube_apiserver() {
     let applied = json!({"apiVersion": "v1", "kind": "List", "items": items});
     let installed = Installed {
         cluster: &cluster,
-        applied: applied.clone(),
+        applied: Applied::Objects(applied.clone()),
         namespace: namespace.clone(),
     };
     let ns = installed.namespace.as_str();
     cluster.ok(&["apply", "-f", "-"], Some(&applied.to_string()));
 
     step("waiting for the APIService to be Available");
-    cluster
-        .eventually(
-            &[
-                "get",
-                "apiservice",
-                API_SERVICE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-            ],
-            Duration::from_secs(90),
-            |_, out, _| out == "True",
-        )
-        .await;
+    cluster.available().await;
 
     // With a node (the lab's `up.sh --node`) Pods run; without, they stay Pending.
     let nodes = if cluster.ready_nodes().is_empty() {

@@ -17,12 +17,24 @@ use std::{
 use serde_json::Value;
 
 use crate::common::install;
-use crate::e2e_cluster::{Cluster, Nodes, ONE_AT_A_TIME, suite};
+use crate::e2e_cluster::{Applied, Cluster, Installed, Nodes, ONE_AT_A_TIME, suite};
 
 const API_SERVICE: &str = "v1alpha.farm.example.com";
 
 const NS: &str = "farm-system";
 const SELECTOR: &str = "app.kubernetes.io/name=farm-apiserver";
+
+/// The cluster under test when it has a Ready node; None (and a printed reason) otherwise.
+fn with_node() -> Option<Cluster> {
+    let cluster = Cluster::from_env()?;
+    if cluster.ready_nodes().is_empty() {
+        eprintln!(
+            "SKIPPED: the cluster of FARM_E2E_KUBECONFIG has no Ready node (the lab: up.sh --node)"
+        );
+        return None;
+    }
+    Some(cluster)
+}
 
 /// `tests/node/image.py` with `args`; how long it took.
 fn image(args: &[&str]) -> Duration {
@@ -55,25 +67,6 @@ async fn wait_for_earlier_runs(cluster: &Cluster, step: &dyn Fn(&str)) {
     }
 }
 
-/// Waits for the APIService to be Available; how long it took.
-async fn available(cluster: &Cluster) -> Duration {
-    let since = Instant::now();
-    cluster
-        .eventually(
-            &[
-                "get",
-                "apiservice",
-                API_SERVICE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-            ],
-            Duration::from_secs(120),
-            |_, out, _| out == "True",
-        )
-        .await;
-    since.elapsed()
-}
-
 /// `kubectl rollout status` of `deployment` in `ns`; on failure, the Pods' state and logs with
 /// the panic.
 fn rolled_out(cluster: &Cluster, ns: &str, deployment: &str) {
@@ -103,42 +96,22 @@ fn rolled_out(cluster: &Cluster, ns: &str, deployment: &str) {
     panic!("{deployment} in {ns} did not roll out: {err}{out}\n{pods}\n{events}\n{logs}");
 }
 
-/// What the test applied; removed when dropped, the APIService first.
-struct Applied<'a> {
-    cluster: &'a Cluster,
-    overlay: PathBuf,
-    namespace: String,
-}
-
-impl Drop for Applied<'_> {
-    fn drop(&mut self) {
-        let c = self.cluster;
-        let _ = c.run(
-            &["delete", "apiservice", API_SERVICE, "--ignore-not-found"],
-            None,
-        );
-        let _ = c.run(
-            &[
-                "delete",
-                "namespace",
-                &self.namespace,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        );
-        let overlay = self.overlay.to_string_lossy().into_owned();
-        let _ = c.run(
-            &[
-                "delete",
-                "-k",
-                &overlay,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        );
-    }
+/// `tests/node/overlay` under `root` (beside the copied `manifests/`), with the image `tag`.
+fn node_overlay(root: &std::path::Path, tag: &str) -> PathBuf {
+    let overlay = root.join("tests/node/overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/node/overlay/kustomization.yaml"
+    ))
+    .unwrap();
+    assert!(shipped.contains("newTag: dev"), "{shipped}");
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        shipped.replace("newTag: dev", &format!("newTag: {tag}")),
+    )
+    .unwrap();
+    overlay
 }
 
 /// The server's Pods (JSON), oldest first.
@@ -192,16 +165,10 @@ fn pod_process() -> Option<(u32, bool)> {
 
 #[tokio::test]
 async fn installed_on_a_real_node() {
-    let Some(cluster) = Cluster::from_env() else {
+    let Some(cluster) = with_node() else {
         return;
     };
     let nodes = cluster.ready_nodes();
-    if nodes.is_empty() {
-        eprintln!(
-            "SKIPPED: the cluster of FARM_E2E_KUBECONFIG has no Ready node (the lab: up.sh --node)"
-        );
-        return;
-    }
     let _one = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
@@ -217,23 +184,11 @@ async fn installed_on_a_real_node() {
 
     step("certificates, and the overlay that changes only the image");
     let rendered = install::render(None);
-    let overlay = rendered.dir.path().join("tests/node/overlay");
-    std::fs::create_dir_all(&overlay).unwrap();
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/node/overlay/kustomization.yaml"
-    ))
-    .unwrap();
-    assert!(shipped.contains("newTag: dev"), "{shipped}");
-    std::fs::write(
-        overlay.join("kustomization.yaml"),
-        shipped.replace("newTag: dev", &format!("newTag: {tag}")),
-    )
-    .unwrap();
+    let overlay = node_overlay(rendered.dir.path(), &tag);
     let namespace = format!("farm-node-e2e-{}", std::process::id());
-    let applied = Applied {
+    let applied = Installed {
         cluster: &cluster,
-        overlay: overlay.clone(),
+        applied: Applied::Kustomization(overlay.clone()),
         namespace: namespace.clone(),
     };
     let applying = Instant::now();
@@ -241,17 +196,7 @@ async fn installed_on_a_real_node() {
     cluster.ok(&["apply", "-k", &overlay_arg], None);
 
     step("the Pod becomes Ready through its HTTPS probes");
-    cluster.ok(
-        &[
-            "rollout",
-            "status",
-            "deployment/farm-apiserver",
-            "-n",
-            NS,
-            "--timeout=180s",
-        ],
-        None,
-    );
+    rolled_out(&cluster, NS, "deployment/farm-apiserver");
     timings.push(("apply -> Pod Ready", applying.elapsed()));
     let pods = server_pods(&cluster);
     assert_eq!(pods.len(), 1, "one replica by default");
@@ -282,19 +227,7 @@ async fn installed_on_a_real_node() {
             .unwrap()
             .starts_with("10.")
     );
-    cluster
-        .eventually(
-            &[
-                "get",
-                "apiservice",
-                API_SERVICE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-            ],
-            Duration::from_secs(120),
-            |_, out, _| out == "True",
-        )
-        .await;
+    cluster.available().await;
     timings.push(("apply -> APIService Available", applying.elapsed()));
     let endpoints = cluster.ok(
         &[
@@ -487,17 +420,7 @@ fn roll_to(cluster: &Cluster, tag: &str) -> Duration {
         ],
         None,
     );
-    cluster.ok(
-        &[
-            "rollout",
-            "status",
-            "deployment/farm-apiserver",
-            "-n",
-            NS,
-            "--timeout=300s",
-        ],
-        None,
-    );
+    rolled_out(cluster, NS, "deployment/farm-apiserver");
     let took = rolling.elapsed();
     // Old Pods may still be terminating (their shutdown delay and grace).
     let pods = server_pods(cluster);
@@ -719,15 +642,9 @@ fn etcd_executable() -> Option<PathBuf> {
 /// acknowledged.
 #[tokio::test]
 async fn etcd_backed_replicas_on_a_real_node() {
-    let Some(cluster) = Cluster::from_env() else {
+    let Some(cluster) = with_node() else {
         return;
     };
-    if cluster.ready_nodes().is_empty() {
-        eprintln!(
-            "SKIPPED: the cluster of FARM_E2E_KUBECONFIG has no Ready node (the lab: up.sh --node)"
-        );
-        return;
-    }
     let Some(etcd) = etcd_executable() else {
         panic!("a node to test on, but no etcd to run on it (etcd on PATH, or FARM_ETCD_BIN)");
     };
@@ -769,9 +686,9 @@ async fn etcd_backed_replicas_on_a_real_node() {
     let root = rendered.dir.path();
     let overlay = root.join("tests/node/etcd-overlay");
     std::fs::create_dir_all(overlay.join("etcd")).unwrap();
-    let applied = Applied {
+    let applied = Installed {
         cluster: &cluster,
-        overlay: overlay.clone(),
+        applied: Applied::Kustomization(overlay.clone()),
         namespace: namespace.clone(),
     };
     let _etcd_gone = EtcdNamespace(&cluster, etcd_ns.clone());
@@ -848,18 +765,7 @@ async fn etcd_backed_replicas_on_a_real_node() {
     step("the manifests with components/etcd, pointed at that etcd");
     // The node overlay (only the image changed), the etcd component, its client Secret, and
     // --etcd-servers pointed at the Service's address (the lab has no DNS).
-    let node_overlay = root.join("tests/node/overlay");
-    std::fs::create_dir_all(&node_overlay).unwrap();
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/node/overlay/kustomization.yaml"
-    ))
-    .unwrap();
-    std::fs::write(
-        node_overlay.join("kustomization.yaml"),
-        shipped.replace("newTag: dev", &format!("newTag: {tag}")),
-    )
-    .unwrap();
+    node_overlay(root, &tag);
     let kustomization = |patch: &str| {
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../overlay\ncomponents:\n  - ../../../manifests/components/etcd\nsecretGenerator:\n  - name: farm-apiserver-etcd\n    namespace: farm-system\n    files:\n      - ca.crt=etcd/ca.crt\n      - tls.crt=etcd/client.crt\n      - tls.key=etcd/client.key\n{patch}"
@@ -895,7 +801,7 @@ async fn etcd_backed_replicas_on_a_real_node() {
     timings.push(("apply -> 2 Pods Ready", applying.elapsed()));
     let pods = server_pods(&cluster);
     assert_eq!(pods.len(), 2, "components/etcd runs two replicas");
-    available(&cluster).await;
+    cluster.available().await;
     timings.push(("apply -> APIService Available", applying.elapsed()));
     cluster.ok(&["create", "namespace", &namespace], None);
     // The Llama namespace is known to both replicas' namespace caches before writes go in.
@@ -995,15 +901,9 @@ impl Drop for EtcdNamespace<'_> {
 /// it admits only 8443 is not shown here).
 #[tokio::test]
 async fn host_network_and_network_policy_components_on_a_real_node() {
-    let Some(cluster) = Cluster::from_env() else {
+    let Some(cluster) = with_node() else {
         return;
     };
-    if cluster.ready_nodes().is_empty() {
-        eprintln!(
-            "SKIPPED: the cluster of FARM_E2E_KUBECONFIG has no Ready node (the lab: up.sh --node)"
-        );
-        return;
-    }
     let _one = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
@@ -1018,18 +918,7 @@ async fn host_network_and_network_policy_components_on_a_real_node() {
     image(&["--tag", &tag]);
     let rendered = install::render(None);
     let root = rendered.dir.path();
-    let node_overlay = root.join("tests/node/overlay");
-    std::fs::create_dir_all(&node_overlay).unwrap();
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/node/overlay/kustomization.yaml"
-    ))
-    .unwrap();
-    std::fs::write(
-        node_overlay.join("kustomization.yaml"),
-        shipped.replace("newTag: dev", &format!("newTag: {tag}")),
-    )
-    .unwrap();
+    node_overlay(root, &tag);
     let overlay = root.join("tests/node/host-network");
     std::fs::create_dir_all(&overlay).unwrap();
     std::fs::write(
@@ -1037,9 +926,9 @@ async fn host_network_and_network_policy_components_on_a_real_node() {
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../overlay\ncomponents:\n  - ../../../manifests/components/host-network\n  - ../../../manifests/components/network-policy\n",
     )
     .unwrap();
-    let applied = Applied {
+    let applied = Installed {
         cluster: &cluster,
-        overlay: overlay.clone(),
+        applied: Applied::Kustomization(overlay.clone()),
         namespace: format!("farm-node-e2e-{}", std::process::id()),
     };
     let overlay_arg = overlay.to_string_lossy().into_owned();
@@ -1051,7 +940,7 @@ async fn host_network_and_network_policy_components_on_a_real_node() {
     assert_eq!(pods[0]["status"]["podIP"].as_str().unwrap(), node_ip);
 
     step("the APIService Available through the Service, to the node's port 8443");
-    let took = available(&cluster).await;
+    let took = cluster.available().await;
     eprintln!("  Available {:.1}s after the rollout", took.as_secs_f64());
     let out = cluster.ok(&["get", "--raw", "/apis/farm.example.com/v1alpha"], None);
     assert!(
