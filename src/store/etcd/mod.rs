@@ -131,6 +131,12 @@ impl<K: ServedResource> EtcdStore<K> {
         store
     }
 
+    /// The revision the cache has applied, without catching up with etcd first (as
+    /// [`Store::stats`] does, which on an older etcd may write the kind's prefix key to do so).
+    pub fn cached_revision(&self) -> u64 {
+        self.shared.cache.resource_version()
+    }
+
     /// Readiness: not ready until the cache holds etcd's objects, nor while etcd is unreachable.
     pub fn readiness_checks(self: &Arc<Self>) -> Vec<Check> {
         let store = self.clone();
