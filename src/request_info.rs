@@ -158,18 +158,51 @@ impl<'a> RequestInfo<'a> {
                 }
             }
         }
-        info.verb = match *method {
-            Method::GET | Method::HEAD if is_watch(query) => "watch",
-            Method::GET | Method::HEAD if info.name.is_empty() => "list",
-            Method::GET | Method::HEAD => "get",
-            Method::POST => "create",
-            Method::PUT => "update",
-            Method::PATCH => "patch",
-            Method::DELETE if info.name.is_empty() => "deletecollection",
-            Method::DELETE => "delete",
-            _ => method_verb(method),
-        };
+        info.verb = resource_verb(method, query, info.name.is_empty());
         info
+    }
+
+    /// A resource request whose parts routing has already found in `path` (the group, version,
+    /// namespace, plural, name and subresource segments as sent): what [`RequestInfo::parse`]
+    /// gives for that path, without splitting it again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn of_resource(
+        method: &Method,
+        path: &'a str,
+        query: Option<&str>,
+        api_group: &'a str,
+        api_version: &'a str,
+        namespace: &'a str,
+        resource: &'a str,
+        name: &'a str,
+        subresource: &'a str,
+    ) -> Self {
+        RequestInfo {
+            is_resource_request: true,
+            verb: resource_verb(method, query, name.is_empty()),
+            api_group,
+            api_version,
+            namespace,
+            resource,
+            subresource,
+            name,
+            path,
+        }
+    }
+}
+
+/// The API verb of a resource request.
+fn resource_verb(method: &Method, query: Option<&str>, collection: bool) -> &'static str {
+    match *method {
+        Method::GET | Method::HEAD if is_watch(query) => "watch",
+        Method::GET | Method::HEAD if collection => "list",
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if collection => "deletecollection",
+        Method::DELETE => "delete",
+        _ => method_verb(method),
     }
 }
 

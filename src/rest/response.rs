@@ -21,9 +21,10 @@ use crate::{
 pub(crate) fn json_response(code: StatusCode, body: impl Into<Body>) -> Response {
     let mut response = Response::new(body.into());
     *response.status_mut() = code;
-    // Sized for its one header: an empty map's first insert allocates and lays out room for
-    // several (a few hundred instructions on every GET).
-    let mut headers = axum::http::HeaderMap::with_capacity(1);
+    // Sized for its header and the two hyper adds over HTTP/2 (date, content-length): an
+    // empty map's first insert allocates room for several, and a map that is full grows
+    // (each a few hundred instructions on every GET).
+    let mut headers = axum::http::HeaderMap::with_capacity(3);
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

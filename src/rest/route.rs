@@ -15,6 +15,7 @@ use super::write::{create, delete, delete_collection, patch, update};
 use super::{KindApi, KindApiInner, RestContext};
 use crate::{
     error::{Error, Result},
+    request_info::RequestInfo,
     resource::{GROUP_VERSION, ResourceInfo, ServedResource},
     store::{Store, StoreStats},
 };
@@ -45,6 +46,7 @@ struct Kind {
 /// cluster-scoped kind's objects are in the namespace "".
 pub struct Target<'a> {
     endpoint: &'a Arc<dyn Endpoint>,
+    plural: &'static str,
     namespace: Option<&'a str>,
     name: Option<&'a str>,
     /// The object or, for `<object>/status`, its status.
@@ -132,6 +134,7 @@ impl Endpoints {
         }
         Some(Target {
             endpoint: &kind.endpoint,
+            plural: kind.plural,
             namespace,
             name,
             part,
@@ -173,7 +176,32 @@ impl Route {
     }
 }
 
-impl Target<'_> {
+impl<'a> Target<'a> {
+    /// What authorization, metrics and the log see of a request to this target at `path` (the
+    /// path it was found in): [`RequestInfo::parse`]'s answer, built from the parts routing
+    /// found, so that what is authorized is what is served.
+    pub fn request_info(
+        &self,
+        method: &Method,
+        path: &'a str,
+        query: Option<&str>,
+    ) -> RequestInfo<'a> {
+        RequestInfo::of_resource(
+            method,
+            path,
+            query,
+            crate::resource::GROUP,
+            crate::resource::VERSION,
+            self.namespace.unwrap_or(""),
+            self.plural,
+            self.name.unwrap_or(""),
+            match self.part {
+                Part::Object => "",
+                Part::Status => "status",
+            },
+        )
+    }
+
     /// The owned [`Route`] of this target.
     pub fn route(&self) -> Route {
         let segments = match (
@@ -218,6 +246,10 @@ impl Target<'_> {
 /// A path segment as the client meant it (percent-decoded, as Go's net/url gives
 /// kube-apiserver its paths).
 pub(crate) fn path_segment(raw: &str) -> Result<Cow<'_, str>> {
+    // Most segments have no escape: they are the text as it is (already UTF-8).
+    if !raw.as_bytes().contains(&b'%') {
+        return Ok(Cow::Borrowed(raw));
+    }
     percent_encoding::percent_decode_str(raw)
         .decode_utf8()
         .map_err(|_| Error::BadRequest(format!("invalid path segment {raw:?}: not UTF-8")))

@@ -121,7 +121,12 @@ impl Edge {
         let started = Instant::now();
         // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
         let uri = request.uri().clone();
-        let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+        // The path is split once: a resource endpoint's request info is what routing found.
+        let target = self.endpoints.find(uri.path());
+        let info = match &target {
+            Some(target) => target.request_info(request.method(), uri.path(), uri.query()),
+            None => RequestInfo::parse(request.method(), uri.path(), uri.query()),
+        };
         // Boxed: the answer at once stays small to return.
         let pending = |auth, target: Option<rest::Target<'_>>| {
             Box::new(Pending {
@@ -137,7 +142,6 @@ impl Edge {
                 .check_sync(peer, request.headers_mut(), &info, started)
             {
                 AuthStep::Checked(Ok(user)) => {
-                    let target = self.endpoints.find(uri.path());
                     let answered = target.as_ref().and_then(|target| {
                         target.call_sync(request.method(), uri.query(), request.headers())
                     });
@@ -147,7 +151,7 @@ impl Edge {
                     }
                 }
                 AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
-                step => return Err(pending(step, self.endpoints.find(uri.path()))),
+                step => return Err(pending(step, target)),
             };
         Ok(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
     }

@@ -1,9 +1,31 @@
-//! Serving [`App`] over TLS: bind, spawn with a stop future, graceful shutdown on signals.
+//! Serving [`App`] over TLS: bind, accept, serve each connection with hyper, graceful shutdown
+//! on signals.
+//!
+//! The accept loop is our own rather than axum-server's: that one polls two shutdown `Notified`
+//! futures every time it polls a connection (a few hundred instructions a GET over HTTP/2, see
+//! PERFORMANCE.md). Here a connection learns of a shutdown from a flag it reads when polled,
+//! and is woken for it through the waker it registered once.
 
 use std::{
+    collections::HashMap,
+    future::Future,
     net::SocketAddr,
+    pin::pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+    },
+    task::{Poll, Waker},
     time::{Duration, Instant},
 };
+
+use axum_server::accept::Accept;
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use tokio::sync::watch;
 
 use super::{App, Shutdown};
 use crate::{connection, tls};
@@ -11,14 +33,16 @@ use crate::{connection, tls};
 /// The HTTPS listener, bound and configured, not serving yet (as kubert's `Bound`).
 pub struct Bound {
     addr: SocketAddr,
-    server: axum_server::Server<SocketAddr, tls::Acceptor>,
+    listener: std::net::TcpListener,
+    acceptor: tls::Acceptor,
+    builder: auto::Builder<TokioExecutor>,
 }
 
 /// A listener serving in the background.
 pub struct Running {
     /// The address it listens on (the actual port when bound to port 0).
     pub addr: SocketAddr,
-    handle: axum_server::Handle<SocketAddr>,
+    connections: Arc<Connections>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
@@ -35,8 +59,7 @@ pub fn bind(
     const MAX_HEADER_BYTES: u32 = 1 << 20;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    let mut server = axum_server::from_tcp(listener)?.acceptor(tls::Acceptor::new(tls, limits));
-    let builder = server.http_builder();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         // The header-read bound is the connection guard's (no timer per request).
@@ -47,7 +70,12 @@ pub fn bind(
         .http2()
         .max_header_list_size(MAX_HEADER_BYTES)
         .max_concurrent_streams(250);
-    Ok(Bound { addr, server })
+    Ok(Bound {
+        addr,
+        listener,
+        acceptor: tls::Acceptor::new(tls, limits),
+        builder,
+    })
 }
 
 impl Bound {
@@ -56,39 +84,34 @@ impl Bound {
         self.addr
     }
 
-    /// Serves `app` until `stop` completes; then the listener stops accepting and requests in
-    /// flight get `grace` to finish.
+    /// Serves `app` until `stop` completes; then the listener closes and requests in flight get
+    /// `grace` to finish (HTTP/2 connections are sent a GOAWAY, HTTP/1.1 ones close after their
+    /// current request); connections still open after it are closed.
     pub fn spawn(
         self,
         app: App,
-        stop: impl std::future::Future<Output = ()> + Send + 'static,
+        stop: impl Future<Output = ()> + Send + 'static,
         grace: Duration,
     ) -> Running {
-        let handle = axum_server::Handle::<SocketAddr>::new();
-        let stopping = handle.clone();
-        tokio::spawn(async move {
-            stop.await;
-            stopping.graceful_shutdown(Some(grace));
-        });
-        let server = self.server.handle(handle.clone());
-        let task = tokio::spawn(async move { server.serve(tower::make::Shared::new(app)).await });
+        let connections = Arc::new(Connections::default());
+        let addr = self.addr;
+        let task = tokio::spawn(accept_loop(self, app, connections.clone(), stop, grace));
         Running {
-            addr: self.addr,
-            handle,
+            addr,
+            connections,
             task,
         }
     }
 }
 
 impl Running {
-    /// Waits until the listener accepts connections.
-    pub async fn listening(&self) {
-        let _ = self.handle.listening().await;
-    }
+    /// Waits until the listener accepts connections (it does from [`Bound::spawn`] on: the
+    /// socket is bound and listening before).
+    pub async fn listening(&self) {}
 
     /// Stops accepting and closes connections now.
     pub fn stop(&self) {
-        self.handle.shutdown();
+        self.connections.stop(Stop::Now);
     }
 
     /// Waits until the server has stopped.
@@ -96,6 +119,180 @@ impl Running {
         self.task.await??;
         Ok(())
     }
+}
+
+/// How far a shutdown has gone.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stop {
+    #[default]
+    Serving,
+    /// No new connections; open ones finish what they are doing.
+    Graceful,
+    /// Every connection closes.
+    Now,
+}
+
+/// The connections being served, and what tells them to stop.
+#[derive(Default)]
+struct Connections {
+    graceful: AtomicBool,
+    now: AtomicBool,
+    /// The tasks to wake when the stop moves on, by connection.
+    wakers: Mutex<HashMap<u64, Waker>>,
+    next_id: AtomicU64,
+    /// How far the shutdown has gone, and how many connections are open (the accept loop
+    /// waits on it).
+    state: watch::Sender<(Stop, usize)>,
+}
+
+impl Connections {
+    fn stop(&self, stop: Stop) {
+        match stop {
+            Stop::Serving => return,
+            Stop::Graceful => self.graceful.store(true, SeqCst),
+            Stop::Now => {
+                self.graceful.store(true, SeqCst);
+                self.now.store(true, SeqCst);
+            }
+        }
+        self.state
+            .send_modify(|(current, _)| *current = (*current).max(stop));
+        // Woken after the flags are set: a connection registers its waker before it reads them.
+        if let Ok(wakers) = self.wakers.lock() {
+            wakers.values().for_each(Waker::wake_by_ref);
+        }
+    }
+
+    fn opened(self: &Arc<Self>) -> Registration {
+        self.state.send_modify(|(_, open)| *open += 1);
+        Registration {
+            connections: self.clone(),
+            id: self.next_id.fetch_add(1, SeqCst),
+            waker: None,
+        }
+    }
+}
+
+/// One open connection's place in [`Connections`]; dropped when it closes.
+struct Registration {
+    connections: Arc<Connections>,
+    id: u64,
+    waker: Option<Waker>,
+}
+
+impl Registration {
+    /// Registers the task's waker when it is new (a spawned task's waker stays the same, so
+    /// this locks once), then reads how far a shutdown has gone.
+    fn poll_stop(&mut self, waker: &Waker) -> Stop {
+        if !self
+            .waker
+            .as_ref()
+            .is_some_and(|known| known.will_wake(waker))
+        {
+            if let Ok(mut wakers) = self.connections.wakers.lock() {
+                wakers.insert(self.id, waker.clone());
+            }
+            self.waker = Some(waker.clone());
+        }
+        if self.connections.now.load(SeqCst) {
+            Stop::Now
+        } else if self.connections.graceful.load(SeqCst) {
+            Stop::Graceful
+        } else {
+            Stop::Serving
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut wakers) = self.connections.wakers.lock() {
+            wakers.remove(&self.id);
+        }
+        self.connections.state.send_modify(|(_, open)| *open -= 1);
+    }
+}
+
+async fn accept_loop(
+    bound: Bound,
+    app: App,
+    connections: Arc<Connections>,
+    stop: impl Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::from_std(bound.listener)?;
+    let builder = Arc::new(bound.builder);
+    let acceptor = bound.acceptor;
+    {
+        let stopping = connections.clone();
+        tokio::spawn(async move {
+            stop.await;
+            stopping.stop(Stop::Graceful);
+        });
+    }
+    let mut state = connections.state.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = state.wait_for(|(stop, _)| *stop != Stop::Serving) => break,
+            accepted = listener.accept() => accepted,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(error) => {
+                // Out of descriptors, mostly: try again shortly rather than spin.
+                tracing::warn!(%error, "accepting a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let registration = connections.opened();
+        let accept = acceptor.accept(tcp, app.clone());
+        let builder = builder.clone();
+        tokio::spawn(serve_connection(registration, accept, builder));
+    }
+    // The listener closes now: new connections are refused rather than left waiting.
+    drop(listener);
+    let closed = |(_, open): &(Stop, usize)| *open == 0;
+    if tokio::time::timeout(grace, state.wait_for(closed))
+        .await
+        .is_err()
+    {
+        connections.stop(Stop::Now);
+        let _ = state.wait_for(closed).await;
+    }
+    Ok(())
+}
+
+async fn serve_connection(
+    mut registration: Registration,
+    accept: <tls::Acceptor as Accept<tokio::net::TcpStream, App>>::Future,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+) {
+    let mut accept = accept;
+    let handshake = std::future::poll_fn(|cx| match registration.poll_stop(cx.waker()) {
+        Stop::Now => Poll::Ready(None),
+        _ => accept.as_mut().poll(cx).map(Some),
+    });
+    let Some(Ok((stream, service))) = handshake.await else {
+        return; // the handshake failed or timed out, or the server stopped
+    };
+    let mut connection =
+        pin!(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)));
+    let mut draining = false;
+    std::future::poll_fn(|cx| {
+        match registration.poll_stop(cx.waker()) {
+            Stop::Serving => {}
+            Stop::Graceful if draining => {}
+            Stop::Graceful => {
+                connection.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            Stop::Now => return Poll::Ready(()),
+        }
+        connection.as_mut().poll(cx).map(|_| ())
+    })
+    .await;
 }
 
 /// Shutdown timing: see [`serve`].

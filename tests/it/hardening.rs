@@ -447,6 +447,71 @@ async fn idle_http2_connections_are_closed_busy_ones_are_not() {
     drop(watch);
 }
 
+/// A graceful stop (SIGTERM after the shutdown delay) closes the listener and the connections
+/// that have nothing in flight at once (HTTP/2 with a GOAWAY, HTTP/1.1 after its last
+/// response), and those still busy (a watch) at the grace; then the server has stopped.
+#[tokio::test]
+async fn a_stop_closes_idle_connections_at_once_and_busy_ones_at_the_grace() {
+    let mut server = TestServer::start().await;
+    let client = server.raw(Some(server.admin_identity()), Alpn::Http2);
+    let connect = || async {
+        let io = hyper_util::rt::TokioIo::new(client.tls().await);
+        let builder =
+            hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+        let (sender, conn) = builder.handshake(io).await.unwrap();
+        (sender, tokio::spawn(conn))
+    };
+    let request = |path: &str| {
+        hyper::Request::get(format!("https://localhost{path}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let (mut idle, idle_conn) = connect().await;
+    let reply = idle.send_request(request(LLAMAS)).await.unwrap();
+    assert_eq!(reply.status(), 200);
+    drop(reply);
+    let (mut busy, busy_conn) = connect().await;
+    let watch = busy
+        .send_request(request(&format!("{LLAMAS}?watch=true")))
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    let mut kept_alive = server
+        .raw(Some(server.admin_identity()), Alpn::Http1)
+        .tls()
+        .await;
+    kept_alive
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    kept_alive.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+
+    server.stop_gracefully();
+    let started = Instant::now();
+    let _ = tokio::time::timeout(Duration::from_millis(700), idle_conn)
+        .await
+        .expect("the idle HTTP/2 connection closes at once");
+    let (after, _) = until_closed(&mut kept_alive, Duration::from_millis(700)).await;
+    assert!(after < Duration::from_millis(700), "{after:?}");
+    assert!(
+        tokio::net::TcpStream::connect(server.addr).await.is_err(),
+        "the listener is closed"
+    );
+    assert!(!busy_conn.is_finished(), "a watch has the grace to end");
+    let _ = tokio::time::timeout(Duration::from_secs(3), busy_conn)
+        .await
+        .expect("the busy connection is closed at the grace");
+    let busy_for = started.elapsed();
+    assert!(busy_for >= Duration::from_millis(900), "{busy_for:?}");
+    drop(watch);
+    tokio::time::timeout(Duration::from_secs(2), server.stopped())
+        .await
+        .expect("stopped after the grace")
+        .unwrap();
+}
+
 /// A client that asks for a large list and stops reading does not hold its connection, nor
 /// what the list pins, past the write timeout.
 #[tokio::test]

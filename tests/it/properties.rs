@@ -291,3 +291,121 @@ proptest! {
         prop_assert_eq!(&after.json()["spec"], &serde_json::json!({"weight": 31.4, "height": 0.5}));
     }
 }
+
+/// Paths under the group's version (and beside it) made of the API's own segments and a few
+/// others, with stray and doubled slashes.
+fn path_soup() -> impl Strategy<Value = String> {
+    let prefix = prop_oneof![
+        4 => Just("/apis/farm.example.com/v1alpha/"),
+        1 => Just("/apis/farm.example.com/v1alpha"),
+        1 => Just("//apis/farm.example.com/v1alpha/"),
+        1 => Just("/apis/farm.example.com/v1/"),
+        1 => Just("/api/v1/"),
+        1 => Just(""),
+    ];
+    let segment = prop_oneof![
+        Just("namespaces"),
+        Just("default"),
+        Just("llamas"),
+        Just("farmpods"),
+        Just("dolly"),
+        Just("status"),
+        Just("scale"),
+        Just(""),
+        Just("d%2Fx"),
+        Just("%zz"),
+    ];
+    (prefix, prop::collection::vec(segment, 0..6), any::<bool>()).prop_map(
+        |(prefix, segments, trail)| {
+            format!(
+                "{prefix}{}{}",
+                segments.join("/"),
+                if trail { "/" } else { "" }
+            )
+        },
+    )
+}
+
+/// The served kinds' endpoints, built once for the property below.
+fn endpoints() -> &'static farm_apiserver::rest::Endpoints {
+    static ENDPOINTS: std::sync::OnceLock<std::sync::Arc<farm_apiserver::rest::Endpoints>> =
+        std::sync::OnceLock::new();
+    ENDPOINTS.get_or_init(|| {
+        let (options, _) = common::oneshot_identity();
+        let llamas = farm_apiserver::group::memory_llamas(false, 0);
+        runtime().block_on(async {
+            let (state, _shutdown) = farm_apiserver::server::AppState::farm(
+                llamas,
+                farm_apiserver::store::PodCache::without_cluster(),
+                options,
+            );
+            state.endpoints.clone()
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4096, ..ProptestConfig::default() })]
+
+    /// Authorization judges what is served: where routing finds a resource endpoint, the
+    /// request info built from what it found (the edge's one split of the path) is what
+    /// kube-apiserver's RequestInfo parsing of the whole path gives.
+    #[test]
+    fn routed_request_info_is_the_parsed_one(
+        path in path_soup(),
+        method in prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("PATCH"), Just("DELETE"), Just("HEAD")],
+        query in prop_oneof![Just(None), Just(Some("watch=true")), Just(Some("watch=1&limit=2")), Just(Some("watch=false"))],
+    ) {
+        use farm_apiserver::request_info::RequestInfo;
+        let method = axum::http::Method::from_bytes(method.as_bytes()).unwrap();
+        if let Some(target) = endpoints().find(&path) {
+            prop_assert_eq!(
+                target.request_info(&method, &path, query),
+                RequestInfo::parse(&method, &path, query)
+            );
+        }
+    }
+}
+
+/// The property above routes: these are resource endpoints, whose request info is the parsed
+/// one; the others are not.
+#[test]
+fn routing_finds_the_resource_endpoints() {
+    use farm_apiserver::request_info::RequestInfo;
+    let base = "/apis/farm.example.com/v1alpha";
+    for (path, routed) in [
+        (format!("{base}/llamas"), true),
+        (format!("{base}/namespaces/default/llamas"), true),
+        (format!("{base}/namespaces/default/llamas/dolly"), true),
+        // Llamas have no status subresource (the Barns of third_kind do).
+        (
+            format!("{base}/namespaces/default/llamas/dolly/status"),
+            false,
+        ),
+        (format!("{base}/namespaces/default/farmpods/p"), true),
+        (
+            format!("{base}/namespaces/default/farmpods/p/status"),
+            false,
+        ),
+        (format!("{base}/namespaces/default/llamas/dolly/"), false),
+        (format!("{base}/llamas/dolly"), false),
+        (format!("{base}//llamas"), false),
+        (format!("/{base}/llamas"), false),
+        (format!("{base}/namespaces//llamas"), false),
+        (
+            format!("{base}/namespaces/default/llamas/dolly/scale"),
+            false,
+        ),
+    ] {
+        let target = endpoints().find(&path);
+        assert_eq!(target.is_some(), routed, "{path}");
+        if let Some(target) = target {
+            let method = axum::http::Method::GET;
+            assert_eq!(
+                target.request_info(&method, &path, None),
+                RequestInfo::parse(&method, &path, None),
+                "{path}"
+            );
+        }
+    }
+}

@@ -151,6 +151,40 @@ fn app() -> App {
     }
 }
 
+/// What authorization sees of a request to a status subresource or a cluster-scoped kind is
+/// what kube-apiserver's RequestInfo parsing gives (the edge builds it from the route).
+#[test]
+fn routed_request_info_of_status_and_cluster_scoped_kinds() {
+    use farm_apiserver::request_info::RequestInfo;
+    let (options, _) = common::oneshot_identity();
+    let group = ApiGroup::new()
+        .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
+        .serve::<Pasture>(Arc::new(MemoryStore::<Pasture>::default()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (state, _shutdown) = runtime.block_on(async { AppState::new(group, options) });
+    for (path, routed) in [
+        (format!("{BARNS}/red/status"), true),
+        (format!("{BARNS}/red"), true),
+        (format!("{BARNS}/red/status/x"), false),
+        (PASTURES.to_string(), true),
+        (format!("{PASTURES}/north"), true),
+        (format!("{PASTURES}/north/status"), false),
+        (format!("{BASE}/namespaces/farm/pastures/north"), false),
+    ] {
+        let target = state.endpoints.find(&path);
+        assert_eq!(target.is_some(), routed, "{path}");
+        for method in [axum::http::Method::GET, axum::http::Method::PUT] {
+            if let Some(target) = &target {
+                let info = target.request_info(&method, &path, Some("watch=1"));
+                assert_eq!(info, RequestInfo::parse(&method, &path, Some("watch=1")));
+            }
+        }
+    }
+}
+
 fn barn(name: &str, color: &str, stalls: u32) -> String {
     json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Barn",
         "metadata": {"name": name}, "spec": {"color": color, "stalls": stalls}})

@@ -75,7 +75,10 @@ pub struct TestServer {
     pub llamas: Arc<farm_apiserver::store::MemoryStore<farm_apiserver::resources::Llama>>,
     pub serving: Arc<ServingTls>,
     pub shutdown: Shutdown,
-    running: server::Running,
+    /// The listener until [`TestServer::stopped`] takes it.
+    running: Option<server::Running>,
+    /// Starts the listener's graceful stop (its grace: 1 s).
+    stop: Arc<tokio::sync::Notify>,
     /// The etcd of an etcd-backed server, stopped with it.
     _etcd: Option<etcd::Etcd>,
 }
@@ -117,7 +120,9 @@ macro_rules! on_both_storages {
 impl Drop for TestServer {
     fn drop(&mut self) {
         self.shutdown.end_watches();
-        self.running.stop();
+        if let Some(running) = &self.running {
+            running.stop();
+        }
     }
 }
 
@@ -260,9 +265,15 @@ impl TestServer {
         );
         let app = server::app(state.clone());
         // The server's own start-up path: bound, then spawned until the test server drops.
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopping = stop.clone();
         let running = server::bind(listener, serving.config.clone(), options.limits)
             .expect("listener")
-            .spawn(app, std::future::pending(), Duration::from_secs(1));
+            .spawn(
+                app,
+                async move { stopping.notified().await },
+                Duration::from_secs(1),
+            );
         running.listening().await;
         Self {
             addr,
@@ -271,8 +282,23 @@ impl TestServer {
             llamas,
             serving,
             shutdown,
-            running,
+            running: Some(running),
+            stop,
             _etcd: etcd,
+        }
+    }
+
+    /// Begins the listener's graceful stop, as a signal does in the binary (without the
+    /// shutdown delay): no new connections; open ones get the grace (1 s) to finish.
+    pub fn stop_gracefully(&self) {
+        self.stop.notify_one();
+    }
+
+    /// Waits until the listener has stopped.
+    pub async fn stopped(&mut self) -> anyhow::Result<()> {
+        match self.running.take() {
+            Some(running) => running.stopped().await,
+            None => Ok(()),
         }
     }
 
