@@ -182,7 +182,8 @@ pub struct Args {
 
     /// Admission plugins to turn off (kube-apiserver's flag). With a cluster,
     /// `NamespaceLifecycle` refuses creates in a namespace that does not exist or is being
-    /// deleted; without one there is nothing to check.
+    /// deleted, and `MutatingAdmissionWebhook` and `ValidatingAdmissionWebhook` call the
+    /// cluster's webhooks on every write; without one there is nothing to check.
     #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
     pub disable_admission_plugins: Vec<String>,
 
@@ -472,14 +473,26 @@ impl Args {
                 (store, checks)
             }
         };
-        let namespace_lifecycle = !self
-            .disable_admission_plugins
-            .iter()
-            .any(|p| p == "NamespaceLifecycle");
-        let namespaces = cluster
-            .clone()
-            .filter(|_| namespace_lifecycle)
-            .map(crate::namespaces::Namespaces::start);
+        let enabled = |plugin: &str| !self.disable_admission_plugins.iter().any(|p| p == plugin);
+        // One watch of the cluster's Namespaces serves NamespaceLifecycle and the webhooks'
+        // namespaceSelectors.
+        let watched = cluster.clone().map(crate::namespaces::Namespaces::start);
+        let namespaces = watched.clone().filter(|_| enabled("NamespaceLifecycle"));
+        let admission = match (&cluster, watched) {
+            (Some(client), Some(namespaces))
+                if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") =>
+            {
+                crate::admission::Admission::with_webhooks(
+                    crate::admission::webhook::Webhooks::start(
+                        client.clone(),
+                        namespaces,
+                        enabled("MutatingAdmissionWebhook"),
+                        enabled("ValidatingAdmissionWebhook"),
+                    ),
+                )
+            }
+            _ => crate::admission::Admission::default(),
+        };
         let mut rest = self.rest_settings();
         rest.garbage_collection = cluster.is_some();
         let (state, shutdown) = AppState::farm(
@@ -489,6 +502,7 @@ impl Args {
                 rest,
                 auth,
                 namespaces,
+                admission,
             },
         );
         for check in etcd_checks {

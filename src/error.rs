@@ -161,6 +161,17 @@ pub enum Error {
     /// 500 `InternalError`: our fault, or a SubjectAccessReview that could not be sent.
     #[error("Internal error occurred: {0}")]
     Internal(String),
+
+    /// An admission webhook's refusal: the Status it answered (its code at least 400, its
+    /// message prefixed with `admission webhook "<name>" denied the request`), with the
+    /// warnings the webhooks gave, which go back with it.
+    #[error("{}", .status.message.as_deref().unwrap_or_default())]
+    Admission {
+        /// As the client gets it.
+        status: Box<Status>,
+        /// `Warning` headers of the response.
+        warnings: Vec<String>,
+    },
 }
 
 /// The crate's result, [`Error`] by default.
@@ -217,6 +228,12 @@ impl Error {
             Error::Forbidden(_) | Error::NamespaceTerminating { .. } => StatusCode::FORBIDDEN,
             Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Admission { status, .. } => status
+                .code
+                .and_then(|code| u16::try_from(code).ok())
+                .and_then(|code| StatusCode::from_u16(code).ok())
+                .filter(|code| code.as_u16() >= 400)
+                .unwrap_or(StatusCode::BAD_REQUEST),
         }
     }
 
@@ -238,6 +255,8 @@ impl Error {
             Error::Forbidden(_) | Error::NamespaceTerminating { .. } => "Forbidden",
             Error::ServiceUnavailable(_) => "ServiceUnavailable",
             Error::Internal(_) => "InternalError",
+            // The webhook's own reason is in the Status; this one names it for logs.
+            Error::Admission { .. } => "AdmissionDenied",
         }
     }
 
@@ -295,6 +314,11 @@ impl Error {
 
     /// The `meta/v1 Status` this error is on the wire, also used as a watch `ERROR` event object.
     pub fn to_status(&self) -> Status {
+        if let Error::Admission { status, .. } = self {
+            let mut status = (**status).clone();
+            status.code = Some(i32::from(self.code().as_u16()));
+            return status;
+        }
         Status {
             code: Some(i32::from(self.code().as_u16())),
             details: self.details(),
@@ -323,9 +347,21 @@ impl IntoResponse for Error {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if let Error::Admission { warnings, .. } = &self {
+            for value in warnings.iter().filter_map(|w| warning_header(w)) {
+                response.headers_mut().append(header::WARNING, value);
+            }
+        }
         response.extensions_mut().insert(ErrorReason(self.reason()));
         response
     }
+}
+
+/// A `Warning` header as kube-apiserver writes one: `299 - "<text>"`, quotes and backslashes
+/// escaped; None for a text a header cannot carry.
+pub fn warning_header(text: &str) -> Option<HeaderValue> {
+    let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
+    HeaderValue::from_str(&format!("299 - \"{escaped}\"")).ok()
 }
 
 /// Left on error responses so the request log can say why a request failed.

@@ -5,7 +5,8 @@
 //! A request goes: [`tls`] (handshake, client certificate) → [`server::app`] (probes go
 //! straight to [`health`]; everything else through the edge: [`request_info`], [`auth`]
 //! (authentication, SubjectAccessReview), metrics, the request log) → [`rest`] when the path is
-//! a resource endpoint (the verbs of one kind, written once), else the axum router for
+//! a resource endpoint (the verbs of one kind, written once; writes through [`admission`],
+//! the cluster's webhooks), else the axum router for
 //! [`discovery`], [`openapi`], /version and /metrics → [`store`] (in memory by default).
 //! [`table`], [`watch`] and [`negotiate`] shape responses; [`error`] turns every failure into a
 //! `meta/v1 Status`.
@@ -15,6 +16,7 @@
 //! ([`store::Store::get_sync`], [`rest::Target::call_sync`], [`auth::Auth::check_sync`]). A
 //! cached GET through the aggregator is then answered without a boxed future.
 
+pub mod admission;
 pub mod auth;
 pub mod columns;
 pub mod conditional;

@@ -93,6 +93,39 @@ pub struct ResourceLabels {
 
 type HistogramFamily = Family<DurationLabels, Histogram, fn() -> Histogram>;
 
+/// The labels of `apiserver_admission_webhook_admission_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    /// The webhook's name.
+    pub name: String,
+    /// `CREATE`, `UPDATE` or `DELETE`.
+    pub operation: &'static str,
+    /// Whether it refused the write (a denial or, under `failurePolicy: Fail`, a failure).
+    pub rejected: &'static str,
+    /// `admit` (mutating) or `validating`.
+    pub r#type: &'static str,
+}
+
+/// The labels of `apiserver_admission_webhook_rejection_count`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    /// The webhook's name.
+    pub name: String,
+    /// `CREATE`, `UPDATE` or `DELETE`.
+    pub operation: &'static str,
+    /// `admit` (mutating) or `validating`.
+    pub r#type: &'static str,
+    /// `calling_webhook_error` (it could not be called) or `no_error` (it denied).
+    pub error_type: &'static str,
+    /// The code the client got.
+    pub rejection_code: u16,
+}
+
+fn webhook_histogram() -> Histogram {
+    // kube-apiserver's buckets for this metric.
+    Histogram::new([0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 10.0, 25.0])
+}
+
 /// The server's metrics and the registry `/metrics` renders. Shared by the edge (requests) and
 /// the handlers (watches).
 pub struct Metrics {
@@ -121,6 +154,12 @@ pub struct Metrics {
     pub history_events: Family<ResourceLabels, Gauge>,
     /// `farm_apiserver_watch_history_bytes`: what they hold, estimated.
     pub history_bytes: Family<ResourceLabels, Gauge>,
+    /// `apiserver_admission_webhook_admission_duration_seconds`: each webhook call.
+    pub webhook_durations: Family<WebhookLabels, Histogram, fn() -> Histogram>,
+    /// `apiserver_admission_webhook_rejection_count`: writes a webhook refused. Typed as a
+    /// gauge that only goes up: the encoder names every counter `<name>_total`, and
+    /// kube-apiserver's counter has no such suffix.
+    pub webhook_rejections: Family<RejectionLabels, Gauge>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -153,6 +192,19 @@ impl Metrics {
         let panics = Counter::default();
         let history_events = Family::<ResourceLabels, Gauge>::default();
         let history_bytes = Family::<ResourceLabels, Gauge>::default();
+        let webhook_durations: Family<WebhookLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(webhook_histogram);
+        let webhook_rejections = Family::<RejectionLabels, Gauge>::default();
+        registry.register(
+            "apiserver_admission_webhook_admission_duration_seconds",
+            "Admission webhook latency, by webhook, operation, whether it refused, and type (admit or validating)",
+            webhook_durations.clone(),
+        );
+        registry.register(
+            "apiserver_admission_webhook_rejection_count",
+            "Writes refused by an admission webhook, by webhook, operation, type, error type and code",
+            webhook_rejections.clone(),
+        );
         registry.register(
             "farm_apiserver_watch_history_events",
             "Events kept for watches to resume from, by resource",
@@ -204,6 +256,8 @@ impl Metrics {
             panics,
             history_events,
             history_bytes,
+            webhook_durations,
+            webhook_rejections,
         }
     }
 

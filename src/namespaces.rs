@@ -8,7 +8,7 @@
 //! cluster is configured) answers almost every check; a namespace it does not know (created a
 //! moment ago, or not there) is looked up live, as the plugin does.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
@@ -77,6 +77,28 @@ impl Namespaces {
             });
         }
         Ok(())
+    }
+}
+
+impl Namespaces {
+    /// The labels of `namespace` (for webhooks' `namespaceSelector`), looked up live when the
+    /// watch does not know it yet; 404 when it does not exist.
+    pub async fn labels(&self, namespace: &str) -> Result<Option<BTreeMap<String, String>>> {
+        if let Some(known) = self.cache.get(&reflector::ObjectRef::new(namespace)) {
+            return Ok(known.metadata.labels.clone());
+        }
+        match self.api.get_opt(namespace).await {
+            Ok(Some(found)) => Ok(found.metadata.labels),
+            Ok(None) => Err(Error::NotFound(Subject {
+                resource: "namespaces".into(),
+                group: String::new(),
+                kind: "namespaces".into(),
+                name: namespace.to_owned(),
+            })),
+            Err(error) => Err(Error::Internal(format!(
+                "looking up namespace {namespace}: {error}"
+            ))),
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 //! is stored (`registry/rest`), [`patch`] applies patches, and [`response`] shapes what goes
 //! back.
 
+pub mod admit;
 pub mod body;
 pub mod fields;
 pub mod guaranteed;
@@ -79,6 +80,8 @@ pub struct RestContext {
     /// The cluster's namespaces, for NamespaceLifecycle admission of creates; None without a
     /// cluster (or with the plugin disabled): no check.
     pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
+    /// The cluster's admission webhooks every write goes through (none standalone).
+    pub admission: crate::admission::Admission,
 }
 
 pub(crate) struct KindApiInner<K> {

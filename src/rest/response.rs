@@ -66,11 +66,11 @@ pub(crate) fn object_response<K: ServedResource>(
 }
 
 pub(crate) fn with_warnings(mut response: Response, warnings: &[String]) -> Response {
-    for warning in warnings {
-        let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
-        if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
-            response.headers_mut().append(header::WARNING, value);
-        }
+    for value in warnings
+        .iter()
+        .filter_map(|w| crate::error::warning_header(w))
+    {
+        response.headers_mut().append(header::WARNING, value);
     }
     response
 }

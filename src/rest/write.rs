@@ -17,8 +17,9 @@ use super::strategy::{
     Part, UidSent, check_name, check_namespace, check_uid, decode_body, decode_object,
     prepare_create, prepare_update, validate, written_part,
 };
-use super::{KindApi, MAX_BODY_BYTES, body, guaranteed, lifecycle};
+use super::{KindApi, MAX_BODY_BYTES, admit, body, guaranteed, lifecycle};
 use crate::{
+    admission::Operation,
     error::{Error, FieldError, Result},
     list_body::{self},
     negotiate::{self, Output},
@@ -34,6 +35,7 @@ pub(crate) async fn create<K: ServedResource>(
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
     let (raw, headers) = (parts.uri.query(), parts.headers);
+    let user = admit::user_of(&parts.extensions);
     let query = parse_query(raw)?;
     let dry_run = query.dry_run()?;
     let field_validation = query.field_validation()?;
@@ -52,9 +54,27 @@ pub(crate) async fn create<K: ServedResource>(
     prepare_create(&mut object, &namespace)?;
     admit_create(&api, &object).await?;
     let mut warnings = warnings;
+    let name = object.meta().name.clone().unwrap_or_default();
+    let attributes = admit::attributes::<K>(
+        Operation::Create,
+        Part::Object,
+        &namespace,
+        &name,
+        user.as_deref(),
+        dry_run,
+        admit::write_options(dry_run, &manager),
+    );
+    let (mutated, changed) = admit::mutate(&api, &attributes, &mut object, None).await?;
+    warnings.extend(mutated);
+    if changed {
+        // What the webhooks wrote is checked as the client's body was.
+        object.meta_mut().uid = None;
+        prepare_create(&mut object, &namespace)?;
+    }
     warnings.extend(validate(&object, None)?);
     api.fields()?
         .update(Part::Object, None, &mut object, &manager)?;
+    warnings.extend(admit::validate(&api, &attributes, Some(&object), None).await?);
     let created = api.writer()?.create(object, dry_run).await?;
     let response = object_response(
         &created,
@@ -91,6 +111,7 @@ pub(crate) async fn update<K: ServedResource>(
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
     let (raw, headers) = (parts.uri.query(), parts.headers);
+    let user = admit::user_of(&parts.extensions);
     let query = parse_query(raw)?;
     let dry_run = query.dry_run()?;
     let field_validation = query.field_validation()?;
@@ -128,16 +149,32 @@ pub(crate) async fn update<K: ServedResource>(
     let writer = api.writer()?;
     // A PUT names the resourceVersion it replaces: a conflict is the client's to resolve.
     let pinned = AtomicBool::new(true);
-    let (object, warnings, manager, api, key) = (&object, &warnings, &manager, &api, &key);
+    let attributes = admit::attributes::<K>(
+        Operation::Update,
+        part,
+        &namespace,
+        &name,
+        user.as_deref(),
+        dry_run,
+        admit::write_options(dry_run, &manager),
+    );
+    let (object, warnings, manager, api, key, name) =
+        (&object, &warnings, &manager, &api, &key, &name);
+    let attributes = &attributes;
     let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_uid(object, current.as_ref(), UidSent::Precondition)?;
         let mut object = written_part(object.clone(), current.as_ref(), part);
-        prepare_update(&mut object, current.as_ref(), part)?;
         let mut warnings = warnings.clone();
+        warnings.extend(
+            admit::mutate_update(api, attributes, &mut object, current.as_ref(), name).await?,
+        );
+        prepare_update(&mut object, current.as_ref(), part)?;
         warnings.extend(validate(&object, Some(current.as_ref()))?);
         api.fields()?
             .update(part, Some(&current), &mut object, manager)?;
+        warnings
+            .extend(admit::validate(api, attributes, Some(&object), Some(current.as_ref())).await?);
         let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         Ok((updated, warnings))
     })
@@ -155,6 +192,7 @@ pub(crate) async fn patch<K: ServedResource>(
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
     let (raw, headers) = (parts.uri.query(), parts.headers);
+    let user = admit::user_of(&parts.extensions);
     api.writer()?;
     let query = parse_query(raw)?;
     let dry_run = query.dry_run()?;
@@ -176,12 +214,23 @@ pub(crate) async fn patch<K: ServedResource>(
             output,
             manager,
             force,
+            user,
         };
         return apply.run(api, &body).await;
     }
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let writer = api.writer()?;
     let pinned = AtomicBool::new(false);
+    let attributes = admit::attributes::<K>(
+        Operation::Update,
+        part,
+        &namespace,
+        &name,
+        user.as_deref(),
+        dry_run,
+        admit::write_options(dry_run, &manager),
+    );
+    let attributes = &attributes;
     let (api, key, body, name, namespace, manager, pinned_ref) =
         (&api, &key, &body, &name, &namespace, &manager, &pinned);
     guaranteed::retry(writer, &pinned, |from| async move {
@@ -222,11 +271,16 @@ pub(crate) async fn patch<K: ServedResource>(
             object.meta_mut().resource_version = current.meta().resource_version.clone();
         }
         let mut object = written_part(object, current.as_ref(), part);
-        prepare_update(&mut object, current.as_ref(), part)?;
         let mut warnings = warnings;
+        warnings.extend(
+            admit::mutate_update(api, attributes, &mut object, current.as_ref(), name).await?,
+        );
+        prepare_update(&mut object, current.as_ref(), part)?;
         warnings.extend(validate(&object, Some(current.as_ref()))?);
         api.fields()?
             .update(part, Some(&current), &mut object, manager)?;
+        warnings
+            .extend(admit::validate(api, attributes, Some(&object), Some(current.as_ref())).await?);
         let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
@@ -243,6 +297,8 @@ struct Apply {
     output: Output,
     manager: String,
     force: bool,
+    /// Who applies (for admission).
+    user: Option<Arc<crate::auth::UserInfo>>,
 }
 
 impl Apply {
@@ -275,6 +331,22 @@ impl Apply {
             this.attempt(api, writer, config, heavy, from, pinned).await
         })
         .await
+    }
+
+    /// The attributes of this apply as a create or an update.
+    fn attributes<K: ServedResource>(
+        &self,
+        operation: Operation,
+    ) -> crate::admission::Attributes<'_> {
+        admit::attributes::<K>(
+            operation,
+            self.part,
+            &self.key.namespace,
+            &self.key.name,
+            self.user.as_deref(),
+            self.dry_run,
+            admit::write_options(self.dry_run, &self.manager),
+        )
     }
 
     async fn attempt<K: ServedResource>(
@@ -325,7 +397,16 @@ impl Apply {
                 object.meta_mut().resource_version = None;
                 prepare_create(&mut object, &self.key.namespace)?;
                 admit_create(api, &object).await?;
+                let attributes = self.attributes::<K>(Operation::Create);
+                let (mutated, changed) = admit::mutate(api, &attributes, &mut object, None).await?;
+                warnings.extend(mutated);
+                if changed {
+                    object.meta_mut().uid = None;
+                    prepare_create(&mut object, &self.key.namespace)?;
+                    check_name(&object, &self.key.name)?;
+                }
                 warnings.extend(validate(&object, None)?);
+                warnings.extend(admit::validate(api, &attributes, Some(&object), None).await?);
                 (
                     writer.create(object, self.dry_run).await?,
                     StatusCode::CREATED,
@@ -340,8 +421,23 @@ impl Apply {
                 let managed = object.meta().managed_fields.clone();
                 let mut object = written_part(object, current.as_ref(), self.part);
                 object.meta_mut().managed_fields = managed;
+                let attributes = self.attributes::<K>(Operation::Update);
+                warnings.extend(
+                    admit::mutate_update(
+                        api,
+                        &attributes,
+                        &mut object,
+                        current.as_ref(),
+                        &self.key.name,
+                    )
+                    .await?,
+                );
                 prepare_update(&mut object, current.as_ref(), self.part)?;
                 warnings.extend(validate(&object, Some(current.as_ref()))?);
+                warnings.extend(
+                    admit::validate(api, &attributes, Some(&object), Some(current.as_ref()))
+                        .await?,
+                );
                 (
                     guaranteed::write(writer, object, &current, from, self.dry_run).await?,
                     StatusCode::OK,
@@ -361,13 +457,14 @@ pub(crate) async fn delete<K: ServedResource>(
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
     let raw = parts.uri.query();
+    let user = admit::user_of(&parts.extensions);
     let query = parse_query(raw)?;
     let body = body::read(body).await?;
     let options = delete_options(&body, &query)?;
     let dry_run = dry_run_of(&options, &query)?;
     let writer = api.writer()?;
     let key = ObjectKey::new(namespace, name);
-    match delete_one(&api, writer, &key, &options, dry_run).await? {
+    match delete_one(&api, writer, &key, &options, dry_run, user.as_deref()).await? {
         // As for custom resources: a success Status naming what went.
         Deleted::Now(object) => Ok(json_response(
             StatusCode::OK,
@@ -413,8 +510,19 @@ async fn delete_one<K: ServedResource>(
     key: &ObjectKey,
     options: &DeleteOptions,
     dry_run: bool,
+    user: Option<&crate::auth::UserInfo>,
 ) -> Result<Deleted<K>> {
     let preconditions = options.preconditions.clone().unwrap_or_default();
+    let attributes = admit::attributes::<K>(
+        Operation::Delete,
+        Part::Object,
+        &key.namespace,
+        &key.name,
+        user,
+        dry_run,
+        serde_json::to_value(options).unwrap_or_default(),
+    );
+    let attributes = &attributes;
     // A precondition pins the delete: failing it again and again will not help.
     let pinned =
         AtomicBool::new(preconditions.resource_version.is_some() || preconditions.uid.is_some());
@@ -423,6 +531,8 @@ async fn delete_one<K: ServedResource>(
     guaranteed::retry(writer, &pinned, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_preconditions(current.get(), preconditions)?;
+        // The delete's warnings are not returned (its answer is a Status or the object).
+        admit::delete(api, attributes, current.as_ref()).await?;
         let finalizers = lifecycle::finalizers_on_delete(
             current.meta().finalizers.as_deref().unwrap_or_default(),
             options,
@@ -456,6 +566,7 @@ pub(crate) async fn delete_collection<K: ServedResource>(
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
     let raw = parts.uri.query();
+    let user = admit::user_of(&parts.extensions);
     let query = parse_query(raw)?;
     // ListOptions are checked whole before anything is deleted.
     let filter = query.filter::<K>()?;
@@ -476,7 +587,8 @@ pub(crate) async fn delete_collection<K: ServedResource>(
     // Each as a DELETE of it would go (finalizers hold some); the answer lists them as they
     // were listed, as kube-apiserver's does.
     for item in &page.items {
-        match delete_one(&api, writer, &ObjectKey::of(item.meta()), &options, dry_run).await {
+        let key = ObjectKey::of(item.meta());
+        match delete_one(&api, writer, &key, &options, dry_run, user.as_deref()).await {
             // Deleted meanwhile by someone else: not an error for a collection delete.
             Ok(_) | Err(Error::NotFound(_)) => {}
             Err(e) => return Err(e),

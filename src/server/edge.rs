@@ -179,7 +179,15 @@ impl Edge {
             match checked {
                 Ok(user) => {
                     let response = match route {
-                        Some(route) => route.call(request).await,
+                        Some(route) => {
+                            // Writes name their user to admission (webhooks see who wrote).
+                            if let Some(user) = &user
+                                && request.method() != axum::http::Method::GET
+                            {
+                                request.extensions_mut().insert(user.clone());
+                            }
+                            route.call(request).await
+                        }
                         None => match tower::Service::call(&mut self.router.clone(), request).await
                         {
                             Ok(response) => response,

@@ -123,6 +123,8 @@ pub struct StateOptions {
     pub auth: Arc<Auth>,
     /// NamespaceLifecycle admission of creates (None: no check).
     pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
+    /// The cluster's admission webhooks (none by default).
+    pub admission: crate::admission::Admission,
 }
 
 impl Default for StateOptions {
@@ -132,6 +134,7 @@ impl Default for StateOptions {
             rest: RestSettings::default(),
             auth: AuthOptions::default().build(),
             namespaces: None,
+            admission: Default::default(),
         }
     }
 }
@@ -163,7 +166,11 @@ impl AppState {
             settings: Arc::new(options.rest),
             work: rest::body::Work::default(),
             namespaces: options.namespaces,
+            admission: options.admission,
         };
+        if let Some(webhooks) = rest.admission.webhooks() {
+            webhooks.set_metrics(metrics.clone());
+        }
         let (resources, endpoints) = group.endpoints(&rest);
         let state = Self {
             endpoints: Arc::new(endpoints),

@@ -14,6 +14,7 @@
 
 mod common;
 
+mod admission;
 mod apply;
 mod binary;
 mod bodies;

@@ -220,6 +220,19 @@ fn rbac_for_an_aggregated_api_server() {
     // NamespaceLifecycle admission watches Namespaces.
     assert_eq!(pods["rules"][1]["resources"], json!(["namespaces"]));
     assert_eq!(pods["rules"][1]["verbs"], json!(["get", "list", "watch"]));
+    // Admission webhooks: their configurations are watched.
+    assert_eq!(
+        pods["rules"][2]["apiGroups"],
+        json!(["admissionregistration.k8s.io"])
+    );
+    assert_eq!(
+        pods["rules"][2]["resources"],
+        json!([
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations"
+        ])
+    );
+    assert_eq!(pods["rules"][2]["verbs"], json!(["list", "watch"]));
 
     let view = find(objects, "ClusterRole", "farm:view");
     assert_eq!(

@@ -84,6 +84,8 @@ fn resource_of(object: &Value) -> String {
     match object["kind"].as_str() {
         Some("ConfigMap") => "configmaps".into(),
         Some("Namespace") => "namespaces".into(),
+        Some("ValidatingWebhookConfiguration") => "validatingwebhookconfigurations".into(),
+        Some("MutatingWebhookConfiguration") => "mutatingwebhookconfigurations".into(),
         _ => "pods".into(),
     }
 }
@@ -138,6 +140,10 @@ impl FakeKube {
             .route("/api/v1/namespaces", get(all_namespaces))
             .route("/api/v1/namespaces/{name}", get(one_namespace))
             .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced))
+            .route(
+                "/apis/admissionregistration.k8s.io/v1/{resource}",
+                get(admission_configurations),
+            )
             .route(
                 "/apis/authorization.k8s.io/v1/subjectaccessreviews",
                 axum::routing::post(subject_access_review),
@@ -207,6 +213,20 @@ impl FakeKube {
         self.upsert(pod, if exists { "MODIFIED" } else { "ADDED" });
     }
 
+    /// Removes `object` (matched by kind, namespace and name), as a DELETED event.
+    pub fn remove(&self, object: &Value) {
+        let found = self
+            .pods
+            .lock()
+            .unwrap()
+            .items
+            .get(&key_of(object))
+            .cloned();
+        if let Some(found) = found {
+            self.upsert(found, "DELETED");
+        }
+    }
+
     pub fn delete(&self, namespace: &str, name: &str) {
         let pod = self
             .pods
@@ -247,12 +267,20 @@ impl FakeKube {
                 .filter(|v| in_scope(&resource, ns.as_deref(), v))
                 .cloned()
                 .collect();
-            let kind = match resource.as_str() {
-                "configmaps" => "ConfigMapList",
-                "namespaces" => "NamespaceList",
-                _ => "PodList",
+            let (api_version, kind) = match resource.as_str() {
+                "configmaps" => ("v1", "ConfigMapList"),
+                "namespaces" => ("v1", "NamespaceList"),
+                "validatingwebhookconfigurations" => (
+                    "admissionregistration.k8s.io/v1",
+                    "ValidatingWebhookConfigurationList",
+                ),
+                "mutatingwebhookconfigurations" => (
+                    "admissionregistration.k8s.io/v1",
+                    "MutatingWebhookConfigurationList",
+                ),
+                _ => ("v1", "PodList"),
             };
-            let body = json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": pods.rv.to_string()}, "items": items});
+            let body = json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": pods.rv.to_string()}, "items": items});
             return ([("content-type", "application/json")], body.to_string()).into_response();
         }
         let since: u64 = query
@@ -323,6 +351,14 @@ where
 
 async fn all_pods(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
     fake.serve("pods".into(), None, q)
+}
+
+async fn admission_configurations(
+    State(fake): State<Arc<FakeKube>>,
+    Path(resource): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Response {
+    fake.serve(resource, None, q)
 }
 
 async fn all_namespaces(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {

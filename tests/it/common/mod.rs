@@ -149,6 +149,8 @@ pub struct Options {
     pub namespace_lifecycle: bool,
     /// Deletes add the garbage collector's finalizers (a cluster's collector removes them).
     pub garbage_collection: bool,
+    /// Call the admission webhooks `cluster` configures.
+    pub webhooks: bool,
 }
 
 impl Default for Options {
@@ -166,6 +168,7 @@ impl Default for Options {
             storage: TestStorage::Memory,
             namespace_lifecycle: false,
             garbage_collection: false,
+            webhooks: false,
         }
     }
 }
@@ -261,6 +264,17 @@ impl TestServer {
                     .clone()
                     .filter(|_| options.namespace_lifecycle)
                     .map(farm_apiserver::namespaces::Namespaces::start),
+                admission: match (&options.cluster, options.webhooks) {
+                    (Some(client), true) => farm_apiserver::admission::Admission::with_webhooks(
+                        farm_apiserver::admission::webhook::Webhooks::start(
+                            client.clone(),
+                            farm_apiserver::namespaces::Namespaces::start(client.clone()),
+                            true,
+                            true,
+                        ),
+                    ),
+                    _ => Default::default(),
+                },
             },
         );
         let app = server::app(state.clone());

@@ -1,0 +1,134 @@
+//! Admission of writes, as k8s.io/apiserver's chain runs it for every server built on it, after
+//! NamespaceLifecycle: the cluster's mutating webhooks, then (after the kind's own validation)
+//! its validating webhooks. kube-apiserver runs no admission for the APIs it proxies to an
+//! aggregated server (its proxy forwards the request with the `X-Remote-*` identity and nothing
+//! else), so the server that owns a resource is the one that must call them.
+//!
+//! Standalone (no cluster) there are no configurations and nothing is called. With a cluster,
+//! a write waits for the configurations to be listed once (as the webhook plugin waits for its
+//! informers) and is refused if they cannot be (403, as kube-apiserver's "not yet ready").
+
+pub mod webhook;
+
+use std::{borrow::Cow, sync::Arc};
+
+use serde_json::Value;
+
+use crate::{auth::UserInfo, resource::ServedResource};
+
+/// What a write does, as admission names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// A create (POST, or an apply or PUT that creates).
+    Create,
+    /// An update (PUT, every patch, an apply of an existing object; `/status` too).
+    Update,
+    /// A delete (one object, or each object of a deletecollection).
+    Delete,
+}
+
+impl Operation {
+    /// The name rules and AdmissionReviews use (`CREATE`, `UPDATE`, `DELETE`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+        }
+    }
+
+    /// The options kind an AdmissionReview names for it.
+    fn options_kind(self) -> &'static str {
+        match self {
+            Operation::Create => "CreateOptions",
+            Operation::Update => "UpdateOptions",
+            Operation::Delete => "DeleteOptions",
+        }
+    }
+}
+
+/// One write as admission sees it (k8s.io/apiserver's `admission.Attributes`).
+#[derive(Debug, Clone)]
+pub struct Attributes<'a> {
+    /// What the write does.
+    pub operation: Operation,
+    /// The group of the kind written.
+    pub group: &'a str,
+    /// Its version.
+    pub version: &'a str,
+    /// Its resource (plural).
+    pub resource: Cow<'static, str>,
+    /// Its Kind.
+    pub kind: Cow<'static, str>,
+    /// `status` for the status subresource, else "".
+    pub subresource: &'a str,
+    /// The object's namespace ("" for a cluster-scoped kind).
+    pub namespace: &'a str,
+    /// The object's name (what the path names; a create's as it will be stored).
+    pub name: &'a str,
+    /// Who writes (None only for writes the server makes itself).
+    pub user: Option<&'a UserInfo>,
+    /// `?dryRun=All`: nothing is stored, and webhooks with side effects are not called.
+    pub dry_run: bool,
+    /// The request's options (CreateOptions, UpdateOptions or DeleteOptions fields), sent to
+    /// webhooks with their kind and apiVersion.
+    pub options: Value,
+}
+
+impl<'a> Attributes<'a> {
+    /// A write of `K` (its group, version, resource and Kind filled in).
+    pub fn of<K: ServedResource>(
+        operation: Operation,
+        subresource: &'a str,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> Self {
+        Attributes {
+            operation,
+            group: crate::resource::GROUP,
+            version: crate::resource::VERSION,
+            resource: K::plural(&()),
+            kind: K::kind(&()),
+            subresource,
+            namespace,
+            name,
+            user: None,
+            dry_run: false,
+            options: Value::Null,
+        }
+    }
+
+    /// The options as an AdmissionReview carries them: their kind and `meta.k8s.io/v1`.
+    fn options_object(&self) -> Value {
+        let mut options = match &self.options {
+            Value::Object(map) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        options.insert(
+            "kind".into(),
+            Value::String(self.operation.options_kind().into()),
+        );
+        options.insert("apiVersion".into(), Value::String("meta.k8s.io/v1".into()));
+        Value::Object(options)
+    }
+}
+
+/// The admission chain of a server: the cluster's webhooks, or nothing.
+#[derive(Clone, Default)]
+pub struct Admission {
+    webhooks: Option<Arc<webhook::Webhooks>>,
+}
+
+impl Admission {
+    /// Calls the webhooks `webhooks` finds in the cluster.
+    pub fn with_webhooks(webhooks: Arc<webhook::Webhooks>) -> Self {
+        Self {
+            webhooks: Some(webhooks),
+        }
+    }
+
+    /// The cluster's webhooks, when the server calls them.
+    pub fn webhooks(&self) -> Option<&webhook::Webhooks> {
+        self.webhooks.as_deref()
+    }
+}

@@ -1,0 +1,357 @@
+//! Calling one webhook: the AdmissionReview it is sent (`admission.k8s.io/v1`), where it is
+//! sent (`clientConfig`: a URL, or a Service as `https://<name>.<namespace>.svc:<port><path>`,
+//! trusted through `caBundle` or the system's roots), and the checks its answer must pass
+//! (k8s.io/apiserver's `request/admissionreview.go`).
+
+use std::{collections::HashMap, sync::Mutex, time::Duration};
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
+use k8s_openapi::{
+    api::admissionregistration::v1::WebhookClientConfig, apimachinery::pkg::apis::meta::v1::Status,
+};
+use rustls_pki_types::{CertificateDer, pem::PemObject};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::super::Attributes;
+
+/// The most a webhook's answer may be (kube-apiserver's request body bound).
+const MAX_RESPONSE_BYTES: usize = 3 * 1024 * 1024;
+
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// What a webhook answered, checked.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// Whether the write may go on.
+    pub allowed: bool,
+    /// Why not, as the webhook put it.
+    pub status: Option<Status>,
+    /// A JSONPatch for the object (mutating webhooks only).
+    pub patch: Option<json_patch::Patch>,
+    /// Warnings for the client.
+    pub warnings: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Review {
+    #[serde(rename = "apiVersion", default)]
+    api_version: String,
+    #[serde(default)]
+    kind: String,
+    response: Option<ReviewResponse>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewResponse {
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    allowed: bool,
+    status: Option<Status>,
+    patch: Option<String>,
+    patch_type: Option<String>,
+    #[serde(default)]
+    warnings: Vec<String>,
+}
+
+/// HTTPS clients, one per set of trusted roots (a webhook's `caBundle`).
+#[derive(Default)]
+pub struct Clients {
+    by_roots: Mutex<HashMap<Vec<u8>, HttpsClient>>,
+}
+
+impl Clients {
+    fn for_roots(&self, ca_bundle: &[u8]) -> Result<HttpsClient, String> {
+        if let Ok(clients) = self.by_roots.lock()
+            && let Some(client) = clients.get(ca_bundle)
+        {
+            return Ok(client.clone());
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        if ca_bundle.is_empty() {
+            let native = rustls_native_certs::load_native_certs();
+            roots.add_parsable_certificates(native.certs);
+        } else {
+            for cert in CertificateDer::pem_slice_iter(ca_bundle) {
+                let cert = cert.map_err(|e| format!("could not read caBundle: {e}"))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("could not use caBundle: {e}"))?;
+            }
+        }
+        let tls = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(10)));
+        // HTTP/1.1, as kube-apiserver calls webhooks.
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(http);
+        let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector);
+        if let Ok(mut clients) = self.by_roots.lock() {
+            clients.insert(ca_bundle.to_vec(), client.clone());
+        }
+        Ok(client)
+    }
+
+    /// Sends `review` to the webhook `config` names and checks its answer; the error is the
+    /// reason kube-apiserver gives after `failed calling webhook "<name>": `.
+    pub async fn call(
+        &self,
+        config: &WebhookClientConfig,
+        timeout: Duration,
+        review: &Value,
+        uid: &str,
+        mutating: bool,
+    ) -> Result<Answer, String> {
+        let url = url_of(config, timeout)?;
+        let client = self.for_roots(config.ca_bundle.as_ref().map_or(&[][..], |b| &b.0))?;
+        let body =
+            serde_json::to_vec(review).map_err(|e| format!("could not encode the review: {e}"))?;
+        let request = hyper::Request::post(&url)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("failed to call webhook: {e}"))?;
+        let exchange = async {
+            let response = client.request(request).await.map_err(|e| {
+                format!("failed to call webhook: Post {url:?}: {}", error_chain(&e))
+            })?;
+            let code = response.status();
+            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                .collect()
+                .await
+                .map_err(|e| format!("failed to call webhook: reading the response: {e}"))?
+                .to_bytes();
+            Ok::<_, String>((code, body))
+        };
+        let (code, body) = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| {
+                format!("failed to call webhook: Post {url:?}: context deadline exceeded")
+            })??;
+        if !code.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            return Err(format!(
+                "failed to call webhook: the server responded with the status code {} ({text})",
+                code.as_u16()
+            ));
+        }
+        // serde_json's own recursion bound (128) refuses anything deeper than an answer needs.
+        let review: Review = serde_json::from_slice(&body)
+            .map_err(|e| format!("failed to call webhook: decoding the response: {e}"))?;
+        verify(review, uid, mutating).map_err(|e| format!("received invalid webhook response: {e}"))
+    }
+}
+
+/// Where the review goes, with the deadline as `?timeout=` (whole seconds, as client-go).
+fn url_of(config: &WebhookClientConfig, timeout: Duration) -> Result<String, String> {
+    let base = match (&config.url, &config.service) {
+        (Some(url), _) => {
+            if !url.starts_with("https://") {
+                return Err(format!(
+                    "failed to call webhook: {url:?}: the URL scheme must be https"
+                ));
+            }
+            url.clone()
+        }
+        (None, Some(service)) => format!(
+            "https://{}.{}.svc:{}{}",
+            service.name,
+            service.namespace,
+            service.port.unwrap_or(443),
+            service.path.as_deref().unwrap_or("")
+        ),
+        (None, None) => {
+            return Err("webhook configuration must have either service or URL".into());
+        }
+    };
+    let separator = if base.contains('?') { '&' } else { '?' };
+    Ok(format!(
+        "{base}{separator}timeout={}s",
+        timeout.as_secs().max(1)
+    ))
+}
+
+/// The causes of `error`, joined as Go prints wrapped errors.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// `VerifyAdmissionResponse`: an `admission.k8s.io/v1` AdmissionReview answering this request
+/// (`uid`), a patch only from a mutating webhook and only as a JSONPatch.
+fn verify(review: Review, uid: &str, mutating: bool) -> Result<Answer, String> {
+    if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
+        return Err(format!(
+            "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got {}, Kind={}",
+            review.api_version, review.kind
+        ));
+    }
+    let Some(response) = review.response else {
+        return Err("webhook response was absent".into());
+    };
+    if response.uid != uid {
+        return Err(format!(
+            "expected response.uid={uid:?}, got {:?}",
+            response.uid
+        ));
+    }
+    let patch = match (mutating, response.patch, response.patch_type) {
+        (false, Some(_), _) => {
+            return Err("validating webhook may not return response.patch".into());
+        }
+        (false, None, Some(_)) => {
+            return Err("validating webhook may not return response.patchType".into());
+        }
+        (true, Some(_), None) => {
+            return Err("webhook returned response.patch but not response.patchType".into());
+        }
+        (true, None, Some(_)) => {
+            return Err("webhook returned response.patchType but not response.patch".into());
+        }
+        (true, Some(patch), Some(patch_type)) => {
+            if patch_type != "JSONPatch" {
+                return Err(format!("unsupported patch type {patch_type:?}"));
+            }
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(patch.as_bytes())
+                .map_err(|e| format!("received undecodable patch in webhook response: {e}"))?;
+            let patch: json_patch::Patch = serde_json::from_slice(&bytes)
+                .map_err(|e| format!("received undecodable patch in webhook response: {e}"))?;
+            Some(patch)
+        }
+        (_, None, None) => None,
+    };
+    Ok(Answer {
+        allowed: response.allowed,
+        status: response.status,
+        patch,
+        warnings: response.warnings,
+    })
+}
+
+/// The AdmissionReview of `attributes` with a fresh `uid` (`CreateV1AdmissionReview`).
+pub fn review(
+    attributes: &Attributes<'_>,
+    uid: &str,
+    object: Option<&Value>,
+    old: Option<&Value>,
+) -> Value {
+    let kind =
+        json!({"group": attributes.group, "version": attributes.version, "kind": attributes.kind});
+    let resource = json!({"group": attributes.group, "version": attributes.version, "resource": attributes.resource});
+    let user = match attributes.user {
+        Some(user) => {
+            let mut info =
+                json!({"username": user.name, "groups": user.groups, "extra": user.extra});
+            if !user.uid.is_empty() {
+                info["uid"] = json!(user.uid);
+            }
+            info
+        }
+        None => json!({"username": "", "extra": {}}),
+    };
+    let mut request = json!({
+        "uid": uid,
+        "kind": kind,
+        "resource": resource,
+        "requestKind": kind,
+        "requestResource": resource,
+        "operation": attributes.operation.as_str(),
+        "userInfo": user,
+        "object": object,
+        "oldObject": old,
+        "dryRun": attributes.dry_run,
+        "options": attributes.options_object(),
+    });
+    for (field, value) in [
+        ("subResource", attributes.subresource),
+        ("requestSubResource", attributes.subresource),
+        ("name", attributes.name),
+        ("namespace", attributes.namespace),
+    ] {
+        if !value.is_empty() {
+            request[field] = json!(value);
+        }
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(body: Value, uid: &str, mutating: bool) -> Result<Answer, String> {
+        verify(serde_json::from_value(body).unwrap(), uid, mutating)
+    }
+
+    #[test]
+    fn answers_are_checked_as_kube_apiserver_checks_them() {
+        let ok = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": "u", "allowed": true}});
+        assert!(answer(ok.clone(), "u", false).unwrap().allowed);
+        assert_eq!(
+            answer(ok.clone(), "v", false).unwrap_err(),
+            "expected response.uid=\"v\", got \"u\""
+        );
+        let mut v1beta1 = ok.clone();
+        v1beta1["apiVersion"] = json!("admission.k8s.io/v1beta1");
+        assert!(answer(v1beta1, "u", false).is_err());
+        let patch = base64::engine::general_purpose::STANDARD
+            .encode(br#"[{"op":"add","path":"/metadata/labels","value":{"a":"b"}}]"#);
+        let mut patched = ok.clone();
+        patched["response"]["patch"] = json!(patch);
+        patched["response"]["patchType"] = json!("JSONPatch");
+        assert_eq!(
+            answer(patched.clone(), "u", true)
+                .unwrap()
+                .patch
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            answer(patched.clone(), "u", false).unwrap_err(),
+            "validating webhook may not return response.patch"
+        );
+        patched["response"]["patchType"] = json!("MergePatch");
+        assert_eq!(
+            answer(patched, "u", true).unwrap_err(),
+            "unsupported patch type \"MergePatch\""
+        );
+    }
+
+    #[test]
+    fn service_urls_carry_the_timeout() {
+        let config: WebhookClientConfig = serde_json::from_value(json!({
+            "service": {"namespace": "ns", "name": "hook", "path": "/check"}}))
+        .unwrap();
+        assert_eq!(
+            url_of(&config, Duration::from_secs(10)).unwrap(),
+            "https://hook.ns.svc:443/check?timeout=10s"
+        );
+        let config: WebhookClientConfig =
+            serde_json::from_value(json!({"url": "http://127.0.0.1:1/x"})).unwrap();
+        assert!(url_of(&config, Duration::from_secs(1)).is_err());
+    }
+}

@@ -1,0 +1,508 @@
+//! The cluster's admission webhooks (k8s.io/apiserver's `plugin/webhook`): their
+//! configurations from a watch of each kind, which of them a write calls, and what their
+//! answers do to it.
+
+pub mod call;
+pub mod rules;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    api::admissionregistration::v1::{
+        MatchCondition, MutatingWebhookConfiguration, RuleWithOperations,
+        ValidatingWebhookConfiguration, WebhookClientConfig,
+    },
+    apimachinery::pkg::apis::meta::v1::{LabelSelector as ApiLabelSelector, Status},
+};
+use kube::{
+    Api, Resource,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use serde_json::Value;
+
+use super::{Attributes, Operation};
+use crate::{
+    error::{Error, Result},
+    metrics::{Metrics, RejectionLabels, WebhookLabels},
+    namespaces::Namespaces,
+};
+
+/// How long a write waits for the configurations to be listed the first time.
+const READY_WAIT: Duration = Duration::from_secs(10);
+
+/// Applies a webhook's JSONPatch to the object (the REST layer's bounded JSON patch).
+pub type Patcher = dyn Fn(&mut Value, &json_patch::Patch) -> std::result::Result<(), String> + Sync;
+
+/// The webhooks of the cluster, as its configurations say now.
+pub struct Webhooks {
+    /// None when the MutatingAdmissionWebhook plugin is off.
+    mutating: Option<reflector::Store<MutatingWebhookConfiguration>>,
+    /// None when the ValidatingAdmissionWebhook plugin is off.
+    validating: Option<reflector::Store<ValidatingWebhookConfiguration>>,
+    namespaces: Arc<Namespaces>,
+    clients: call::Clients,
+    /// The server's metrics, once it has them.
+    metrics: std::sync::OnceLock<Arc<Metrics>>,
+}
+
+/// One webhook as dispatch needs it, whichever kind of configuration it came from.
+struct Hook {
+    name: String,
+    client: WebhookClientConfig,
+    rules: Vec<RuleWithOperations>,
+    /// `failurePolicy: Fail` (the default): a failed call refuses the write.
+    fail: bool,
+    namespace_selector: Option<ApiLabelSelector>,
+    object_selector: Option<ApiLabelSelector>,
+    side_effects: String,
+    timeout: Duration,
+    review_versions: Vec<String>,
+    match_conditions: Vec<MatchCondition>,
+    /// `reinvocationPolicy: IfNeeded`.
+    reinvoke: bool,
+}
+
+/// Starts a reflector of `K` and logs what breaks its watch.
+fn watch<K>(client: kube::Client) -> reflector::Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let api = Api::<K>::all(client);
+    let (store, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .applied_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(error) = event {
+                tracing::warn!(%error, kind = %K::kind(&()), "watching admission webhook configurations");
+            }
+        }
+    });
+    store
+}
+
+impl Webhooks {
+    /// Watches `client`'s MutatingWebhookConfigurations (when `mutating`) and
+    /// ValidatingWebhookConfigurations (when `validating`); namespace labels (for
+    /// `namespaceSelector`) from `namespaces`.
+    pub fn start(
+        client: kube::Client,
+        namespaces: Arc<Namespaces>,
+        mutating: bool,
+        validating: bool,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            mutating: mutating.then(|| watch(client.clone())),
+            validating: validating.then(|| watch(client)),
+            namespaces,
+            clients: call::Clients::default(),
+            metrics: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Where webhook calls are counted (`apiserver_admission_webhook_*`).
+    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Counts a call of `hook` that took `seconds` and, when it refused the write, the code.
+    fn observe(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        mutating: bool,
+        seconds: f64,
+        refused: Option<(&'static str, u16)>,
+    ) {
+        let Some(metrics) = self.metrics.get() else {
+            return;
+        };
+        let r#type = if mutating { "admit" } else { "validating" };
+        metrics
+            .webhook_durations
+            .get_or_create(&WebhookLabels {
+                name: hook.name.clone(),
+                operation: attributes.operation.as_str(),
+                rejected: if refused.is_some() { "true" } else { "false" },
+                r#type,
+            })
+            .observe(seconds);
+        if let Some((error_type, rejection_code)) = refused {
+            metrics
+                .webhook_rejections
+                .get_or_create(&RejectionLabels {
+                    name: hook.name.clone(),
+                    operation: attributes.operation.as_str(),
+                    r#type,
+                    error_type,
+                    rejection_code,
+                })
+                .inc();
+        }
+    }
+
+    /// The configurations have been listed (or 403 after [`READY_WAIT`], as the plugin
+    /// answers before its informers sync).
+    async fn ready(&self, attributes: &Attributes<'_>) -> Result<()> {
+        let ready = async {
+            if let Some(store) = &self.mutating {
+                let _ = store.wait_until_ready().await;
+            }
+            if let Some(store) = &self.validating {
+                let _ = store.wait_until_ready().await;
+            }
+        };
+        tokio::time::timeout(READY_WAIT, ready)
+            .await
+            .map_err(|_| forbidden(attributes, "not yet ready to handle request"))
+    }
+
+    fn mutating_hooks(&self) -> Vec<Hook> {
+        let mut configurations = self
+            .mutating
+            .as_ref()
+            .map(|s| s.state())
+            .unwrap_or_default();
+        configurations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        configurations
+            .iter()
+            .flat_map(|c| c.webhooks.iter().flatten())
+            .map(|w| Hook {
+                name: w.name.clone(),
+                client: w.client_config.clone(),
+                rules: w.rules.clone().unwrap_or_default(),
+                fail: w.failure_policy.as_deref() != Some("Ignore"),
+                namespace_selector: w.namespace_selector.clone(),
+                object_selector: w.object_selector.clone(),
+                side_effects: w.side_effects.clone(),
+                timeout: timeout_of(w.timeout_seconds),
+                review_versions: w.admission_review_versions.clone(),
+                match_conditions: w.match_conditions.clone().unwrap_or_default(),
+                reinvoke: w.reinvocation_policy.as_deref() == Some("IfNeeded"),
+            })
+            .collect()
+    }
+
+    fn validating_hooks(&self) -> Vec<Hook> {
+        let mut configurations = self
+            .validating
+            .as_ref()
+            .map(|s| s.state())
+            .unwrap_or_default();
+        configurations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        configurations
+            .iter()
+            .flat_map(|c| c.webhooks.iter().flatten())
+            .map(|w| Hook {
+                name: w.name.clone(),
+                client: w.client_config.clone(),
+                rules: w.rules.clone().unwrap_or_default(),
+                fail: w.failure_policy.as_deref() != Some("Ignore"),
+                namespace_selector: w.namespace_selector.clone(),
+                object_selector: w.object_selector.clone(),
+                side_effects: w.side_effects.clone(),
+                timeout: timeout_of(w.timeout_seconds),
+                review_versions: w.admission_review_versions.clone(),
+                match_conditions: w.match_conditions.clone().unwrap_or_default(),
+                reinvoke: false,
+            })
+            .collect()
+    }
+
+    /// Whether any mutating webhook is configured (a write skips the JSON round trip if not).
+    pub async fn any_mutating(&self, attributes: &Attributes<'_>) -> Result<bool> {
+        self.ready(attributes).await?;
+        Ok(self.mutating.as_ref().is_some_and(|s| !s.is_empty()))
+    }
+
+    /// Whether any validating webhook is configured.
+    pub async fn any_validating(&self, attributes: &Attributes<'_>) -> Result<bool> {
+        self.ready(attributes).await?;
+        Ok(self.validating.as_ref().is_some_and(|s| !s.is_empty()))
+    }
+
+    /// ShouldCallHook: the namespaceSelector, objectSelector and rules, in that order; an
+    /// error of a selector counts only if the rules match. `matchConditions` are CEL, which
+    /// this server does not evaluate yet: as an expression that fails to evaluate, they refuse
+    /// the write (403) under `failurePolicy: Fail` and skip the webhook under `Ignore`.
+    async fn should_call(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<bool> {
+        if !hook
+            .rules
+            .iter()
+            .any(|rule| rules::rule_matches(rule, attributes))
+        {
+            return Ok(false);
+        }
+        let labels = |value: Option<&Value>| -> Option<BTreeMap<String, String>> {
+            value
+                .and_then(|v| v.pointer("/metadata/labels"))
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+        };
+        let object_selector = rules::selector(hook.object_selector.as_ref()).map_err(|e| {
+            Error::Internal(format!("webhook {:?}: objectSelector: {e}", hook.name))
+        })?;
+        if !rules::object_matches(
+            &object_selector,
+            labels(object).as_ref(),
+            labels(old).as_ref(),
+            object.is_some(),
+            old.is_some(),
+        ) {
+            return Ok(false);
+        }
+        let namespace_selector =
+            rules::selector(hook.namespace_selector.as_ref()).map_err(|e| {
+                Error::Internal(format!("webhook {:?}: namespaceSelector: {e}", hook.name))
+            })?;
+        if let Some(selector) = namespace_selector
+            && !attributes.namespace.is_empty()
+        {
+            let labels = self.namespaces.labels(attributes.namespace).await?;
+            if !selector.matches(labels.as_ref()) {
+                return Ok(false);
+            }
+        }
+        if !hook.match_conditions.is_empty() {
+            if hook.fail {
+                return Err(forbidden(
+                    attributes,
+                    &format!(
+                        "webhook {:?}: matchConditions are CEL expressions, which this server cannot evaluate yet",
+                        hook.name
+                    ),
+                ));
+            }
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Calls `hook`; a failure to call it is an error under `failurePolicy: Fail` (500) and
+    /// None under `Ignore` (logged; the write goes on).
+    async fn call(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+        mutating: bool,
+    ) -> Result<Option<call::Answer>> {
+        if attributes.dry_run && !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
+            return Err(Error::BadRequest(format!(
+                "admission webhook {:?} does not support dry run",
+                hook.name
+            )));
+        }
+        let started = std::time::Instant::now();
+        let outcome = if !hook.review_versions.iter().any(|v| v == "v1") {
+            Err("webhook does not accept known AdmissionReview versions (v1)".to_owned())
+        } else {
+            let uid = uuid::Uuid::new_v4().to_string();
+            let review = call::review(attributes, &uid, object, old);
+            self.clients
+                .call(&hook.client, hook.timeout, &review, &uid, mutating)
+                .await
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        match outcome {
+            Ok(answer) => {
+                let refused = (!answer.allowed).then(|| {
+                    let code = answer.status.as_ref().and_then(|s| s.code).unwrap_or(400);
+                    ("no_error", u16::try_from(code.max(400)).unwrap_or(400))
+                });
+                self.observe(hook, attributes, mutating, seconds, refused);
+                Ok(Some(answer))
+            }
+            Err(reason) if hook.fail => {
+                self.observe(
+                    hook,
+                    attributes,
+                    mutating,
+                    seconds,
+                    Some(("calling_webhook_error", 500)),
+                );
+                Err(Error::Internal(format!(
+                    "failed calling webhook {:?}: {reason}",
+                    hook.name
+                )))
+            }
+            Err(reason) => {
+                self.observe(hook, attributes, mutating, seconds, None);
+                tracing::warn!(webhook = %hook.name, %reason, "failed calling webhook, failing open");
+                Ok(None)
+            }
+        }
+    }
+
+    /// The mutating webhooks, in order (configurations by name, webhooks as listed), each on
+    /// the object as the ones before left it; once more for those with `reinvocationPolicy:
+    /// IfNeeded` that ran before a later webhook changed it.
+    pub async fn mutate(
+        &self,
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        old: Option<&Value>,
+        apply: &Patcher,
+    ) -> Result<Vec<String>> {
+        self.ready(attributes).await?;
+        let hooks = self.mutating_hooks();
+        let mut warnings = Vec::new();
+        let mut ran_reinvocable: Vec<usize> = Vec::new();
+        let mut reinvoke: Vec<usize> = Vec::new();
+        for (index, hook) in hooks.iter().enumerate() {
+            let changed = self
+                .mutate_once(hook, attributes, object, old, apply, &mut warnings)
+                .await?;
+            if changed {
+                for earlier in &ran_reinvocable {
+                    if !reinvoke.contains(earlier) {
+                        reinvoke.push(*earlier);
+                    }
+                }
+            }
+            if hook.reinvoke && !ran_reinvocable.contains(&index) {
+                ran_reinvocable.push(index);
+            }
+        }
+        reinvoke.sort_unstable();
+        for index in reinvoke {
+            self.mutate_once(&hooks[index], attributes, object, old, apply, &mut warnings)
+                .await?;
+        }
+        Ok(warnings)
+    }
+
+    /// One mutating webhook on `object`, if it should be called: whether it changed it.
+    async fn mutate_once(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        old: Option<&Value>,
+        apply: &Patcher,
+        warnings: &mut Vec<String>,
+    ) -> Result<bool> {
+        let present = (attributes.operation != Operation::Delete).then_some(&*object);
+        if !self.should_call(hook, attributes, present, old).await? {
+            return Ok(false);
+        }
+        let Some(answer) = self.call(hook, attributes, present, old, true).await? else {
+            return Ok(false);
+        };
+        warnings.extend(answer.warnings.iter().cloned());
+        if !answer.allowed {
+            return Err(denied(&hook.name, answer.status, warnings));
+        }
+        let Some(patch) = answer.patch.filter(|p| !p.0.is_empty()) else {
+            return Ok(false);
+        };
+        if attributes.operation == Operation::Delete {
+            return Err(Error::Internal(format!(
+                "admission webhook {:?} attempted to modify the object, which is not supported for this operation",
+                hook.name
+            )));
+        }
+        let mut patched = object.clone();
+        apply(&mut patched, &patch).map_err(|e| {
+            Error::Internal(format!(
+                "admission webhook {:?} returned a patch that cannot be applied: {e}",
+                hook.name
+            ))
+        })?;
+        let changed = patched != *object;
+        *object = patched;
+        Ok(changed)
+    }
+
+    /// The validating webhooks that match, called in parallel; the first refusal (in their
+    /// order) is the answer, with every webhook's warnings.
+    pub async fn validate(
+        &self,
+        attributes: &Attributes<'_>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<Vec<String>> {
+        self.ready(attributes).await?;
+        let mut calls = Vec::new();
+        for hook in self.validating_hooks() {
+            if self.should_call(&hook, attributes, object, old).await? {
+                calls.push(hook);
+            }
+        }
+        let answers = futures::future::join_all(
+            calls
+                .iter()
+                .map(|hook| self.call(hook, attributes, object, old, false)),
+        )
+        .await;
+        let mut warnings = Vec::new();
+        let mut refusal = None;
+        for (hook, answer) in calls.iter().zip(answers) {
+            match answer {
+                Ok(Some(answer)) => {
+                    warnings.extend(answer.warnings.iter().cloned());
+                    if !answer.allowed && refusal.is_none() {
+                        refusal = Some((hook.name.clone(), answer.status));
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        match refusal {
+            Some((name, status)) => Err(denied(&name, status, &warnings)),
+            None => Ok(warnings),
+        }
+    }
+}
+
+/// A webhook's timeout: `timeoutSeconds` (default 10, at most 30).
+fn timeout_of(seconds: Option<i32>) -> Duration {
+    Duration::from_secs(seconds.unwrap_or(10).clamp(1, 30) as u64)
+}
+
+/// kube-apiserver's Forbidden for the object written, e.g. `llamas.farm.example.com "dolly"
+/// is forbidden: ...`.
+fn forbidden(attributes: &Attributes<'_>, message: &str) -> Error {
+    Error::Forbidden(format!(
+        "{}.{} {:?} is forbidden: {message}",
+        attributes.resource, attributes.group, attributes.name
+    ))
+}
+
+/// A webhook's refusal (`ToStatusErr`): its Status, the code at least 400, the message
+/// prefixed with who denied the request.
+fn denied(name: &str, status: Option<Status>, warnings: &[String]) -> Error {
+    let mut status = status.unwrap_or_default();
+    let denied_by = format!("admission webhook {name:?} denied the request");
+    if status.code.is_none_or(|code| code < 400) {
+        status.code = Some(400);
+    }
+    status.status = Some("Failure".into());
+    status.message = Some(
+        match (status.message.as_deref(), status.reason.as_deref()) {
+            (Some(message), _) if !message.is_empty() => format!("{denied_by}: {message}"),
+            (_, Some(reason)) if !reason.is_empty() => format!("{denied_by}: {reason}"),
+            _ => format!("{denied_by} without explanation"),
+        },
+    );
+    Error::Admission {
+        status: Box::new(status),
+        warnings: warnings.to_vec(),
+    }
+}

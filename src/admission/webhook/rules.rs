@@ -1,0 +1,212 @@
+//! Which webhooks a write calls: k8s.io/apiserver's `predicates` (rules, namespaceSelector,
+//! objectSelector), in ShouldCallHook's order.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::{
+    api::admissionregistration::v1::RuleWithOperations,
+    apimachinery::pkg::apis::meta::v1::LabelSelector as ApiLabelSelector,
+};
+
+use super::super::Attributes;
+use crate::selector::LabelSelector;
+
+/// Whether `rule` names the write (`rules.Matcher.Matches`): its scope, operation, group,
+/// version and resource. `*` is every resource but no subresource; `llamas/*` is the resource
+/// and all its subresources; `*/status` every status subresource.
+pub fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
+    let exact_or_wildcard = |items: &Option<Vec<String>>, requested: &str| {
+        items
+            .iter()
+            .flatten()
+            .any(|item| item == "*" || item == requested)
+    };
+    let scope = match rule.scope.as_deref() {
+        None | Some("*") => true,
+        Some("Namespaced") => {
+            attributes.resource != "namespaces" && !attributes.namespace.is_empty()
+        }
+        Some("Cluster") => attributes.resource == "namespaces" || attributes.namespace.is_empty(),
+        Some(_) => false,
+    };
+    let resource = rule.resources.iter().flatten().any(|entry| {
+        let (resource, subresource) = entry.split_once('/').unwrap_or((entry, ""));
+        (resource == "*" || resource == attributes.resource)
+            && (subresource == "*" || subresource == attributes.subresource)
+    });
+    scope
+        && exact_or_wildcard(&rule.operations, attributes.operation.as_str())
+        && exact_or_wildcard(&rule.api_groups, attributes.group)
+        && exact_or_wildcard(&rule.api_versions, attributes.version)
+        && resource
+}
+
+/// A selector of the API as ours; None for the empty selector (everything), Err for one that
+/// does not parse.
+pub fn selector(selector: Option<&ApiLabelSelector>) -> Result<Option<LabelSelector>, String> {
+    let Some(selector) = selector else {
+        return Ok(None);
+    };
+    let mut terms: Vec<String> = Vec::new();
+    for (key, value) in selector.match_labels.iter().flatten() {
+        terms.push(format!("{key}={value}"));
+    }
+    for expression in selector.match_expressions.iter().flatten() {
+        let values = expression.values.clone().unwrap_or_default().join(",");
+        let key = &expression.key;
+        terms.push(match expression.operator.as_str() {
+            "In" => format!("{key} in ({values})"),
+            "NotIn" => format!("{key} notin ({values})"),
+            "Exists" => key.clone(),
+            "DoesNotExist" => format!("!{key}"),
+            other => return Err(format!("{other:?} is not a valid label selector operator")),
+        });
+    }
+    if terms.is_empty() {
+        return Ok(None);
+    }
+    LabelSelector::parse(&terms.join(","))
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+/// objectSelector: the new object's labels or the old object's match (either is enough).
+pub fn object_matches(
+    selector: &Option<LabelSelector>,
+    object: Option<&BTreeMap<String, String>>,
+    old: Option<&BTreeMap<String, String>>,
+    has_object: bool,
+    has_old: bool,
+) -> bool {
+    let Some(selector) = selector else {
+        return true;
+    };
+    (has_object && selector.matches(object)) || (has_old && selector.matches(old))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::Operation;
+
+    fn attributes(
+        operation: Operation,
+        namespace: &'static str,
+        subresource: &'static str,
+    ) -> Attributes<'static> {
+        Attributes {
+            operation,
+            group: "farm.example.com",
+            version: "v1alpha",
+            resource: "llamas".into(),
+            kind: "Llama".into(),
+            subresource,
+            namespace,
+            name: "dolly",
+            user: None,
+            dry_run: false,
+            options: serde_json::Value::Null,
+        }
+    }
+
+    fn rule(operations: &[&str], resources: &[&str], scope: Option<&str>) -> RuleWithOperations {
+        let strings = |items: &[&str]| Some(items.iter().map(|s| s.to_string()).collect());
+        RuleWithOperations {
+            api_groups: strings(&["farm.example.com"]),
+            api_versions: strings(&["*"]),
+            operations: strings(operations),
+            resources: strings(resources),
+            scope: scope.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn resources_and_subresources_as_kube_apiserver_matches_them() {
+        let object = attributes(Operation::Create, "default", "");
+        let status = attributes(Operation::Update, "default", "status");
+        for (resources, on_object, on_status) in [
+            (&["llamas"][..], true, false),
+            (&["*"][..], true, false),
+            (&["llamas/*"][..], true, true),
+            (&["*/*"][..], true, true),
+            (&["*/status"][..], false, true),
+            (&["llamas/status"][..], false, true),
+            (&["barns"][..], false, false),
+        ] {
+            let rule = rule(&["*"], resources, None);
+            assert_eq!(rule_matches(&rule, &object), on_object, "{resources:?}");
+            assert_eq!(rule_matches(&rule, &status), on_status, "{resources:?}");
+        }
+    }
+
+    #[test]
+    fn operations_groups_versions_and_scope() {
+        let create = attributes(Operation::Create, "default", "");
+        assert!(rule_matches(&rule(&["CREATE"], &["llamas"], None), &create));
+        assert!(!rule_matches(
+            &rule(&["UPDATE", "DELETE"], &["llamas"], None),
+            &create
+        ));
+        assert!(rule_matches(
+            &rule(&["*"], &["llamas"], Some("Namespaced")),
+            &create
+        ));
+        assert!(!rule_matches(
+            &rule(&["*"], &["llamas"], Some("Cluster")),
+            &create
+        ));
+        let mut other_group = rule(&["*"], &["*"], None);
+        other_group.api_groups = Some(vec!["apps".into()]);
+        assert!(!rule_matches(&other_group, &create));
+        let mut other_version = rule(&["*"], &["*"], None);
+        other_version.api_versions = Some(vec!["v1".into()]);
+        assert!(!rule_matches(&other_version, &create));
+    }
+
+    #[test]
+    fn selectors_from_the_api() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let api = ApiLabelSelector {
+            match_labels: Some([("team".to_string(), "a".to_string())].into()),
+            match_expressions: Some(vec![
+                LabelSelectorRequirement {
+                    key: "tier".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["x".into(), "y".into()]),
+                },
+                LabelSelectorRequirement {
+                    key: "skip".into(),
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                },
+            ]),
+        };
+        let parsed = selector(Some(&api)).unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let yes = labels(&[("team", "a"), ("tier", "y")]);
+        let no = labels(&[("team", "a"), ("tier", "y"), ("skip", "1")]);
+        assert!(object_matches(&parsed, Some(&yes), None, true, false));
+        assert!(!object_matches(&parsed, Some(&no), None, true, false));
+        // Either the new or the old object.
+        assert!(object_matches(&parsed, Some(&no), Some(&yes), true, true));
+        assert!(
+            selector(Some(&ApiLabelSelector::default()))
+                .unwrap()
+                .is_none()
+        );
+        let bad = ApiLabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "k".into(),
+                operator: "Near".into(),
+                values: None,
+            }]),
+            ..Default::default()
+        };
+        assert!(selector(Some(&bad)).is_err());
+    }
+}

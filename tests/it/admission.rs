@@ -1,0 +1,797 @@
+//! The cluster's admission webhooks on Llama writes (#28): configurations from the cluster (a
+//! fake kube-apiserver serving them, watched as kube-apiserver's informers watch them), real
+//! HTTPS webhooks on loopback trusted through `caBundle`, and the server's real TLS listener.
+
+use crate::common;
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use base64::Engine;
+use common::{Alpn, Options, TestServer, TestStorage, fake_kube::FakeKube};
+use serde_json::{Value, json};
+
+const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+
+type Answer = dyn Fn(&Value) -> Value + Send + Sync;
+
+/// An admission webhook on loopback: HTTPS with a certificate of its own CA, every review it
+/// gets kept, each answered by a function of the review.
+struct Webhook {
+    addr: SocketAddr,
+    ca_pem: String,
+    seen: Arc<Mutex<Vec<Value>>>,
+    answer: Arc<Mutex<Box<Answer>>>,
+    delay: Arc<Mutex<Duration>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Webhook {
+    async fn start() -> Self {
+        common::install_crypto();
+        let dir = tempfile::tempdir().unwrap();
+        let ca =
+            farm_apiserver::tls::DevCa::load_or_create_named(dir.path(), "webhook-ca").unwrap();
+        let (cert, key) = ca.issue_serving(&["127.0.0.1", "localhost"]).unwrap();
+        let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let answer: Arc<Mutex<Box<Answer>>> = Arc::new(Mutex::new(Box::new(|_| allow())));
+        let delay: Arc<Mutex<Duration>> = Arc::default();
+        let state = (seen.clone(), answer.clone(), delay.clone());
+        let app = axum::Router::new().fallback(axum::routing::post(
+            move |axum::extract::OriginalUri(uri): axum::extract::OriginalUri,
+                  axum::Json(review): axum::Json<Value>| {
+                let (seen, answer, delay) = state.clone();
+                async move {
+                    let wait = *delay.lock().unwrap();
+                    tokio::time::sleep(wait).await;
+                    let mut review = review;
+                    review["test:uri"] = json!(uri.to_string());
+                    seen.lock().unwrap().push(review.clone());
+                    let mut response = (answer.lock().unwrap())(&review["request"]);
+                    response["uid"] = review["request"]["uid"].clone();
+                    axum::Json(json!({
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": response,
+                    }))
+                }
+            },
+        ));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tls =
+            axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
+                .await
+                .unwrap();
+        let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
+        tokio::spawn(async move {
+            let _ = server.serve(app.into_make_service()).await;
+        });
+        Self {
+            addr,
+            ca_pem: ca.cert_pem.clone(),
+            seen,
+            answer,
+            delay,
+            _dir: dir,
+        }
+    }
+
+    fn answer(&self, answer: impl Fn(&Value) -> Value + Send + Sync + 'static) {
+        *self.answer.lock().unwrap() = Box::new(answer);
+    }
+
+    fn seen(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// A `clientConfig` that reaches it (`url` and `caBundle`).
+    fn client_config(&self, path: &str) -> Value {
+        json!({
+            "url": format!("https://127.0.0.1:{}{path}", self.addr.port()),
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
+        })
+    }
+}
+
+fn allow() -> Value {
+    json!({"allowed": true})
+}
+
+fn deny(code: u16, message: &str) -> Value {
+    json!({"allowed": false, "status": {"code": code, "message": message}})
+}
+
+/// A JSONPatch answer.
+fn patch(operations: Value) -> Value {
+    json!({
+        "allowed": true,
+        "patchType": "JSONPatch",
+        "patch": base64::engine::general_purpose::STANDARD.encode(operations.to_string()),
+    })
+}
+
+/// A webhook configuration of `kind` with one webhook, its fields over the defaults.
+fn configuration(kind: &str, name: &str, webhook: Value) -> Value {
+    let mut hook = json!({
+        "name": format!("{name}.farm.example.com"),
+        "rules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                   "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}],
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "failurePolicy": "Fail",
+    });
+    for (key, value) in webhook.as_object().unwrap() {
+        hook[key] = value.clone();
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "webhooks": [hook],
+    })
+}
+
+fn validating(name: &str, webhook: Value) -> Value {
+    configuration("ValidatingWebhookConfiguration", name, webhook)
+}
+
+fn mutating(name: &str, webhook: Value) -> Value {
+    configuration("MutatingWebhookConfiguration", name, webhook)
+}
+
+fn llama(name: &str, weight: f64, labels: Value) -> Vec<u8> {
+    json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+           "metadata": {"name": name, "labels": labels},
+           "spec": {"weight": weight, "height": 1.0}})
+    .to_string()
+    .into_bytes()
+}
+
+/// A server with Llamas on `storage`, its cluster the fake (which has the namespace `default`,
+/// labelled `env=dev`, and the configurations in `configurations`), calling its webhooks.
+async fn server_with(
+    storage: TestStorage,
+    configurations: &[Value],
+) -> Option<(TestServer, Arc<FakeKube>)> {
+    if storage == TestStorage::Etcd && common::etcd::binary().is_none() {
+        return None;
+    }
+    let fake = FakeKube::start().await;
+    let mut default = common::fake_kube::namespace("default", false);
+    default["metadata"]["labels"] = json!({"env": "dev"});
+    fake.add(default);
+    for configuration in configurations {
+        fake.add(configuration.clone());
+    }
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        webhooks: true,
+        storage,
+        ..Default::default()
+    })
+    .await;
+    Some((server, fake))
+}
+
+async fn send(
+    server: &TestServer,
+    method: &str,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> common::RawResponse {
+    let content_type = if method == "PATCH" {
+        "application/merge-patch+json"
+    } else {
+        "application/json"
+    };
+    server
+        .raw(Some(server.admin_identity()), Alpn::Http1)
+        .send(method, path, &[("content-type", content_type)], body)
+        .await
+}
+
+fn warnings(reply: &common::RawResponse) -> Vec<String> {
+    reply
+        .headers
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A validating webhook sees every create and update of a Llama as kube-apiserver would send
+/// it (user, objects, options, dry run) and refuses with its own code and message, prefixed
+/// as kube-apiserver prefixes it; what it refused is not stored; its warnings reach the client.
+async fn a_validating_webhook_sees_writes_and_refuses_them(storage: TestStorage) {
+    let hook = Webhook::start().await;
+    hook.answer(|request| {
+        if request["object"]["spec"]["weight"].as_f64() > Some(100.0) {
+            let mut denied = deny(403, "too heavy");
+            denied["warnings"] = json!(["weighed"]);
+            denied
+        } else {
+            json!({"allowed": true, "warnings": ["weighed"]})
+        }
+    });
+    let config = validating(
+        "weight",
+        json!({"clientConfig": hook.client_config("/validate")}),
+    );
+    let Some((server, _fake)) = server_with(storage, &[config]).await else {
+        return;
+    };
+
+    let created = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("light", 50.0, json!({}))),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(warnings(&created), vec!["299 - \"weighed\""]);
+    let seen = hook.seen();
+    assert_eq!(seen.len(), 1);
+    let review = &seen[0];
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    assert!(
+        review["test:uri"]
+            .as_str()
+            .unwrap()
+            .ends_with("/validate?timeout=10s"),
+        "{}",
+        review["test:uri"]
+    );
+    let request = &review["request"];
+    assert_eq!(request["operation"], "CREATE");
+    assert_eq!(
+        request["kind"],
+        json!({"group": "farm.example.com", "version": "v1alpha", "kind": "Llama"})
+    );
+    assert_eq!(
+        request["resource"],
+        json!({"group": "farm.example.com", "version": "v1alpha", "resource": "llamas"})
+    );
+    assert_eq!(request["requestKind"], request["kind"]);
+    assert_eq!(
+        (request["namespace"].as_str(), request["name"].as_str()),
+        (Some("default"), Some("light"))
+    );
+    assert_eq!(
+        request["userInfo"]["username"],
+        farm_apiserver::tls::DEV_USER
+    );
+    assert!(
+        request["userInfo"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:masters"))
+    );
+    assert_eq!(request["object"]["metadata"]["name"], "light");
+    assert!(
+        request["object"]["metadata"]["uid"].is_string(),
+        "validating webhooks see the object as stored"
+    );
+    assert_eq!(request["oldObject"], Value::Null);
+    assert_eq!(request["dryRun"], false);
+    assert_eq!(request["options"]["kind"], "CreateOptions");
+    assert_eq!(request["options"]["apiVersion"], "meta.k8s.io/v1");
+
+    let refused = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("heavy", 500.0, json!({}))),
+    )
+    .await;
+    assert_eq!(refused.status, 403);
+    let status = refused.json();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(
+        status["message"],
+        "admission webhook \"weight.farm.example.com\" denied the request: too heavy"
+    );
+    assert_eq!(warnings(&refused), vec!["299 - \"weighed\""]);
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/heavy"), None)
+            .await
+            .status,
+        404
+    );
+
+    // An update: the old object too; refused, the Llama stays as it was.
+    let patched = send(
+        &server,
+        "PATCH",
+        &format!("{LLAMAS}/dolly"),
+        Some(br#"{"spec":{"weight":1000}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(patched.status, 403);
+    let review = hook.seen().pop().unwrap();
+    assert_eq!(review["request"]["operation"], "UPDATE");
+    assert_eq!(review["request"]["oldObject"]["spec"]["weight"], 31.4);
+    assert_eq!(review["request"]["object"]["spec"]["weight"], 1000.0);
+    assert_eq!(review["request"]["options"]["kind"], "UpdateOptions");
+    let dolly = send(&server, "GET", &format!("{LLAMAS}/dolly"), None)
+        .await
+        .json();
+    assert_eq!(dolly["spec"]["weight"], 31.4);
+
+    // A dry run is sent as one (the webhook has no side effects) and stores nothing.
+    let dry = send(
+        &server,
+        "POST",
+        &format!("{LLAMAS}?dryRun=All"),
+        Some(llama("dry", 1.0, json!({}))),
+    )
+    .await;
+    assert_eq!(dry.status, 201);
+    assert_eq!(hook.seen().pop().unwrap()["request"]["dryRun"], true);
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/dry"), None)
+            .await
+            .status,
+        404
+    );
+
+    // Counted with kube-apiserver's names.
+    let metrics = send(&server, "GET", "/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("apiserver_admission_webhook_rejection_count{")
+                && l.contains("name=\"weight.farm.example.com\"")
+                && l.contains("operation=\"CREATE\"")
+                && l.contains("error_type=\"no_error\"")
+                && l.contains("rejection_code=\"403\"")
+                && l.ends_with(" 1")
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("apiserver_admission_webhook_admission_duration_seconds_count{")
+            && l.contains("rejected=\"false\"")
+            && l.contains("type=\"validating\"")),
+        "{metrics}"
+    );
+
+    // A webhook that answers without a code refuses with 400.
+    hook.answer(|_| json!({"allowed": false}));
+    let refused = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("plain", 1.0, json!({}))),
+    )
+    .await;
+    assert_eq!(refused.status, 400);
+    assert_eq!(
+        refused.json()["message"],
+        "admission webhook \"weight.farm.example.com\" denied the request without explanation"
+    );
+}
+
+/// A mutating webhook's JSONPatch is applied and stored; what it makes is validated again (a
+/// negative weight is 422), and it cannot rename the object an update names (400). Validating
+/// webhooks see the mutated object.
+async fn a_mutating_webhooks_patch_is_stored_and_validated_again(storage: TestStorage) {
+    let mutator = Webhook::start().await;
+    mutator.answer(|_| {
+        patch(json!([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}]))
+    });
+    let validator = Webhook::start().await;
+    let configurations = [
+        mutating(
+            "label",
+            json!({"clientConfig": mutator.client_config("/mutate")}),
+        ),
+        validating(
+            "see",
+            json!({"clientConfig": validator.client_config("/validate")}),
+        ),
+    ];
+    let Some((server, _fake)) = server_with(storage, &configurations).await else {
+        return;
+    };
+    let created = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("marked", 5.0, json!({"a": "b"}))),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(
+        created.json()["metadata"]["labels"],
+        json!({"a": "b", "mutated": "yes"})
+    );
+    let stored = send(&server, "GET", &format!("{LLAMAS}/marked"), None)
+        .await
+        .json();
+    assert_eq!(stored["metadata"]["labels"]["mutated"], "yes");
+    assert_eq!(
+        validator.seen().pop().unwrap()["request"]["object"]["metadata"]["labels"]["mutated"],
+        "yes"
+    );
+
+    // The patched object goes through the kind's validation.
+    mutator.answer(|_| patch(json!([{"op": "replace", "path": "/spec/weight", "value": -1}])));
+    let invalid = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("negative", 5.0, json!({}))),
+    )
+    .await;
+    assert_eq!(
+        invalid.status,
+        422,
+        "{}",
+        String::from_utf8_lossy(&invalid.body)
+    );
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/negative"), None)
+            .await
+            .status,
+        404
+    );
+
+    // Renaming what an update names is refused, and nothing changes.
+    mutator
+        .answer(|_| patch(json!([{"op": "replace", "path": "/metadata/name", "value": "other"}])));
+    let renamed = send(
+        &server,
+        "PATCH",
+        &format!("{LLAMAS}/marked"),
+        Some(br#"{"spec":{"weight":6}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(
+        renamed.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&renamed.body)
+    );
+    let stored = send(&server, "GET", &format!("{LLAMAS}/marked"), None)
+        .await
+        .json();
+    assert_eq!(stored["spec"]["weight"], 5.0);
+
+    // A patch that cannot be applied is the webhook's failure, not the client's.
+    mutator.answer(|_| patch(json!([{"op": "remove", "path": "/spec/nothing"}])));
+    let broken = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("broken", 5.0, json!({}))),
+    )
+    .await;
+    assert_eq!(broken.status, 500);
+    assert!(
+        broken.json()["message"].as_str().unwrap().contains(
+            "admission webhook \"label.farm.example.com\" returned a patch that cannot be applied"
+        ),
+        "{}",
+        broken.json()
+    );
+}
+
+crate::on_both_storages!(
+    a_validating_webhook_sees_writes_and_refuses_them,
+    a_mutating_webhooks_patch_is_stored_and_validated_again,
+);
+
+/// failurePolicy: a webhook that cannot be reached refuses the write with kube-apiserver's 500
+/// under Fail, and lets it through under Ignore; a slow one is cut at its timeoutSeconds.
+#[tokio::test]
+async fn failure_policy_and_timeout() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let down = json!({"url": format!("https://127.0.0.1:{port}/gone")});
+    let slow = Webhook::start().await;
+    *slow.delay.lock().unwrap() = Duration::from_secs(3);
+    let configurations = [
+        validating(
+            "down",
+            json!({"clientConfig": down, "failurePolicy": "Fail",
+            "objectSelector": {"matchLabels": {"hook": "down"}}}),
+        ),
+        validating(
+            "ignored",
+            json!({"clientConfig": down, "failurePolicy": "Ignore",
+            "objectSelector": {"matchLabels": {"hook": "ignored"}}}),
+        ),
+        validating(
+            "slow",
+            json!({"clientConfig": slow.client_config("/slow"), "timeoutSeconds": 1,
+            "objectSelector": {"matchLabels": {"hook": "slow"}}}),
+        ),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+
+    let refused = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("a", 1.0, json!({"hook": "down"}))),
+    )
+    .await;
+    assert_eq!(refused.status, 500);
+    let message = refused.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.starts_with("Internal error occurred: failed calling webhook \"down.farm.example.com\": failed to call webhook: Post"),
+        "{message}"
+    );
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/a"), None)
+            .await
+            .status,
+        404
+    );
+
+    let through = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("b", 1.0, json!({"hook": "ignored"}))),
+    )
+    .await;
+    assert_eq!(through.status, 201);
+
+    let started = Instant::now();
+    let timed_out = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("c", 1.0, json!({"hook": "slow"}))),
+    )
+    .await;
+    assert_eq!(timed_out.status, 500);
+    assert!(
+        timed_out.json()["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("context deadline exceeded"),
+        "{}",
+        timed_out.json()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
+    // Other requests are not held meanwhile.
+    assert_eq!(send(&server, "GET", LLAMAS, None).await.status, 200);
+}
+
+/// Which webhooks a write calls: rules (operations, resources), objectSelector (new or old
+/// labels), namespaceSelector (the namespace's labels from the cluster); a dry run never calls a
+/// webhook with side effects (400, as kube-apiserver); deletes go through validating webhooks;
+/// removing a configuration stops its calls.
+#[tokio::test]
+async fn rules_selectors_dry_run_and_deletes() {
+    let hook = Webhook::start().await;
+    hook.answer(|request| {
+        if request["operation"] == "DELETE" {
+            deny(409, "keep it")
+        } else {
+            allow()
+        }
+    });
+    let by_labels = validating(
+        "labels",
+        json!({
+            "clientConfig": hook.client_config("/labels"),
+            "objectSelector": {"matchLabels": {"team": "a"}},
+        }),
+    );
+    let by_namespace = validating(
+        "prod",
+        json!({
+            "clientConfig": hook.client_config("/prod"),
+            "namespaceSelector": {"matchExpressions": [{"key": "env", "operator": "In", "values": ["prod"]}]},
+        }),
+    );
+    let deletes = validating(
+        "deletes",
+        json!({
+            "clientConfig": hook.client_config("/deletes"),
+            "rules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["DELETE"], "resources": ["llamas"]}],
+            "sideEffects": "Unknown",
+        }),
+    );
+    let (server, fake) = server_with(
+        TestStorage::Memory,
+        &[by_labels.clone(), by_namespace, deletes],
+    )
+    .await
+    .unwrap();
+    let paths = || -> Vec<String> {
+        hook.seen()
+            .iter()
+            .map(|r| {
+                r["test:uri"]
+                    .as_str()
+                    .unwrap()
+                    .split('?')
+                    .next()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+
+    assert_eq!(
+        send(
+            &server,
+            "POST",
+            LLAMAS,
+            Some(llama("b", 1.0, json!({"team": "b"})))
+        )
+        .await
+        .status,
+        201
+    );
+    assert_eq!(
+        paths(),
+        Vec::<String>::new(),
+        "neither selector matches, no DELETE rule"
+    );
+    assert_eq!(
+        send(
+            &server,
+            "POST",
+            LLAMAS,
+            Some(llama("a", 1.0, json!({"team": "a"})))
+        )
+        .await
+        .status,
+        201
+    );
+    assert_eq!(paths(), vec!["/labels"]);
+    // The old object's labels match: the update that removes them is seen.
+    let unlabel = send(
+        &server,
+        "PATCH",
+        &format!("{LLAMAS}/a"),
+        Some(br#"{"metadata":{"labels":null}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(unlabel.status, 200);
+    assert_eq!(paths(), vec!["/labels", "/labels"]);
+
+    // DELETE: refused by its webhook, the Llama stays.
+    let refused = send(&server, "DELETE", &format!("{LLAMAS}/b"), None).await;
+    assert_eq!(refused.status, 409);
+    assert_eq!(
+        hook.seen().last().unwrap()["request"]["oldObject"]["metadata"]["name"],
+        "b"
+    );
+    assert_eq!(
+        hook.seen().last().unwrap()["request"]["object"],
+        Value::Null
+    );
+    assert_eq!(
+        hook.seen().last().unwrap()["request"]["options"]["kind"],
+        "DeleteOptions"
+    );
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/b"), None)
+            .await
+            .status,
+        200
+    );
+    // A dry run of it: the webhook has side effects, so it is not called and the request is
+    // refused.
+    let calls = hook.seen().len();
+    let dry = send(&server, "DELETE", &format!("{LLAMAS}/b?dryRun=All"), None).await;
+    assert_eq!(dry.status, 400);
+    assert_eq!(
+        dry.json()["message"],
+        "admission webhook \"deletes.farm.example.com\" does not support dry run"
+    );
+    assert_eq!(hook.seen().len(), calls);
+
+    // Without its configuration, the webhook is not called any more.
+    fake.remove(&by_labels);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let calls = hook.seen().len();
+        let name = format!("x{calls}");
+        assert_eq!(
+            send(
+                &server,
+                "POST",
+                LLAMAS,
+                Some(llama(&name, 1.0, json!({"team": "a"})))
+            )
+            .await
+            .status,
+            201
+        );
+        if hook.seen().len() == calls {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the removed configuration is still called"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// reinvocationPolicy IfNeeded: a webhook that ran before a later one changed the object is
+/// called once more (and only once), and sees the change.
+#[tokio::test]
+async fn mutating_webhooks_are_reinvoked_if_needed() {
+    let first = Webhook::start().await;
+    first.answer(|request| {
+        if request["object"]["metadata"]["labels"]["second"] == "yes" {
+            patch(
+                json!([{"op": "add", "path": "/metadata/labels/first-saw-second", "value": "yes"}]),
+            )
+        } else {
+            allow()
+        }
+    });
+    let second = Webhook::start().await;
+    second.answer(|request| {
+        if request["object"]["metadata"]["labels"]["second"] == "yes" {
+            allow()
+        } else {
+            patch(json!([{"op": "add", "path": "/metadata/labels/second", "value": "yes"}]))
+        }
+    });
+    let configurations = [
+        mutating(
+            "a-first",
+            json!({"clientConfig": first.client_config("/first"), "reinvocationPolicy": "IfNeeded"}),
+        ),
+        mutating(
+            "b-second",
+            json!({"clientConfig": second.client_config("/second")}),
+        ),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let created = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("twice", 1.0, json!({}))),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(
+        created.json()["metadata"]["labels"],
+        json!({"second": "yes", "first-saw-second": "yes"})
+    );
+    assert_eq!(first.seen().len(), 2);
+    assert_eq!(second.seen().len(), 1);
+}
