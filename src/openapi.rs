@@ -623,9 +623,25 @@ fn info() -> Value {
     json!({ "title": "farm-apiserver", "version": env!("CARGO_PKG_VERSION") })
 }
 
+/// Drops what OpenAPI v3 schemas say and Swagger 2.0 has no word for (`nullable`), as
+/// kube-apiserver does when it publishes a v3 schema in v2: its v2 handler refuses a document
+/// with one (`has invalid property: nullable`), and then answers 503 for the whole cluster's
+/// `/openapi/v2`.
+fn drop_v3_keywords(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.remove("nullable");
+            map.values_mut().for_each(drop_v3_keywords);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_v3_keywords),
+        _ => {}
+    }
+}
+
 /// The OpenAPI v2 (swagger) document.
 pub fn v2(resources: &[ResourceInfo]) -> Value {
     let mut definitions = Value::Object(schemas(resources));
+    drop_v3_keywords(&mut definitions);
     rewrite_refs(&mut definitions, &|target| {
         target
             .strip_prefix(V3_REFS)

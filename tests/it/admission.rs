@@ -20,7 +20,7 @@ type Answer = dyn Fn(&Value) -> Value + Send + Sync;
 
 /// An admission webhook on loopback: HTTPS with a certificate of its own CA, every review it
 /// gets kept, each answered by a function of the review.
-struct Webhook {
+pub(crate) struct Webhook {
     addr: SocketAddr,
     ca_pem: String,
     seen: Arc<Mutex<Vec<Value>>>,
@@ -30,7 +30,7 @@ struct Webhook {
 }
 
 impl Webhook {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         common::install_crypto();
         let dir = tempfile::tempdir().unwrap();
         let ca =
@@ -81,16 +81,16 @@ impl Webhook {
         }
     }
 
-    fn answer(&self, answer: impl Fn(&Value) -> Value + Send + Sync + 'static) {
+    pub(crate) fn answer(&self, answer: impl Fn(&Value) -> Value + Send + Sync + 'static) {
         *self.answer.lock().unwrap() = Box::new(answer);
     }
 
-    fn seen(&self) -> Vec<Value> {
+    pub(crate) fn seen(&self) -> Vec<Value> {
         self.seen.lock().unwrap().clone()
     }
 
     /// A `clientConfig` that reaches it (`url` and `caBundle`).
-    fn client_config(&self, path: &str) -> Value {
+    pub(crate) fn client_config(&self, path: &str) -> Value {
         json!({
             "url": format!("https://127.0.0.1:{}{path}", self.addr.port()),
             "caBundle": base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
@@ -98,16 +98,16 @@ impl Webhook {
     }
 }
 
-fn allow() -> Value {
+pub(crate) fn allow() -> Value {
     json!({"allowed": true})
 }
 
-fn deny(code: u16, message: &str) -> Value {
+pub(crate) fn deny(code: u16, message: &str) -> Value {
     json!({"allowed": false, "status": {"code": code, "message": message}})
 }
 
 /// A JSONPatch answer.
-fn patch(operations: Value) -> Value {
+pub(crate) fn patch(operations: Value) -> Value {
     json!({
         "allowed": true,
         "patchType": "JSONPatch",
@@ -136,11 +136,11 @@ fn configuration(kind: &str, name: &str, webhook: Value) -> Value {
     })
 }
 
-fn validating(name: &str, webhook: Value) -> Value {
+pub(crate) fn validating(name: &str, webhook: Value) -> Value {
     configuration("ValidatingWebhookConfiguration", name, webhook)
 }
 
-fn mutating(name: &str, webhook: Value) -> Value {
+pub(crate) fn mutating(name: &str, webhook: Value) -> Value {
     configuration("MutatingWebhookConfiguration", name, webhook)
 }
 

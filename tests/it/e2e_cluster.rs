@@ -336,6 +336,8 @@ async fn through_kube_apiserver() {
         Nodes::Real
     };
     suite(&cluster, ns, &step, nodes).await;
+    // The webhooks listen on this host's loopback, which this server (on this host) reaches.
+    webhooks_configured_with_kubectl(&cluster, ns, &step).await;
 
     step("cleaning up: the APIService first");
     drop(installed);
@@ -370,6 +372,15 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
     // kubectl validates what it applies against the cluster's OpenAPI: the farm.example.com
     // part is there once kube-apiserver has downloaded ours (as system:aggregator).
     step("kubectl explain llamas.spec (kube-apiserver aggregated our OpenAPI)");
+    // Its v2 too: kube-apiserver answers 503 for the whole cluster's /openapi/v2 when one
+    // aggregated document is not valid Swagger 2.0 (kubectl validates Lists against it).
+    cluster
+        .eventually(
+            &["get", "--raw", "/openapi/v2"],
+            Duration::from_secs(60),
+            |ok, out, _| ok && out.contains("com.example.farm.v1alpha.Llama"),
+        )
+        .await;
     let out = cluster
         .eventually(
             &["explain", "llamas.spec"],
@@ -1050,4 +1061,190 @@ async fn deletion_with_the_real_controllers(cluster: &Cluster, ns: &str, step: &
             |ok, _, err| !ok && err.contains("NotFound"),
         )
         .await;
+}
+
+/// Webhook configurations the test applied; deleted when dropped (they are cluster-wide).
+struct Configured<'a> {
+    cluster: &'a Cluster,
+    names: Vec<(&'static str, String)>,
+}
+
+impl Drop for Configured<'_> {
+    fn drop(&mut self) {
+        for (kind, name) in &self.names {
+            let _ = self
+                .cluster
+                .run(&["delete", kind, name, "--ignore-not-found"], None);
+        }
+    }
+}
+
+/// The cluster's admission webhooks, configured with kubectl as for any kind, reach Llama
+/// writes through the aggregator (#28): a validating webhook (namespaceSelector on the real
+/// namespace's labels) refuses with its message and sees the kubectl user and dry runs; a
+/// mutating webhook's patch is stored; failurePolicy Fail refuses while a webhook is down;
+/// deleting the configurations stops the calls within seconds.
+async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dyn Fn(&str)) {
+    use crate::admission::{Webhook, allow, deny, mutating, patch, validating};
+    step("admission webhooks on loopback, configured with kubectl");
+    let validator = Webhook::start().await;
+    validator.answer(|request| {
+        if request["object"]["spec"]["weight"].as_f64() > Some(100.0) {
+            deny(403, "too heavy")
+        } else {
+            allow()
+        }
+    });
+    let mutator = Webhook::start().await;
+    mutator.answer(|_| {
+        patch(json!([{"op": "add", "path": "/metadata/labels/mutated", "value": "yes"}]))
+    });
+    let suffix = std::process::id();
+    let in_namespace = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    let mut weight = validating(
+        &format!("farm-e2e-weight-{suffix}"),
+        json!({"name": "weight.farm.example.com", "clientConfig": validator.client_config("/validate"),
+               "namespaceSelector": in_namespace,
+               "objectSelector": {"matchExpressions": [{"key": "hook", "operator": "DoesNotExist"}]}}),
+    );
+    let mut label = mutating(
+        &format!("farm-e2e-label-{suffix}"),
+        json!({"name": "label.farm.example.com", "clientConfig": mutator.client_config("/mutate"),
+               "namespaceSelector": in_namespace,
+               "objectSelector": {"matchLabels": {"hook": "mutate"}}}),
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut down = validating(
+        &format!("farm-e2e-down-{suffix}"),
+        json!({"name": "down.farm.example.com",
+               "clientConfig": {"url": format!("https://127.0.0.1:{down_port}/down")},
+               "namespaceSelector": in_namespace,
+               "objectSelector": {"matchLabels": {"hook": "down"}}}),
+    );
+    for configuration in [&mut weight, &mut label, &mut down] {
+        configuration["metadata"]["labels"] = json!({"farm-e2e": "true"});
+    }
+    let configured = Configured {
+        cluster,
+        names: vec![
+            (
+                "validatingwebhookconfiguration",
+                weight["metadata"]["name"].as_str().unwrap().to_owned(),
+            ),
+            (
+                "mutatingwebhookconfiguration",
+                label["metadata"]["name"].as_str().unwrap().to_owned(),
+            ),
+            (
+                "validatingwebhookconfiguration",
+                down["metadata"]["name"].as_str().unwrap().to_owned(),
+            ),
+        ],
+    };
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": [weight, label, down]});
+    // kubectl validates this List against the cluster's OpenAPI v2, which kube-apiserver
+    // serves only while ours is valid Swagger 2.0.
+    cluster.ok(&["apply", "-f", "-"], Some(&list.to_string()));
+
+    let llama = |name: &str, weight: f64, labels: Value| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+               "metadata": {"name": name, "namespace": ns, "labels": labels},
+               "spec": {"weight": weight, "height": 1.0}})
+        .to_string()
+    };
+    step("a validating webhook refuses a heavy Llama (once the server has the configuration)");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let (ok, out, err) = cluster.run(
+            &["create", "-f", "-"],
+            Some(&llama("heavy", 500.0, json!({}))),
+        );
+        if !ok {
+            break err;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the webhook was never called: {out}"
+        );
+        cluster.ok(&["delete", "llama", "heavy", "-n", ns], None);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        refused.contains(
+            "admission webhook \"weight.farm.example.com\" denied the request: too heavy"
+        ),
+        "{refused}"
+    );
+    let review = validator.seen().pop().unwrap();
+    assert_eq!(
+        review["request"]["userInfo"]["username"], "lab-admin",
+        "the kubectl user, from the front proxy"
+    );
+    assert_eq!(review["request"]["namespace"], ns);
+
+    step("allowed, and a server-side dry run is sent as one");
+    cluster.ok(
+        &["create", "-f", "-"],
+        Some(&llama("light", 5.0, json!({}))),
+    );
+    cluster.ok(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&llama("dry", 5.0, json!({}))),
+    );
+    assert_eq!(validator.seen().pop().unwrap()["request"]["dryRun"], true);
+
+    step("a mutating webhook's patch is stored");
+    cluster.ok(
+        &["create", "-f", "-"],
+        Some(&llama("marked", 5.0, json!({"hook": "mutate"}))),
+    );
+    let labels = cluster.ok(
+        &[
+            "get",
+            "llama",
+            "marked",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.metadata.labels.mutated}",
+        ],
+        None,
+    );
+    assert_eq!(labels, "yes");
+
+    step("failurePolicy Fail: refused while the webhook is down");
+    let (ok, _, err) = cluster.run(
+        &["create", "-f", "-"],
+        Some(&llama("unchecked", 5.0, json!({"hook": "down"}))),
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("failed calling webhook \"down.farm.example.com\""),
+        "{err}"
+    );
+
+    step("configurations deleted: no more calls");
+    drop(configured);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let calls = validator.seen().len();
+        let (ok, _, err) = cluster.run(
+            &["create", "-f", "-"],
+            Some(&llama("late", 500.0, json!({}))),
+        );
+        if ok && validator.seen().len() == calls {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still called after its configuration went: {err}"
+        );
+        let _ = cluster.run(
+            &["delete", "llama", "late", "-n", ns, "--ignore-not-found"],
+            None,
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

@@ -34,3 +34,54 @@ fn openapi_documents_match_the_committed_snapshots() {
         &docs.v3_group_version,
     );
 }
+
+/// Swagger 2.0 has no `nullable` (nor v3's composition keywords): kube-apiserver's v2 handler
+/// refuses a document with one and answers 503 for the cluster's whole `/openapi/v2`, which
+/// kubectl reads to validate what it applies. The v3 document keeps `nullable`.
+#[test]
+fn the_v2_document_has_no_openapi_v3_keyword() {
+    fn keys(value: &serde_json::Value, found: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, child) in map {
+                    if key != "properties" {
+                        found.push(key.clone());
+                    }
+                    match (key.as_str(), child) {
+                        // A properties map's keys are field names, not keywords.
+                        ("properties", serde_json::Value::Object(fields)) => {
+                            fields.values().for_each(|f| keys(f, found))
+                        }
+                        _ => keys(child, found),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|i| keys(i, found)),
+            _ => {}
+        }
+    }
+    let group = group::farm(memory_llamas(false, 0), PodCache::without_cluster());
+    let docs = OpenApiDocuments::new(group.resources());
+    let v2: serde_json::Value = serde_json::from_slice(&docs.v2).unwrap();
+    let mut found = Vec::new();
+    keys(&v2["definitions"], &mut found);
+    for keyword in [
+        "nullable",
+        "anyOf",
+        "oneOf",
+        "not",
+        "writeOnly",
+        "deprecated",
+    ] {
+        assert!(
+            !found.iter().any(|k| k == keyword),
+            "{keyword} in the v2 definitions"
+        );
+    }
+    let v3: serde_json::Value = serde_json::from_slice(&docs.v3_group_version).unwrap();
+    assert_eq!(
+        v3["components"]["schemas"]["com.example.farm.v1alpha.FarmPodStatus"]["properties"]["nodeName"]
+            ["nullable"],
+        true
+    );
+}
