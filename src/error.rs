@@ -312,6 +312,18 @@ impl Error {
         })
     }
 
+    /// An admission refusal with `earlier` warnings (of the body, of earlier webhooks) ahead
+    /// of its own; other errors as they are.
+    pub fn with_warnings(self, earlier: &[String]) -> Self {
+        match self {
+            Error::Admission { status, warnings } if !earlier.is_empty() => Error::Admission {
+                status,
+                warnings: earlier.iter().cloned().chain(warnings).collect(),
+            },
+            other => other,
+        }
+    }
+
     /// The `meta/v1 Status` this error is on the wire, also used as a watch `ERROR` event object.
     pub fn to_status(&self) -> Status {
         if let Error::Admission { status, .. } = self {
@@ -348,7 +360,7 @@ impl IntoResponse for Error {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if let Error::Admission { warnings, .. } = &self {
-            for value in warnings.iter().filter_map(|w| warning_header(w)) {
+            for value in warning_headers(warnings) {
                 response.headers_mut().append(header::WARNING, value);
             }
         }
@@ -358,10 +370,41 @@ impl IntoResponse for Error {
 }
 
 /// A `Warning` header as kube-apiserver writes one: `299 - "<text>"`, quotes and backslashes
-/// escaped; None for a text a header cannot carry.
+/// escaped; None for a text a header cannot carry (control characters, as kube-apiserver
+/// drops them).
 pub fn warning_header(text: &str) -> Option<HeaderValue> {
     let escaped = text.replace('\\', "\\\\").replace('"', "\\\"");
     HeaderValue::from_str(&format!("299 - \"{escaped}\"")).ok()
+}
+
+/// The `Warning` headers of a response, as kube-apiserver's recorder writes them: each text
+/// once; past 4,096 characters in all, each cut to 256, and what still does not fit dropped
+/// (a webhook cannot make the headers unbounded).
+pub fn warning_headers(texts: &[String]) -> Vec<HeaderValue> {
+    const TOTAL: usize = 4 * 1024;
+    const ITEM: usize = 256;
+    let mut unique: Vec<&str> = Vec::new();
+    for text in texts {
+        if !unique.contains(&text.as_str()) {
+            unique.push(text);
+        }
+    }
+    let total: usize = unique.iter().map(|t| t.chars().count()).sum();
+    let mut written = 0;
+    let mut headers = Vec::new();
+    for text in unique {
+        let text: String = if total > TOTAL {
+            text.chars().take(ITEM).collect()
+        } else {
+            text.to_owned()
+        };
+        written += text.chars().count();
+        if total > TOTAL && written > TOTAL {
+            break;
+        }
+        headers.extend(warning_header(&text));
+    }
+    headers
 }
 
 /// Left on error responses so the request log can say why a request failed.
@@ -379,6 +422,22 @@ mod tests {
             kind: "llamas".into(),
             name: name.into(),
         }
+    }
+
+    #[test]
+    fn warnings_once_each_and_bounded() {
+        let texts: Vec<String> = vec!["a \"quoted\" one".into(), "b".into(), "b".into()];
+        let headers = warning_headers(&texts);
+        assert_eq!(headers.len(), 2);
+        assert_eq!(headers[0], "299 - \"a \\\"quoted\\\" one\"");
+        // 100 texts of 1,000 characters: cut to 256 each, at most 4,096 in all.
+        let long: Vec<String> = (0..100)
+            .map(|i| format!("{i:03}{}", "x".repeat(997)))
+            .collect();
+        let headers = warning_headers(&long);
+        assert_eq!(headers.len(), 16);
+        assert!(headers.iter().all(|h| h.len() == 256 + "299 - \"\"".len()));
+        assert!(warning_headers(&["bell\u{7}".into()]).is_empty());
     }
 
     #[test]

@@ -8,9 +8,9 @@ use axum::http::Extensions;
 use serde_json::Value;
 
 use super::{
-    KindApi,
+    KindApi, MAX_BODY_BYTES,
     options::FieldValidation,
-    patch::apply_json_patch,
+    patch::{apply_json_patch_within, json_len},
     strategy::{Part, decode_object},
 };
 use crate::{
@@ -20,8 +20,21 @@ use crate::{
     resource::ServedResource,
 };
 
-/// Who sent the request: the edge leaves the authenticated user on every request it routes to
-/// a resource endpoint.
+/// How deep a webhook's patch may nest the object: far deeper than any Llama needs, and shallow
+/// enough that the object can be cloned, compared and dropped on an async worker's stack (a
+/// client's own patches, which may nest 10,000 deep, are applied on the deep-stack pool).
+const WEBHOOK_PATCH_DEPTH: usize = 100;
+
+/// Applies a webhook's patch within [`WEBHOOK_PATCH_DEPTH`].
+fn apply_webhook_patch(
+    document: &mut Value,
+    patch: &json_patch::Patch,
+) -> std::result::Result<(), String> {
+    apply_json_patch_within(document, patch, WEBHOOK_PATCH_DEPTH)
+}
+
+/// Who sent a write: the edge leaves the authenticated user on every request other than a GET
+/// that it routes to a resource endpoint.
 pub(crate) fn user_of(extensions: &Extensions) -> Option<Arc<UserInfo>> {
     extensions.get::<Arc<UserInfo>>().cloned()
 }
@@ -84,12 +97,16 @@ pub(crate) async fn mutate<K: ServedResource>(
     let before = json.clone();
     let old = old.map(to_json).transpose()?;
     let warnings = webhooks
-        .mutate(attributes, &mut json, old.as_ref(), &|document, patch| {
-            apply_json_patch(document, patch)
-        })
+        .mutate(attributes, &mut json, old.as_ref(), &apply_webhook_patch)
         .await?;
     let changed = json != before;
     if changed {
+        let size = json_len(&json);
+        if size > MAX_BODY_BYTES {
+            return Err(Error::RequestEntityTooLarge(format!(
+                "the object admission webhooks patched would be {size} bytes, limit is {MAX_BODY_BYTES}"
+            )));
+        }
         let (mutated, _) = decode_object::<K>(json, FieldValidation::Ignore).map_err(|e| {
             Error::Internal(format!(
                 "the object admission webhooks patched cannot be read: {e}"
@@ -116,9 +133,7 @@ pub(crate) async fn delete<K: ServedResource>(
         let mut nothing = Value::Null;
         warnings.extend(
             webhooks
-                .mutate(attributes, &mut nothing, Some(&old), &|document, patch| {
-                    apply_json_patch(document, patch)
-                })
+                .mutate(attributes, &mut nothing, Some(&old), &apply_webhook_patch)
                 .await?,
         );
     }
@@ -147,19 +162,39 @@ pub(crate) async fn validate<K: ServedResource>(
         .await
 }
 
-/// Mutating admission of an update of `current` (to `object`, the object the request makes):
-/// the name must stay the path's (kube-apiserver: metadata.name is immutable); the caller then
-/// prepares the object, which puts back what the server owns (uid, creationTimestamp, ...).
-pub(crate) async fn mutate_update<K: ServedResource>(
+/// Admission of an update of `current` to `object` (prepared, its managed fields updated):
+/// the mutating webhooks (the name must stay the path's, as metadata.name is immutable; a
+/// status write keeps only the status; what the server owns is put back), the kind's own
+/// validation, then the validating webhooks. Warnings are added to `warnings`, and carried by
+/// an admission refusal.
+pub(crate) async fn admit_update<K: ServedResource>(
     api: &KindApi<K>,
     attributes: &Attributes<'_>,
     object: &mut K,
     current: &K,
-    name: &str,
-) -> Result<Vec<String>> {
-    let (warnings, changed) = mutate(api, attributes, object, Some(current)).await?;
+    part: Part,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let resource_version = object.meta().resource_version.clone();
+    let (mutated, changed) = mutate(api, attributes, object, Some(current))
+        .await
+        .map_err(|e| e.with_warnings(warnings))?;
+    warnings.extend(mutated);
     if changed {
-        super::strategy::check_name(object, name)?;
+        super::strategy::check_name(object, attributes.name)?;
+        // The resourceVersion the write compares with is the one the request read, not one a
+        // webhook made up (which would fail the write again and again).
+        object.meta_mut().resource_version = resource_version;
+        if part == Part::Status {
+            let sent = std::mem::replace(object, current.clone());
+            *object = super::strategy::written_part(sent, current, part);
+        }
+        super::strategy::prepare_update(object, current, part)?;
     }
-    Ok(warnings)
+    warnings.extend(super::strategy::validate(object, Some(current))?);
+    let validated = validate(api, attributes, Some(object), Some(current))
+        .await
+        .map_err(|e| e.with_warnings(warnings))?;
+    warnings.extend(validated);
+    Ok(())
 }

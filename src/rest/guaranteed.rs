@@ -28,11 +28,12 @@ pub(crate) fn first_read<K: ServedResource>(writer: &dyn WritableStore<K>) -> Up
     }
 }
 
-/// Runs `attempt` until it succeeds or fails for good, as GuaranteedUpdate does: whatever
-/// failed from a cached copy (a conflict, a JSON patch `test`, validation, an apply conflict)
-/// may be its staleness and is tried once more from the source; then a lost race (409) is
-/// tried again unless the write is `pinned` to a resourceVersion the client named (the
-/// attempt may learn that late, from the body it decodes, hence a flag).
+/// Runs `attempt` until it succeeds or fails for good, as GuaranteedUpdate does: what failed
+/// from a cached copy in a way its staleness can explain (a conflict, a JSON patch `test`,
+/// validation, an apply conflict, a missing object) is tried once more from the source; then
+/// a lost race (409) is tried again unless the write is `pinned` to a resourceVersion the
+/// client named (the attempt may learn that late, from the body it decodes, hence a flag).
+/// Other failures are final: an admission webhook's refusal or failure is not asked again.
 pub(crate) async fn retry<K: ServedResource, T, F>(
     writer: &dyn WritableStore<K>,
     pinned: &AtomicBool,
@@ -47,7 +48,9 @@ where
         attempts += 1;
         match attempt(from).await {
             Ok(done) => return Ok(done),
-            Err(_) if from == UpdateFrom::Cache => from = UpdateFrom::Source,
+            Err(error) if from == UpdateFrom::Cache && may_be_stale(&error) => {
+                from = UpdateFrom::Source;
+            }
             Err(Error::Conflict { .. } | Error::AlreadyExists(_))
                 if !pinned.load(Ordering::Relaxed) && attempts < MAX_ATTEMPTS =>
             {
@@ -56,6 +59,18 @@ where
             Err(error) => return Err(error),
         }
     }
+}
+
+/// Whether an attempt that read a cached copy may have failed because the copy was stale.
+fn may_be_stale(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Conflict { .. }
+            | Error::AlreadyExists(_)
+            | Error::Invalid { .. }
+            | Error::ApplyConflict { .. }
+            | Error::NotFound(_)
+    )
 }
 
 /// Stores `next` in place of `current` (read by the same attempt): nothing when it changes

@@ -141,6 +141,15 @@ pub(crate) fn apply_json_patch(
     document: &mut Value,
     patch: &json_patch::Patch,
 ) -> std::result::Result<(), String> {
+    apply_json_patch_within(document, patch, body::MAX_DEPTH)
+}
+
+/// [`apply_json_patch`] with the result nested at most `max_depth` deep.
+pub(crate) fn apply_json_patch_within(
+    document: &mut Value,
+    patch: &json_patch::Patch,
+    max_depth: usize,
+) -> std::result::Result<(), String> {
     use json_patch::PatchOperation as Op;
     let mut copied = 0;
     for (index, operation) in patch.iter().enumerate() {
@@ -158,7 +167,7 @@ pub(crate) fn apply_json_patch(
             Op::Move(_) | Op::Remove(_) | Op::Test(_) => None,
         };
         if let Some((above, value)) = placed
-            && above + body::value_depth(value, body::MAX_DEPTH) > body::MAX_DEPTH
+            && above + body::value_depth(value, max_depth) > max_depth
         {
             return Err(fail(&body::too_deep_message()));
         }

@@ -64,7 +64,12 @@ pub(crate) async fn create<K: ServedResource>(
         dry_run,
         admit::write_options(dry_run, &manager),
     );
-    let (mutated, changed) = admit::mutate(&api, &attributes, &mut object, None).await?;
+    // Managed fields first, as kube-apiserver: what webhooks add is nobody's.
+    api.fields()?
+        .update(Part::Object, None, &mut object, &manager)?;
+    let (mutated, changed) = admit::mutate(&api, &attributes, &mut object, None)
+        .await
+        .map_err(|e| e.with_warnings(&warnings))?;
     warnings.extend(mutated);
     if changed {
         // What the webhooks wrote is checked as the client's body was.
@@ -72,9 +77,17 @@ pub(crate) async fn create<K: ServedResource>(
         prepare_create(&mut object, &namespace)?;
     }
     warnings.extend(validate(&object, None)?);
-    api.fields()?
-        .update(Part::Object, None, &mut object, &manager)?;
-    warnings.extend(admit::validate(&api, &attributes, Some(&object), None).await?);
+    // Validating webhooks see the name as stored (a mutating webhook may have renamed it).
+    let name = object.meta().name.clone().unwrap_or_default();
+    let attributes = crate::admission::Attributes {
+        name: &name,
+        ..attributes
+    };
+    warnings.extend(
+        admit::validate(&api, &attributes, Some(&object), None)
+            .await
+            .map_err(|e| e.with_warnings(&warnings))?,
+    );
     let created = api.writer()?.create(object, dry_run).await?;
     let response = object_response(
         &created,
@@ -158,23 +171,25 @@ pub(crate) async fn update<K: ServedResource>(
         dry_run,
         admit::write_options(dry_run, &manager),
     );
-    let (object, warnings, manager, api, key, name) =
-        (&object, &warnings, &manager, &api, &key, &name);
+    let (object, warnings, manager, api, key) = (&object, &warnings, &manager, &api, &key);
     let attributes = &attributes;
     let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_uid(object, current.as_ref(), UidSent::Precondition)?;
         let mut object = written_part(object.clone(), current.as_ref(), part);
         let mut warnings = warnings.clone();
-        warnings.extend(
-            admit::mutate_update(api, attributes, &mut object, current.as_ref(), name).await?,
-        );
         prepare_update(&mut object, current.as_ref(), part)?;
-        warnings.extend(validate(&object, Some(current.as_ref()))?);
         api.fields()?
             .update(part, Some(&current), &mut object, manager)?;
-        warnings
-            .extend(admit::validate(api, attributes, Some(&object), Some(current.as_ref())).await?);
+        admit::admit_update(
+            api,
+            attributes,
+            &mut object,
+            current.as_ref(),
+            part,
+            &mut warnings,
+        )
+        .await?;
         let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         Ok((updated, warnings))
     })
@@ -272,15 +287,18 @@ pub(crate) async fn patch<K: ServedResource>(
         }
         let mut object = written_part(object, current.as_ref(), part);
         let mut warnings = warnings;
-        warnings.extend(
-            admit::mutate_update(api, attributes, &mut object, current.as_ref(), name).await?,
-        );
         prepare_update(&mut object, current.as_ref(), part)?;
-        warnings.extend(validate(&object, Some(current.as_ref()))?);
         api.fields()?
             .update(part, Some(&current), &mut object, manager)?;
-        warnings
-            .extend(admit::validate(api, attributes, Some(&object), Some(current.as_ref())).await?);
+        admit::admit_update(
+            api,
+            attributes,
+            &mut object,
+            current.as_ref(),
+            part,
+            &mut warnings,
+        )
+        .await?;
         let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
@@ -398,7 +416,9 @@ impl Apply {
                 prepare_create(&mut object, &self.key.namespace)?;
                 admit_create(api, &object).await?;
                 let attributes = self.attributes::<K>(Operation::Create);
-                let (mutated, changed) = admit::mutate(api, &attributes, &mut object, None).await?;
+                let (mutated, changed) = admit::mutate(api, &attributes, &mut object, None)
+                    .await
+                    .map_err(|e| e.with_warnings(&warnings))?;
                 warnings.extend(mutated);
                 if changed {
                     object.meta_mut().uid = None;
@@ -406,7 +426,11 @@ impl Apply {
                     check_name(&object, &self.key.name)?;
                 }
                 warnings.extend(validate(&object, None)?);
-                warnings.extend(admit::validate(api, &attributes, Some(&object), None).await?);
+                warnings.extend(
+                    admit::validate(api, &attributes, Some(&object), None)
+                        .await
+                        .map_err(|e| e.with_warnings(&warnings))?,
+                );
                 (
                     writer.create(object, self.dry_run).await?,
                     StatusCode::CREATED,
@@ -422,22 +446,16 @@ impl Apply {
                 let mut object = written_part(object, current.as_ref(), self.part);
                 object.meta_mut().managed_fields = managed;
                 let attributes = self.attributes::<K>(Operation::Update);
-                warnings.extend(
-                    admit::mutate_update(
-                        api,
-                        &attributes,
-                        &mut object,
-                        current.as_ref(),
-                        &self.key.name,
-                    )
-                    .await?,
-                );
                 prepare_update(&mut object, current.as_ref(), self.part)?;
-                warnings.extend(validate(&object, Some(current.as_ref()))?);
-                warnings.extend(
-                    admit::validate(api, &attributes, Some(&object), Some(current.as_ref()))
-                        .await?,
-                );
+                admit::admit_update(
+                    api,
+                    &attributes,
+                    &mut object,
+                    current.as_ref(),
+                    self.part,
+                    &mut warnings,
+                )
+                .await?;
                 (
                     guaranteed::write(writer, object, &current, from, self.dry_run).await?,
                     StatusCode::OK,

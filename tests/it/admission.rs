@@ -309,7 +309,9 @@ async fn a_validating_webhook_sees_writes_and_refuses_them(storage: TestStorage)
         404
     );
 
-    // An update: the old object too; refused, the Llama stays as it was.
+    // An update: the old object too; refused (once: a refusal is not asked again), the Llama
+    // stays as it was.
+    let calls = hook.seen().len();
     let patched = send(
         &server,
         "PATCH",
@@ -318,6 +320,7 @@ async fn a_validating_webhook_sees_writes_and_refuses_them(storage: TestStorage)
     )
     .await;
     assert_eq!(patched.status, 403);
+    assert_eq!(hook.seen().len(), calls + 1);
     let review = hook.seen().pop().unwrap();
     assert_eq!(review["request"]["operation"], "UPDATE");
     assert_eq!(review["request"]["oldObject"]["spec"]["weight"], 31.4);
@@ -429,6 +432,30 @@ async fn a_mutating_webhooks_patch_is_stored_and_validated_again(storage: TestSt
     assert_eq!(
         validator.seen().pop().unwrap()["request"]["object"]["metadata"]["labels"]["mutated"],
         "yes"
+    );
+    // What the webhook added is nobody's: the client's manager owns only what it sent.
+    let owned = stored["metadata"]["managedFields"][0]["fieldsV1"].to_string();
+    assert!(
+        owned.contains("f:a") && !owned.contains("f:mutated"),
+        "{owned}"
+    );
+
+    // A patch nesting the object deeper than any Llama needs is the webhook's failure (500),
+    // never a crash.
+    mutator.answer(|_| {
+        let mut deep = json!("bottom");
+        for _ in 0..300 {
+            deep = json!([deep]);
+        }
+        patch(json!([{"op": "add", "path": "/metadata/annotations", "value": {"deep": deep}}]))
+    });
+    let deep = send(&server, "POST", LLAMAS, Some(llama("deep", 5.0, json!({})))).await;
+    assert_eq!(deep.status, 500, "{}", String::from_utf8_lossy(&deep.body));
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/marked"), None)
+            .await
+            .status,
+        200
     );
 
     // The patched object goes through the kind's validation.

@@ -63,6 +63,37 @@ struct Hook {
     reinvoke: bool,
 }
 
+impl Hook {
+    /// The fields both kinds of webhook have (`reinvoke` false).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: &str,
+        client: &WebhookClientConfig,
+        rules: &Option<Vec<RuleWithOperations>>,
+        failure_policy: &Option<String>,
+        namespace_selector: &Option<ApiLabelSelector>,
+        object_selector: &Option<ApiLabelSelector>,
+        side_effects: &str,
+        timeout_seconds: Option<i32>,
+        review_versions: &[String],
+        match_conditions: &Option<Vec<MatchCondition>>,
+    ) -> Self {
+        Hook {
+            name: name.to_owned(),
+            client: client.clone(),
+            rules: rules.clone().unwrap_or_default(),
+            fail: failure_policy.as_deref() != Some("Ignore"),
+            namespace_selector: namespace_selector.clone(),
+            object_selector: object_selector.clone(),
+            side_effects: side_effects.to_owned(),
+            timeout: timeout_of(timeout_seconds),
+            review_versions: review_versions.to_vec(),
+            match_conditions: match_conditions.clone().unwrap_or_default(),
+            reinvoke: false,
+        }
+    }
+}
+
 /// Starts a reflector of `K` and logs what breaks its watch.
 fn watch<K>(client: kube::Client) -> reflector::Store<K>
 where
@@ -155,15 +186,18 @@ impl Webhooks {
     async fn ready(&self, attributes: &Attributes<'_>) -> Result<()> {
         let ready = async {
             if let Some(store) = &self.mutating {
-                let _ = store.wait_until_ready().await;
+                store.wait_until_ready().await.map_err(|_| ())?;
             }
             if let Some(store) = &self.validating {
-                let _ = store.wait_until_ready().await;
+                store.wait_until_ready().await.map_err(|_| ())?;
             }
+            Ok::<(), ()>(())
         };
-        tokio::time::timeout(READY_WAIT, ready)
-            .await
-            .map_err(|_| forbidden(attributes, "not yet ready to handle request"))
+        // A watch that ended before its first list never fails open.
+        match tokio::time::timeout(READY_WAIT, ready).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(forbidden(attributes, "not yet ready to handle request")),
+        }
     }
 
     fn mutating_hooks(&self) -> Vec<Hook> {
@@ -177,17 +211,19 @@ impl Webhooks {
             .iter()
             .flat_map(|c| c.webhooks.iter().flatten())
             .map(|w| Hook {
-                name: w.name.clone(),
-                client: w.client_config.clone(),
-                rules: w.rules.clone().unwrap_or_default(),
-                fail: w.failure_policy.as_deref() != Some("Ignore"),
-                namespace_selector: w.namespace_selector.clone(),
-                object_selector: w.object_selector.clone(),
-                side_effects: w.side_effects.clone(),
-                timeout: timeout_of(w.timeout_seconds),
-                review_versions: w.admission_review_versions.clone(),
-                match_conditions: w.match_conditions.clone().unwrap_or_default(),
                 reinvoke: w.reinvocation_policy.as_deref() == Some("IfNeeded"),
+                ..Hook::new(
+                    &w.name,
+                    &w.client_config,
+                    &w.rules,
+                    &w.failure_policy,
+                    &w.namespace_selector,
+                    &w.object_selector,
+                    &w.side_effects,
+                    w.timeout_seconds,
+                    &w.admission_review_versions,
+                    &w.match_conditions,
+                )
             })
             .collect()
     }
@@ -202,18 +238,19 @@ impl Webhooks {
         configurations
             .iter()
             .flat_map(|c| c.webhooks.iter().flatten())
-            .map(|w| Hook {
-                name: w.name.clone(),
-                client: w.client_config.clone(),
-                rules: w.rules.clone().unwrap_or_default(),
-                fail: w.failure_policy.as_deref() != Some("Ignore"),
-                namespace_selector: w.namespace_selector.clone(),
-                object_selector: w.object_selector.clone(),
-                side_effects: w.side_effects.clone(),
-                timeout: timeout_of(w.timeout_seconds),
-                review_versions: w.admission_review_versions.clone(),
-                match_conditions: w.match_conditions.clone().unwrap_or_default(),
-                reinvoke: false,
+            .map(|w| {
+                Hook::new(
+                    &w.name,
+                    &w.client_config,
+                    &w.rules,
+                    &w.failure_policy,
+                    &w.namespace_selector,
+                    &w.object_selector,
+                    &w.side_effects,
+                    w.timeout_seconds,
+                    &w.admission_review_versions,
+                    &w.match_conditions,
+                )
             })
             .collect()
     }
@@ -365,7 +402,7 @@ impl Webhooks {
         let mut ran_reinvocable: Vec<usize> = Vec::new();
         let mut reinvoke: Vec<usize> = Vec::new();
         for (index, hook) in hooks.iter().enumerate() {
-            let changed = self
+            let (called, changed) = self
                 .mutate_once(hook, attributes, object, old, apply, &mut warnings)
                 .await?;
             if changed {
@@ -375,7 +412,8 @@ impl Webhooks {
                     }
                 }
             }
-            if hook.reinvoke && !ran_reinvocable.contains(&index) {
+            // Only a webhook that was called is called again.
+            if called && hook.reinvoke && !ran_reinvocable.contains(&index) {
                 ran_reinvocable.push(index);
             }
         }
@@ -387,7 +425,8 @@ impl Webhooks {
         Ok(warnings)
     }
 
-    /// One mutating webhook on `object`, if it should be called: whether it changed it.
+    /// One mutating webhook on `object`, if it should be called: whether it was called (its
+    /// failure ignored counts), and whether it changed the object.
     async fn mutate_once(
         &self,
         hook: &Hook,
@@ -396,20 +435,20 @@ impl Webhooks {
         old: Option<&Value>,
         apply: &Patcher,
         warnings: &mut Vec<String>,
-    ) -> Result<bool> {
+    ) -> Result<(bool, bool)> {
         let present = (attributes.operation != Operation::Delete).then_some(&*object);
         if !self.should_call(hook, attributes, present, old).await? {
-            return Ok(false);
+            return Ok((false, false));
         }
         let Some(answer) = self.call(hook, attributes, present, old, true).await? else {
-            return Ok(false);
+            return Ok((true, false));
         };
         warnings.extend(answer.warnings.iter().cloned());
         if !answer.allowed {
             return Err(denied(&hook.name, answer.status, warnings));
         }
         let Some(patch) = answer.patch.filter(|p| !p.0.is_empty()) else {
-            return Ok(false);
+            return Ok((true, false));
         };
         if attributes.operation == Operation::Delete {
             return Err(Error::Internal(format!(
@@ -426,7 +465,7 @@ impl Webhooks {
         })?;
         let changed = patched != *object;
         *object = patched;
-        Ok(changed)
+        Ok((true, changed))
     }
 
     /// The validating webhooks that match, called in parallel; the first refusal (in their
