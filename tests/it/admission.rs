@@ -51,7 +51,9 @@ impl Webhook {
                     review["test:uri"] = json!(uri.to_string());
                     seen.lock().unwrap().push(review.clone());
                     let mut response = (answer.lock().unwrap())(&review["request"]);
-                    response["uid"] = review["request"]["uid"].clone();
+                    if let Some(fields) = response.as_object_mut() {
+                        fields.insert("uid".into(), review["request"]["uid"].clone());
+                    }
                     axum::Json(json!({
                         "apiVersion": "admission.k8s.io/v1",
                         "kind": "AdmissionReview",
@@ -821,4 +823,138 @@ async fn mutating_webhooks_are_reinvoked_if_needed() {
     );
     assert_eq!(first.seen().len(), 2);
     assert_eq!(second.seen().len(), 1);
+}
+
+/// Whatever a webhook answers (refusals with any code, patches to any field, huge or broken
+/// patches, answers of the wrong shape), the client gets a success, a client error, or one of
+/// kube-apiserver's webhook failures; and a write that was refused changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_webhook_answer_breaks_a_write() {
+    use proptest::prelude::*;
+    let mutator = Webhook::start().await;
+    let validator = Webhook::start().await;
+    let configurations = [
+        mutating("any", json!({"clientConfig": mutator.client_config("/m")})),
+        validating(
+            "any",
+            json!({"clientConfig": validator.client_config("/v")}),
+        ),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let path = prop_oneof![
+        Just("/metadata/name"),
+        Just("/metadata/namespace"),
+        Just("/metadata/uid"),
+        Just("/metadata/resourceVersion"),
+        Just("/metadata/labels"),
+        Just("/metadata/labels/x"),
+        Just("/metadata/managedFields"),
+        Just("/spec/weight"),
+        Just("/spec"),
+        Just("/kind"),
+        Just("/apiVersion"),
+        Just("/status"),
+        Just("/nothing/here"),
+    ];
+    let value = prop_oneof![
+        Just(json!(null)),
+        Just(json!(1)),
+        Just(json!(-5.5)),
+        Just(json!("text")),
+        Just(json!({"a": "b"})),
+        Just(json!([1, 2])),
+        Just(json!("x".repeat(100_000))),
+    ];
+    let operation = (
+        prop_oneof![
+            Just("add"),
+            Just("replace"),
+            Just("remove"),
+            Just("copy"),
+            Just("move"),
+            Just("test")
+        ],
+        path.clone(),
+        path,
+        value,
+    )
+        .prop_map(
+            |(op, path, from, value)| json!({"op": op, "path": path, "from": from, "value": value}),
+        );
+    let answer = prop_oneof![
+        Just(allow()),
+        (0u16..700).prop_map(|code| deny(code, "no")),
+        prop::collection::vec(operation, 0..40).prop_map(|ops| patch(Value::Array(ops))),
+        Just(json!({"allowed": true, "patchType": "JSONPatch", "patch": "not base64!"})),
+        Just(json!({"allowed": true, "patch": "W10="})),
+        Just(json!("not a response")),
+        Just(json!({"allowed": "yes"})),
+    ];
+    let before = send(&server, "GET", &format!("{LLAMAS}/dolly"), None)
+        .await
+        .json();
+    let handle = tokio::runtime::Handle::current();
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Default::default()
+    });
+    let outcome = runner.run(&(answer.clone(), answer, any::<bool>()), |(mutation, validation, create)| {
+        mutator.answer(move |_| mutation.clone());
+        validator.answer(move |_| validation.clone());
+        tokio::task::block_in_place(|| {
+            handle.block_on(async {
+                let start = send(&server, "GET", &format!("{LLAMAS}/dolly"), None).await.json();
+                let reply = if create {
+                    send(&server, "POST", LLAMAS, Some(llama("prop", 2.0, json!({})))).await
+                } else {
+                    send(&server, "PATCH", &format!("{LLAMAS}/dolly"), Some(br#"{"metadata":{"labels":{"seen":"1"}}}"#.to_vec())).await
+                };
+                let status = reply.json();
+                let message = status["message"].as_str().unwrap_or_default().to_owned();
+                // A denial carries the webhook's own code, 5xx included, as in kube-apiserver.
+                let denied = message.starts_with("admission webhook \"any.farm.example.com\" denied the request");
+                if reply.status >= 500 && !denied {
+                    prop_assert_eq!(reply.status, 500, "{}", message);
+                    prop_assert!(
+                        message.starts_with("Internal error occurred: failed calling webhook \"any.farm.example.com\"")
+                            || message.contains("admission webhook \"any.farm.example.com\" returned a patch that cannot be applied")
+                            || message.contains("the object admission webhooks patched cannot be read"),
+                        "{}",
+                        message
+                    );
+                }
+                let dolly = send(&server, "GET", &format!("{LLAMAS}/dolly"), None).await.json();
+                if create {
+                    if reply.status == 201 {
+                        let name = reply.json()["metadata"]["name"].as_str().unwrap().to_owned();
+                        send(&server, "DELETE", &format!("{LLAMAS}/{name}"), None).await;
+                    } else {
+                        prop_assert_eq!(send(&server, "GET", &format!("{LLAMAS}/prop"), None).await.status, 404);
+                    }
+                    prop_assert_eq!(&dolly["metadata"]["resourceVersion"], &start["metadata"]["resourceVersion"]);
+                } else if reply.status >= 400 {
+                    prop_assert_eq!(&dolly["metadata"]["resourceVersion"], &start["metadata"]["resourceVersion"], "{}", message);
+                } else {
+                    // Put back: the next case starts from the same Llama.
+                    prop_assert_eq!(reply.status, 200);
+                    prop_assert_eq!(&dolly["metadata"]["uid"], &before["metadata"]["uid"]);
+                    prop_assert_eq!(&dolly["metadata"]["name"], "dolly");
+                    mutator.answer(|_| allow());
+                    validator.answer(|_| allow());
+                    let mut restore = before.clone();
+                    restore["metadata"]["resourceVersion"] = dolly["metadata"]["resourceVersion"].clone();
+                    restore["metadata"].as_object_mut().unwrap().remove("managedFields");
+                    let put = send(&server, "PUT", &format!("{LLAMAS}/dolly"), Some(restore.to_string().into_bytes())).await;
+                    prop_assert_eq!(put.status, 200);
+                }
+                Ok(())
+            })
+        })
+    });
+    if let Err(failure) = outcome {
+        panic!("{failure}");
+    }
 }
