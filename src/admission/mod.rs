@@ -8,6 +8,7 @@
 //! a write waits for the configurations to be listed once (as the webhook plugin waits for its
 //! informers) and is refused if they cannot be (403, as kube-apiserver's "not yet ready").
 
+pub mod cel;
 pub mod webhook;
 
 use std::{borrow::Cow, sync::Arc};

@@ -958,3 +958,101 @@ async fn no_webhook_answer_breaks_a_write() {
         panic!("{failure}");
     }
 }
+
+/// matchConditions (CEL over object, oldObject and request): a webhook is called only when
+/// all hold; a condition that cannot be evaluated refuses the write under Fail (403) and skips
+/// the webhook under Ignore.
+#[tokio::test]
+async fn match_conditions_choose_what_a_webhook_sees() {
+    let hook = Webhook::start().await;
+    hook.answer(|_| deny(403, "heavy"));
+    let configurations = [
+        validating(
+            "heavy",
+            json!({
+                "clientConfig": hook.client_config("/heavy"),
+                "matchConditions": [
+                    {"name": "heavy", "expression": "object.spec.weight > 100"},
+                    {"name": "creates", "expression": "request.operation == 'CREATE' && oldObject == null"},
+                ],
+            }),
+        ),
+        validating(
+            "broken",
+            json!({
+                "clientConfig": hook.client_config("/broken"),
+                "objectSelector": {"matchLabels": {"hook": "broken"}},
+                "matchConditions": [{"name": "missing", "expression": "object.spec.nothing > 1"}],
+            }),
+        ),
+        validating(
+            "ignored",
+            json!({
+                "clientConfig": hook.client_config("/ignored"),
+                "failurePolicy": "Ignore",
+                "objectSelector": {"matchLabels": {"hook": "ignored"}},
+                "matchConditions": [{"name": "missing", "expression": "object.spec.nothing > 1"}],
+            }),
+        ),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    assert_eq!(
+        send(
+            &server,
+            "POST",
+            LLAMAS,
+            Some(llama("light", 5.0, json!({})))
+        )
+        .await
+        .status,
+        201
+    );
+    assert!(
+        hook.seen().is_empty(),
+        "a false condition skips the webhook"
+    );
+    let heavy = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("heavy", 500.0, json!({}))),
+    )
+    .await;
+    assert_eq!(heavy.status, 403);
+    assert_eq!(hook.seen().len(), 1);
+    // Updates are not CREATEs: the second condition is false.
+    let update = send(
+        &server,
+        "PATCH",
+        &format!("{LLAMAS}/light"),
+        Some(br#"{"spec":{"weight":500}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(update.status, 200);
+    assert_eq!(hook.seen().len(), 1);
+
+    let broken = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("b", 5.0, json!({"hook": "broken"}))),
+    )
+    .await;
+    assert_eq!(broken.status, 403);
+    let message = broken.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.starts_with("llamas.farm.example.com \"b\" is forbidden: webhook \"broken.farm.example.com\": matchCondition \"missing\""),
+        "{message}"
+    );
+    let ignored = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("i", 5.0, json!({"hook": "ignored"}))),
+    )
+    .await;
+    assert_eq!(ignored.status, 201);
+    assert_eq!(hook.seen().len(), 1);
+}

@@ -1104,6 +1104,7 @@ async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
     let mut weight = validating(
         &format!("farm-e2e-weight-{suffix}"),
         json!({"name": "weight.farm.example.com", "clientConfig": validator.client_config("/validate"),
+               "matchConditions": [{"name": "heavy", "expression": "object.spec.weight > 100"}],
                "namespaceSelector": in_namespace,
                "objectSelector": {"matchExpressions": [{"key": "hook", "operator": "DoesNotExist"}]}}),
     );
@@ -1184,15 +1185,22 @@ async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
     );
     assert_eq!(review["request"]["namespace"], ns);
 
-    step("allowed, and a server-side dry run is sent as one");
+    step("its matchCondition leaves light Llamas alone; a server-side dry run is sent as one");
+    let calls = validator.seen().len();
     cluster.ok(
         &["create", "-f", "-"],
         Some(&llama("light", 5.0, json!({}))),
     );
-    cluster.ok(
-        &["create", "--dry-run=server", "-f", "-"],
-        Some(&llama("dry", 5.0, json!({}))),
+    assert_eq!(
+        validator.seen().len(),
+        calls,
+        "a false matchCondition skips the webhook"
     );
+    let (ok, _, err) = cluster.run(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&llama("dry", 500.0, json!({}))),
+    );
+    assert!(!ok && err.contains("too heavy"), "{err}");
     assert_eq!(validator.seen().pop().unwrap()["request"]["dryRun"], true);
 
     step("a mutating webhook's patch is stored");

@@ -21,7 +21,7 @@ use kube::{
 };
 use serde_json::Value;
 
-use super::{Attributes, Operation};
+use super::{Attributes, Operation, cel};
 use crate::{
     error::{Error, Result},
     metrics::{Metrics, RejectionLabels, WebhookLabels},
@@ -267,10 +267,8 @@ impl Webhooks {
         Ok(self.validating.as_ref().is_some_and(|s| !s.is_empty()))
     }
 
-    /// ShouldCallHook: the namespaceSelector, objectSelector and rules, in that order; an
-    /// error of a selector counts only if the rules match. `matchConditions` are CEL, which
-    /// this server does not evaluate yet: as an expression that fails to evaluate, they refuse
-    /// the write (403) under `failurePolicy: Fail` and skip the webhook under `Ignore`.
+    /// ShouldCallHook: the namespaceSelector, objectSelector and rules, in that order (an
+    /// error of a selector counts only if the rules match), then the `matchConditions`.
     async fn should_call(
         &self,
         hook: &Hook,
@@ -315,18 +313,61 @@ impl Webhooks {
             }
         }
         if !hook.match_conditions.is_empty() {
-            if hook.fail {
-                return Err(forbidden(
-                    attributes,
-                    &format!(
-                        "webhook {:?}: matchConditions are CEL expressions, which this server cannot evaluate yet",
-                        hook.name
-                    ),
-                ));
-            }
-            return Ok(false);
+            return self.conditions_hold(hook, attributes, object, old).await;
         }
         Ok(true)
+    }
+
+    /// `matchConditions` (CEL over `object`, `oldObject` and `request`): a false one skips the
+    /// webhook; with none false, one that fails to compile or evaluate refuses the write under
+    /// `failurePolicy: Fail` (403) and skips the webhook under `Ignore`.
+    async fn conditions_hold(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<bool> {
+        let mut errors: Vec<String> = Vec::new();
+        let mut compiled = Vec::new();
+        let mut names = Vec::new();
+        for condition in &hook.match_conditions {
+            match cel::Expression::cached(&condition.expression) {
+                Ok(expression) => {
+                    compiled.push(expression);
+                    names.push(condition.name.as_str());
+                }
+                Err(error) => errors.push(format!("matchCondition {:?}: {error}", condition.name)),
+            }
+        }
+        let mut request = call::review(attributes, "", None, None)["request"].take();
+        if let Some(fields) = request.as_object_mut() {
+            fields.remove("object");
+            fields.remove("oldObject");
+        }
+        let variables = vec![
+            ("object".to_owned(), object.cloned().unwrap_or(Value::Null)),
+            ("oldObject".to_owned(), old.cloned().unwrap_or(Value::Null)),
+            ("request".to_owned(), request),
+        ];
+        for (name, result) in names.iter().zip(cel::evaluate(compiled, variables).await) {
+            match result {
+                Ok(Value::Bool(false)) => return Ok(false),
+                Ok(Value::Bool(true)) => {}
+                Ok(other) => errors.push(format!(
+                    "matchCondition {name:?}: expected a bool, got {other}"
+                )),
+                Err(error) => errors.push(format!("matchCondition {name:?}: {error}")),
+            }
+        }
+        match (errors.is_empty(), hook.fail) {
+            (true, _) => Ok(true),
+            (false, true) => Err(forbidden(
+                attributes,
+                &format!("webhook {:?}: {}", hook.name, errors.join("; ")),
+            )),
+            (false, false) => Ok(false),
+        }
     }
 
     /// Calls `hook`; a failure to call it is an error under `failurePolicy: Fail` (500) and
