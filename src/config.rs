@@ -182,8 +182,9 @@ pub struct Args {
 
     /// Admission plugins to turn off (kube-apiserver's flag). With a cluster,
     /// `NamespaceLifecycle` refuses creates in a namespace that does not exist or is being
-    /// deleted, and `MutatingAdmissionWebhook` and `ValidatingAdmissionWebhook` call the
-    /// cluster's webhooks on every write; without one there is nothing to check.
+    /// deleted, `MutatingAdmissionWebhook` and `ValidatingAdmissionWebhook` call the cluster's
+    /// webhooks and `ValidatingAdmissionPolicy` applies its policies on every write; without
+    /// one there is nothing to check.
     #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
     pub disable_admission_plugins: Vec<String>,
 
@@ -478,21 +479,23 @@ impl Args {
         // namespaceSelectors.
         let watched = cluster.clone().map(crate::namespaces::Namespaces::start);
         let namespaces = watched.clone().filter(|_| enabled("NamespaceLifecycle"));
-        let admission = match (&cluster, watched) {
-            (Some(client), Some(namespaces))
-                if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") =>
-            {
-                crate::admission::Admission::with_webhooks(
-                    crate::admission::webhook::Webhooks::start(
-                        client.clone(),
-                        namespaces,
-                        enabled("MutatingAdmissionWebhook"),
-                        enabled("ValidatingAdmissionWebhook"),
-                    ),
-                )
+        let mut admission = crate::admission::Admission::default();
+        if let (Some(client), Some(namespaces)) = (&cluster, watched) {
+            if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") {
+                admission = admission.with_webhooks(crate::admission::webhook::Webhooks::start(
+                    client.clone(),
+                    namespaces.clone(),
+                    enabled("MutatingAdmissionWebhook"),
+                    enabled("ValidatingAdmissionWebhook"),
+                ));
             }
-            _ => crate::admission::Admission::default(),
-        };
+            if enabled("ValidatingAdmissionPolicy") {
+                admission = admission.with_policies(crate::admission::policy::Policies::start(
+                    client.clone(),
+                    namespaces,
+                ));
+            }
+        }
         let mut rest = self.rest_settings();
         rest.garbage_collection = cluster.is_some();
         let (state, shutdown) = AppState::farm(

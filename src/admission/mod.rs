@@ -1,6 +1,6 @@
 //! Admission of writes, as k8s.io/apiserver's chain runs it for every server built on it, after
 //! NamespaceLifecycle: the cluster's mutating webhooks, then (after the kind's own validation)
-//! its validating webhooks. kube-apiserver runs no admission for the APIs it proxies to an
+//! its ValidatingAdmissionPolicies and validating webhooks. kube-apiserver runs no admission for the APIs it proxies to an
 //! aggregated server (its proxy forwards the request with the `X-Remote-*` identity and nothing
 //! else), so the server that owns a resource is the one that must call them.
 //!
@@ -9,6 +9,7 @@
 //! informers) and is refused if they cannot be (403, as kube-apiserver's "not yet ready").
 
 pub mod cel;
+pub mod policy;
 pub mod webhook;
 
 use std::{borrow::Cow, sync::Arc};
@@ -118,14 +119,29 @@ impl<'a> Attributes<'a> {
 #[derive(Clone, Default)]
 pub struct Admission {
     webhooks: Option<Arc<webhook::Webhooks>>,
+    policies: Option<Arc<policy::Policies>>,
 }
 
 impl Admission {
     /// Calls the webhooks `webhooks` finds in the cluster.
-    pub fn with_webhooks(webhooks: Arc<webhook::Webhooks>) -> Self {
+    pub fn with_webhooks(self, webhooks: Arc<webhook::Webhooks>) -> Self {
         Self {
             webhooks: Some(webhooks),
+            ..self
         }
+    }
+
+    /// Applies the ValidatingAdmissionPolicies `policies` finds in the cluster.
+    pub fn with_policies(self, policies: Arc<policy::Policies>) -> Self {
+        Self {
+            policies: Some(policies),
+            ..self
+        }
+    }
+
+    /// The cluster's ValidatingAdmissionPolicies, when the server applies them.
+    pub fn policies(&self) -> Option<&policy::Policies> {
+        self.policies.as_deref()
     }
 
     /// The cluster's webhooks, when the server calls them.

@@ -124,11 +124,10 @@ pub(crate) async fn delete<K: ServedResource>(
     attributes: &Attributes<'_>,
     old: &K,
 ) -> Result<Vec<String>> {
-    let Some(webhooks) = api.ctx.admission.webhooks() else {
-        return Ok(Vec::new());
-    };
     let mut warnings = Vec::new();
-    if webhooks.any_mutating(attributes).await? {
+    if let Some(webhooks) = api.ctx.admission.webhooks()
+        && webhooks.any_mutating(attributes).await?
+    {
         let old = to_json(old)?;
         let mut nothing = Value::Null;
         warnings.extend(
@@ -149,17 +148,37 @@ pub(crate) async fn validate<K: ServedResource>(
     object: Option<&K>,
     old: Option<&K>,
 ) -> Result<Vec<String>> {
-    let Some(webhooks) = api.ctx.admission.webhooks() else {
-        return Ok(Vec::new());
+    let admission = &api.ctx.admission;
+    let policies = match admission.policies() {
+        Some(policies) if policies.any(attributes).await? => Some(policies),
+        _ => None,
     };
-    if !webhooks.any_validating(attributes).await? {
+    let webhooks = match admission.webhooks() {
+        Some(webhooks) if webhooks.any_validating(attributes).await? => Some(webhooks),
+        _ => None,
+    };
+    if policies.is_none() && webhooks.is_none() {
         return Ok(Vec::new());
     }
     let object = object.map(to_json).transpose()?;
     let old = old.map(to_json).transpose()?;
-    webhooks
-        .validate(attributes, object.as_ref(), old.as_ref())
-        .await
+    // ValidatingAdmissionPolicy, then the validating webhooks (kube-apiserver's plugin order).
+    let mut warnings = Vec::new();
+    if let Some(policies) = policies {
+        warnings.extend(
+            policies
+                .validate(attributes, object.as_ref(), old.as_ref())
+                .await?,
+        );
+    }
+    if let Some(webhooks) = webhooks {
+        let validated = webhooks
+            .validate(attributes, object.as_ref(), old.as_ref())
+            .await
+            .map_err(|e| e.with_warnings(&warnings))?;
+        warnings.extend(validated);
+    }
+    Ok(warnings)
 }
 
 /// Admission of an update of `current` to `object` (prepared, its managed fields updated):

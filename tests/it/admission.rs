@@ -1056,3 +1056,177 @@ async fn match_conditions_choose_what_a_webhook_sees() {
     assert_eq!(ignored.status, 201);
     assert_eq!(hook.seen().len(), 1);
 }
+
+/// A ValidatingAdmissionPolicy with a ConfigMap param, bound with Deny: a violation is refused
+/// with its message (and its reason's code), the rest allowed; a Warn binding warns; a binding
+/// whose param is missing denies (`parameterNotFoundAction: Deny`); variables, matchConditions
+/// and messageExpression as kube-apiserver evaluates them.
+#[tokio::test]
+async fn validating_admission_policies_with_params() {
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "max-weight"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}]},
+            "matchConditions": [{"name": "not-exempt", "expression": "!has(object.metadata.labels) || !('exempt' in object.metadata.labels)"}],
+            "variables": [{"name": "limit", "expression": "double(params.data.maxWeight)"}],
+            "validations": [{
+                "expression": "object.spec.weight <= variables.limit",
+                "messageExpression": "'weight ' + string(object.spec.weight) + ' is over ' + params.data.maxWeight",
+                "reason": "Invalid",
+            }],
+        },
+    });
+    let binding = |name: &str, param: &str, actions: &[&str], selector: Value| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": "max-weight",
+                "paramRef": {"name": param, "namespace": "default", "parameterNotFoundAction": "Deny"},
+                "validationActions": actions,
+                "matchResources": {"objectSelector": selector,
+                    "resourceRules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*"]}]},
+            },
+        })
+    };
+    let limits = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "limits", "namespace": "default"}, "data": {"maxWeight": "100"}});
+    let configurations = [
+        policy,
+        limits,
+        binding(
+            "deny",
+            "limits",
+            &["Deny"],
+            json!({"matchLabels": {"binding": "deny"}}),
+        ),
+        binding(
+            "warn",
+            "limits",
+            &["Warn"],
+            json!({"matchLabels": {"binding": "warn"}}),
+        ),
+        binding(
+            "missing",
+            "nowhere",
+            &["Deny"],
+            json!({"matchLabels": {"binding": "missing"}}),
+        ),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+
+    let light = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("light", 50.0, json!({"binding": "deny"}))),
+    )
+    .await;
+    assert_eq!(
+        light.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&light.body)
+    );
+    let heavy = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("heavy", 500.0, json!({"binding": "deny"}))),
+    )
+    .await;
+    assert_eq!(
+        heavy.status,
+        422,
+        "{}",
+        String::from_utf8_lossy(&heavy.body)
+    );
+    let status = heavy.json();
+    assert_eq!(
+        status["message"],
+        "llamas.farm.example.com \"heavy\" is forbidden: ValidatingAdmissionPolicy 'max-weight' with binding 'deny' denied request: weight 500 is over 100"
+    );
+    assert_eq!(status["reason"], "Invalid");
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/heavy"), None)
+            .await
+            .status,
+        404
+    );
+    // An update is judged too; the Llama stays.
+    let patched = send(
+        &server,
+        "PATCH",
+        &format!("{LLAMAS}/light"),
+        Some(br#"{"spec":{"weight":1000}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(patched.status, 422);
+    // The matchCondition exempts.
+    let exempt = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama(
+            "exempt",
+            500.0,
+            json!({"binding": "deny", "exempt": "yes"}),
+        )),
+    )
+    .await;
+    assert_eq!(exempt.status, 201);
+
+    let warned = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("warned", 500.0, json!({"binding": "warn"}))),
+    )
+    .await;
+    assert_eq!(warned.status, 201);
+    assert_eq!(
+        warnings(&warned),
+        vec![
+            "299 - \"Validation failed for ValidatingAdmissionPolicy 'max-weight' with binding 'warn': weight 500 is over 100\""
+        ]
+    );
+
+    let missing = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("m", 5.0, json!({"binding": "missing"}))),
+    )
+    .await;
+    assert_eq!(
+        missing.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&missing.body)
+    );
+    assert!(
+        missing.json()["message"].as_str().unwrap().ends_with(
+            "denied request: no params found for policy binding with `Deny` parameterNotFoundAction"
+        ),
+        "{}",
+        missing.json()
+    );
+    // Nothing binds an unlabelled Llama.
+    assert_eq!(
+        send(
+            &server,
+            "POST",
+            LLAMAS,
+            Some(llama("free", 500.0, json!({})))
+        )
+        .await
+        .status,
+        201
+    );
+}

@@ -338,6 +338,7 @@ async fn through_kube_apiserver() {
     suite(&cluster, ns, &step, nodes).await;
     // The webhooks listen on this host's loopback, which this server (on this host) reaches.
     webhooks_configured_with_kubectl(&cluster, ns, &step).await;
+    policies_configured_with_kubectl(&cluster, ns, &step).await;
 
     step("cleaning up: the APIService first");
     drop(installed);
@@ -1252,6 +1253,111 @@ async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
         let _ = cluster.run(
             &["delete", "llama", "late", "-n", ns, "--ignore-not-found"],
             None,
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A ValidatingAdmissionPolicy with a ConfigMap param, applied with kubectl as for any kind,
+/// reaches Llama writes through the aggregator (#28): it denies with its message, allows
+/// otherwise, follows its param, and stops when its binding goes.
+async fn policies_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dyn Fn(&str)) {
+    step("a ValidatingAdmissionPolicy with a ConfigMap param, applied with kubectl");
+    let suffix = std::process::id();
+    let policy_name = format!("farm-e2e-max-weight-{suffix}");
+    let binding_name = format!("farm-e2e-max-weight-{suffix}");
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "limits", "namespace": ns},
+         "data": {"maxWeight": "100"}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": policy_name},
+         "spec": {
+             "failurePolicy": "Fail",
+             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+             "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"],
+                 "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}]},
+             "validations": [{
+                 "expression": "object.spec.weight <= double(params.data.maxWeight)",
+                 "messageExpression": "'weight ' + string(object.spec.weight) + ' is over ' + params.data.maxWeight",
+             }],
+         }},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": binding_name},
+         "spec": {
+             "policyName": policy_name,
+             "paramRef": {"name": "limits", "namespace": ns, "parameterNotFoundAction": "Deny"},
+             "validationActions": ["Deny"],
+             "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+         }},
+    ]});
+    let configured = Configured {
+        cluster,
+        names: vec![
+            ("validatingadmissionpolicybinding", binding_name.clone()),
+            ("validatingadmissionpolicy", policy_name.clone()),
+        ],
+    };
+    cluster.ok(&["apply", "-f", "-"], Some(&objects.to_string()));
+    let llama = |name: &str, weight: f64| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"weight": weight, "height": 1.0}})
+        .to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let (ok, _, err) = cluster.run(&["create", "-f", "-"], Some(&llama("over", 500.0)));
+        if !ok {
+            break err;
+        }
+        assert!(Instant::now() < deadline, "the policy never applied");
+        cluster.ok(&["delete", "llama", "over", "-n", ns], None);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        refused.contains(&format!(
+            "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: weight 500 is over 100"
+        )),
+        "{refused}"
+    );
+    cluster.ok(&["create", "-f", "-"], Some(&llama("under", 50.0)));
+
+    step("the param raised: the same Llama is allowed");
+    cluster.ok(
+        &[
+            "patch",
+            "configmap",
+            "limits",
+            "-n",
+            ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"maxWeight":"1000"}}"#,
+        ],
+        None,
+    );
+    // Params are read at each write: the change applies at once.
+    let (ok, _, err) = cluster.run(&["create", "-f", "-"], Some(&llama("over", 500.0)));
+    assert!(ok, "{err}");
+
+    step("the policy's binding deleted: nothing is refused");
+    drop(configured);
+    cluster
+        .eventually(
+            &["get", "validatingadmissionpolicybinding", &binding_name],
+            Duration::from_secs(10),
+            |ok, _, _| !ok,
+        )
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cluster
+        .run(&["create", "-f", "-"], Some(&llama("huge", 5000.0)))
+        .0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "still refused after the binding went"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

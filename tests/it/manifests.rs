@@ -233,6 +233,16 @@ fn rbac_for_an_aggregated_api_server() {
         ])
     );
     assert_eq!(pods["rules"][2]["verbs"], json!(["list", "watch"]));
+    assert_eq!(
+        pods["rules"][3]["resources"],
+        json!([
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings"
+        ])
+    );
+    // Policies' params.
+    assert_eq!(pods["rules"][4]["resources"], json!(["configmaps"]));
+    assert_eq!(pods["rules"][4]["verbs"], json!(["list"]));
 
     let view = find(objects, "ClusterRole", "farm:view");
     assert_eq!(

@@ -29,7 +29,7 @@ use crate::{
 };
 
 /// How long a write waits for the configurations to be listed the first time.
-const READY_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const READY_WAIT: Duration = Duration::from_secs(10);
 
 /// Applies a webhook's JSONPatch to the object (the REST layer's bounded JSON patch).
 pub type Patcher = dyn Fn(&mut Value, &json_patch::Patch) -> std::result::Result<(), String> + Sync;
@@ -95,7 +95,7 @@ impl Hook {
 }
 
 /// Starts a reflector of `K` and logs what breaks its watch.
-fn watch<K>(client: kube::Client) -> reflector::Store<K>
+pub(crate) fn watch<K>(client: kube::Client) -> reflector::Store<K>
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -558,7 +558,7 @@ fn timeout_of(seconds: Option<i32>) -> Duration {
 
 /// kube-apiserver's Forbidden for the object written, e.g. `llamas.farm.example.com "dolly"
 /// is forbidden: ...`.
-fn forbidden(attributes: &Attributes<'_>, message: &str) -> Error {
+pub(crate) fn forbidden(attributes: &Attributes<'_>, message: &str) -> Error {
     Error::Forbidden(format!(
         "{}.{} {:?} is forbidden: {message}",
         attributes.resource, attributes.group, attributes.name

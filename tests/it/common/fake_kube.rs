@@ -86,6 +86,8 @@ fn resource_of(object: &Value) -> String {
         Some("Namespace") => "namespaces".into(),
         Some("ValidatingWebhookConfiguration") => "validatingwebhookconfigurations".into(),
         Some("MutatingWebhookConfiguration") => "mutatingwebhookconfigurations".into(),
+        Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies".into(),
+        Some("ValidatingAdmissionPolicyBinding") => "validatingadmissionpolicybindings".into(),
         _ => "pods".into(),
     }
 }
@@ -277,6 +279,14 @@ impl FakeKube {
                 "mutatingwebhookconfigurations" => (
                     "admissionregistration.k8s.io/v1",
                     "MutatingWebhookConfigurationList",
+                ),
+                "validatingadmissionpolicies" => (
+                    "admissionregistration.k8s.io/v1",
+                    "ValidatingAdmissionPolicyList",
+                ),
+                "validatingadmissionpolicybindings" => (
+                    "admissionregistration.k8s.io/v1",
+                    "ValidatingAdmissionPolicyBindingList",
                 ),
                 _ => ("v1", "PodList"),
             };

@@ -265,14 +265,21 @@ impl TestServer {
                     .filter(|_| options.namespace_lifecycle)
                     .map(farm_apiserver::namespaces::Namespaces::start),
                 admission: match (&options.cluster, options.webhooks) {
-                    (Some(client), true) => farm_apiserver::admission::Admission::with_webhooks(
-                        farm_apiserver::admission::webhook::Webhooks::start(
-                            client.clone(),
-                            farm_apiserver::namespaces::Namespaces::start(client.clone()),
-                            true,
-                            true,
-                        ),
-                    ),
+                    (Some(client), true) => {
+                        let namespaces =
+                            farm_apiserver::namespaces::Namespaces::start(client.clone());
+                        farm_apiserver::admission::Admission::default()
+                            .with_webhooks(farm_apiserver::admission::webhook::Webhooks::start(
+                                client.clone(),
+                                namespaces.clone(),
+                                true,
+                                true,
+                            ))
+                            .with_policies(farm_apiserver::admission::policy::Policies::start(
+                                client.clone(),
+                                namespaces,
+                            ))
+                    }
                     _ => Default::default(),
                 },
             },
