@@ -111,6 +111,23 @@ async fn configmaps(RawQuery(q): RawQuery) -> Response {
         .into_response()
 }
 
+/// The cluster's admission configurations (webhooks, policies): none, and none ever.
+async fn admission_configurations(Path(resource): Path<String>, RawQuery(q): RawQuery) -> Response {
+    if q.unwrap_or_default().contains("watch=true") {
+        let never = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
+        return (
+            [("content-type", "application/json")],
+            Body::from_stream(never),
+        )
+            .into_response();
+    }
+    Json(
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": format!("{resource}List"),
+        "metadata": {"resourceVersion": "1"}, "items": []}),
+    )
+    .into_response()
+}
+
 /// Starts the fake; returns its address and counters.
 pub async fn start() -> anyhow::Result<(SocketAddr, Arc<Fake>)> {
     let fake = Arc::new(Fake::default());
@@ -122,6 +139,10 @@ pub async fn start() -> anyhow::Result<(SocketAddr, Arc<Fake>)> {
         .route("/api/v1/namespaces/kube-system/configmaps", get(configmaps))
         .route("/api/v1/namespaces", get(namespaces))
         .route("/api/v1/namespaces/{name}", get(get_namespace))
+        .route(
+            "/apis/admissionregistration.k8s.io/v1/{resource}",
+            get(admission_configurations),
+        )
         .layer(axum::middleware::from_fn_with_state(fake.clone(), count))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

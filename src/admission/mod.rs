@@ -139,6 +139,28 @@ impl Admission {
         }
     }
 
+    /// `/readyz`'s `informer-sync` (as k8s.io/apiserver's): not ready until the admission
+    /// configurations have been listed, since writes wait for them (and are refused, 403, when
+    /// they cannot be read, e.g. without the RBAC in `manifests/`). None with no admission.
+    pub fn readiness_check(&self) -> Option<crate::health::Check> {
+        if self.webhooks.is_none() && self.policies.is_none() {
+            return None;
+        }
+        let (webhooks, policies) = (self.webhooks.clone(), self.policies.clone());
+        Some(crate::health::Check::new("informer-sync", move || {
+            let synced = webhooks.as_ref().is_none_or(|w| w.synced())
+                && policies.as_ref().is_none_or(|p| p.synced());
+            if synced {
+                Ok(())
+            } else {
+                Err(
+                    "the admission webhook and policy configurations have not been listed yet"
+                        .into(),
+                )
+            }
+        }))
+    }
+
     /// The cluster's ValidatingAdmissionPolicies, when the server applies them.
     pub fn policies(&self) -> Option<&policy::Policies> {
         self.policies.as_deref()

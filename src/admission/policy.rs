@@ -35,6 +35,8 @@ pub struct Policies {
     bindings: reflector::Store<ValidatingAdmissionPolicyBinding>,
     namespaces: Arc<Namespaces>,
     client: kube::Client,
+    /// Set once both watches have listed (for `/readyz`).
+    synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What one binding decided.
@@ -50,12 +52,31 @@ impl Policies {
     /// Watches `client`'s ValidatingAdmissionPolicies and bindings; namespace labels from
     /// `namespaces`.
     pub fn start(client: kube::Client, namespaces: Arc<Namespaces>) -> Arc<Self> {
+        let policies: reflector::Store<ValidatingAdmissionPolicy> = watch(client.clone());
+        let bindings: reflector::Store<ValidatingAdmissionPolicyBinding> = watch(client.clone());
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let (policies, bindings, synced) = (policies.clone(), bindings.clone(), synced.clone());
+            tokio::spawn(async move {
+                if policies.wait_until_ready().await.is_ok()
+                    && bindings.wait_until_ready().await.is_ok()
+                {
+                    synced.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            });
+        }
         Arc::new(Self {
-            policies: watch(client.clone()),
-            bindings: watch(client.clone()),
+            policies,
+            bindings,
             namespaces,
             client,
+            synced,
         })
+    }
+
+    /// Whether both watches have listed once.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     async fn ready(&self, attributes: &Attributes<'_>) -> Result<()> {

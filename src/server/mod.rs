@@ -171,6 +171,9 @@ impl AppState {
         if let Some(webhooks) = rest.admission.webhooks() {
             webhooks.set_metrics(metrics.clone());
         }
+        if let Some(check) = rest.admission.readiness_check() {
+            health.add_readiness_check(check);
+        }
         let (resources, endpoints) = group.endpoints(&rest);
         let state = Self {
             endpoints: Arc::new(endpoints),

@@ -1230,3 +1230,38 @@ async fn validating_admission_policies_with_params() {
         201
     );
 }
+
+/// `/readyz` waits for the admission configurations to be listed (`informer-sync`, as
+/// k8s.io/apiserver's): a server that cannot read them (no RBAC, a broken cluster) is not
+/// ready, rather than taking writes it would refuse.
+#[tokio::test]
+async fn readiness_waits_for_the_configurations() {
+    let fake = FakeKube::start().await;
+    fake.fail_next(100_000);
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        webhooks: true,
+        ..Default::default()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ready = send(&server, "GET", "/readyz?verbose", None).await;
+    assert_eq!(ready.status, 500);
+    assert!(String::from_utf8_lossy(&ready.body).contains("[-]informer-sync failed"));
+
+    let (server, _fake) = server_with(TestStorage::Memory, &[]).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ready = send(&server, "GET", "/readyz?verbose", None).await;
+        if ready.status == 200 {
+            assert!(String::from_utf8_lossy(&ready.body).contains("[+]informer-sync ok"));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&ready.body)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -44,6 +44,8 @@ pub struct Webhooks {
     clients: call::Clients,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
+    /// Set once every configuration watch has listed (for `/readyz`).
+    synced: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One webhook as dispatch needs it, whichever kind of configuration it came from.
@@ -131,13 +133,41 @@ impl Webhooks {
         mutating: bool,
         validating: bool,
     ) -> Arc<Self> {
+        let mutating: Option<reflector::Store<MutatingWebhookConfiguration>> =
+            mutating.then(|| watch(client.clone()));
+        let validating: Option<reflector::Store<ValidatingWebhookConfiguration>> =
+            validating.then(|| watch(client));
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        {
+            let (mutating, validating, synced) =
+                (mutating.clone(), validating.clone(), synced.clone());
+            tokio::spawn(async move {
+                if let Some(store) = mutating
+                    && store.wait_until_ready().await.is_err()
+                {
+                    return;
+                }
+                if let Some(store) = validating
+                    && store.wait_until_ready().await.is_err()
+                {
+                    return;
+                }
+                synced.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
         Arc::new(Self {
-            mutating: mutating.then(|| watch(client.clone())),
-            validating: validating.then(|| watch(client)),
+            mutating,
+            validating,
             namespaces,
             clients: call::Clients::default(),
             metrics: std::sync::OnceLock::new(),
+            synced,
         })
+    }
+
+    /// Whether every configuration watch has listed once.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Where webhook calls are counted (`apiserver_admission_webhook_*`).
