@@ -2,11 +2,13 @@
 //! once per text, with the standard library and the strings and lists extensions.
 //!
 //! kube-apiserver bounds what an expression may cost (an estimate refused when the policy is
-//! loaded, a budget while it runs). Here an expression is refused when it nests one
-//! comprehension (`all`, `exists`, `map`, `filter`) in another, so its work grows at most with
-//! the size of what it reads, and it runs on a blocking thread for at most [`BUDGET`]
-//! (at most [`THREADS`] at once): past it the evaluation is an error, which the caller's
-//! failure policy judges, and no async worker waits on it.
+//! loaded, a budget while it runs). The cel crate has neither, so here: an expression is
+//! refused when it nests one comprehension (`all`, `exists`, `map`, `filter`) in another or
+//! nests deeper than [`MAX_NESTING`]; it is compiled and run on one of [`THREADS`] threads of
+//! its own with a large stack, never on an async worker; and a caller waits at most [`BUDGET`],
+//! past which the evaluation is an error that the caller's failure policy judges. An
+//! evaluation that runs past its budget keeps its thread until it ends (the interpreter cannot
+//! be interrupted): a cost limit inside the interpreter is what is still missing.
 
 use std::{
     collections::HashMap,
@@ -19,10 +21,15 @@ use serde_json::Value;
 
 /// The longest expression taken.
 const MAX_EXPRESSION_CHARS: usize = 5 * 1024;
-/// What one evaluation may take.
+/// How deep an expression may nest (brackets in its text, nodes in its syntax tree): the
+/// parser and the interpreter recurse.
+const MAX_NESTING: usize = 64;
+/// What one evaluation may take, waiting for a thread included.
 pub const BUDGET: Duration = Duration::from_millis(250);
-/// Evaluations running at once; more wait.
+/// The threads CEL runs on.
 const THREADS: usize = 2;
+/// Their stacks: the interpreter recurses once per syntax node.
+const STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// An expression ready to run.
 pub struct Expression {
@@ -41,20 +48,21 @@ fn env() -> Arc<cel::Env> {
     .clone()
 }
 
-/// The deepest nesting of comprehensions in `root`, walked without recursion.
-fn comprehension_depth(root: &IdedExpr) -> usize {
-    let mut deepest = 0;
-    let mut stack: Vec<(&IdedExpr, usize)> = vec![(root, 0)];
-    while let Some((node, depth)) = stack.pop() {
+/// The deepest nesting of comprehensions in `root`, and of its nodes, walked without recursion.
+fn nesting(root: &IdedExpr) -> (usize, usize) {
+    let (mut comprehensions, mut nodes) = (0, 0);
+    let mut stack: Vec<(&IdedExpr, usize, usize)> = vec![(root, 0, 1)];
+    while let Some((node, depth, level)) = stack.pop() {
+        nodes = nodes.max(level);
         let mut children: Vec<&IdedExpr> = Vec::new();
         match &node.expr {
             Expr::Comprehension(c) => {
                 let inner = depth + 1;
-                deepest = deepest.max(inner);
-                stack.push((&c.iter_range, depth));
-                stack.push((&c.accu_init, depth));
+                comprehensions = comprehensions.max(inner);
+                stack.push((&c.iter_range, depth, level + 1));
+                stack.push((&c.accu_init, depth, level + 1));
                 for part in [&c.loop_cond, &c.loop_step, &c.result] {
-                    stack.push((part, inner));
+                    stack.push((part, inner, level + 1));
                 }
             }
             Expr::Call(call) => {
@@ -80,7 +88,26 @@ fn comprehension_depth(root: &IdedExpr) -> usize {
             Expr::Select(select) => children.push(&select.operand),
             Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
         }
-        stack.extend(children.into_iter().map(|child| (child, depth)));
+        stack.extend(children.into_iter().map(|child| (child, depth, level + 1)));
+    }
+    (comprehensions, nodes)
+}
+
+/// How deep brackets nest in `source` (outside string literals, roughly: quotes toggle).
+fn bracket_depth(source: &str) -> usize {
+    let (mut depth, mut deepest, mut quote) = (0usize, 0usize, None::<char>);
+    for c in source.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[' | '{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (None, ')' | ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
     }
     deepest
 }
@@ -93,14 +120,25 @@ impl Expression {
                 "compilation failed: the expression is longer than {MAX_EXPRESSION_CHARS} characters"
             ));
         }
+        if bracket_depth(source) > MAX_NESTING {
+            return Err(format!(
+                "compilation failed: the expression nests deeper than {MAX_NESTING} levels"
+            ));
+        }
         let program = env()
             .compile(source)
             .map_err(|e| format!("compilation failed: {e}"))?;
-        if comprehension_depth(program.expression()) > 1 {
+        let (comprehensions, nodes) = nesting(program.expression());
+        if comprehensions > 1 {
             return Err(
                 "compilation failed: the expression nests one comprehension in another, whose cost this server does not take"
                     .into(),
             );
+        }
+        if nodes > MAX_NESTING {
+            return Err(format!(
+                "compilation failed: the expression nests deeper than {MAX_NESTING} levels"
+            ));
         }
         Ok(Self {
             program,
@@ -108,8 +146,9 @@ impl Expression {
         })
     }
 
-    /// Compiled once per text: configurations are read again on every write.
-    pub fn cached(source: &str) -> Result<Arc<Self>, String> {
+    /// Compiled once per text (configurations are read again on every write), on the CEL
+    /// threads.
+    pub async fn cached(source: &str) -> Result<Arc<Self>, String> {
         type Compiled = Result<Arc<Expression>, String>;
         static CACHE: OnceLock<Mutex<HashMap<String, Compiled>>> = OnceLock::new();
         let cache = CACHE.get_or_init(Mutex::default);
@@ -118,7 +157,10 @@ impl Expression {
         {
             return found.clone();
         }
-        let compiled = Self::compile(source).map(Arc::new);
+        let text = source.to_owned();
+        let compiled = on_cel_thread(move || Self::compile(&text).map(Arc::new))
+            .await
+            .unwrap_or_else(Err);
         if let Ok(mut cache) = cache.lock() {
             // Configurations change rarely; a cache that filled up starts again.
             if cache.len() > 10_000 {
@@ -134,47 +176,107 @@ impl Expression {
         &self.source
     }
 
-    /// Runs the expression here with `variables` (name, JSON value).
-    fn run(&self, variables: &[(String, Value)]) -> Result<cel::Value, String> {
+    /// Runs the expression here with `variables` (name, CEL value).
+    fn run(&self, variables: &[(String, cel::Value)]) -> Result<cel::Value, String> {
         let mut context = cel::Context::with_env(env());
         for (name, value) in variables {
-            let value = cel::to_value(value).map_err(|e| e.to_string())?;
-            context.add_variable_from_value(name.as_str(), value);
+            context.add_variable_from_value(name.as_str(), value.clone());
         }
         self.program.execute(&context).map_err(|e| e.to_string())
     }
 }
 
-/// Runs `expressions` in order with `variables`, off the async workers and within [`BUDGET`]
-/// in all; each result is the expression's value as JSON, or why it has none.
+/// A JSON value as CEL reads Kubernetes objects: integers as `int` (JSON has no unsigned
+/// numbers; the serde conversion would make positive ones `uint`, which do not mix with
+/// `int` literals), other numbers as `double`. Objects are shallow (their depth is bounded
+/// where they are written), so this recursion is too.
+pub fn to_cel(value: &Value) -> cel::Value {
+    match value {
+        Value::Null => cel::Value::Null,
+        Value::Bool(b) => cel::Value::Bool(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => cel::Value::Int(i),
+            (None, Some(u)) => cel::Value::UInt(u),
+            _ => cel::Value::Float(n.as_f64().unwrap_or_default()),
+        },
+        Value::String(s) => cel::Value::String(Arc::new(s.clone())),
+        Value::Array(items) => cel::Value::List(Arc::new(items.iter().map(to_cel).collect())),
+        Value::Object(fields) => {
+            let map: HashMap<cel::objects::Key, cel::Value> = fields
+                .iter()
+                .map(|(k, v)| (cel::objects::Key::String(Arc::new(k.clone())), to_cel(v)))
+                .collect();
+            cel::Value::Map(cel::objects::Map { map: Arc::new(map) })
+        }
+    }
+}
+
+/// The threads CEL runs on: compiling and evaluating recurse, so they get large stacks.
+fn on_cel_thread<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> impl std::future::Future<Output = Result<T, String>> {
+    type Job = Box<dyn FnOnce() + Send>;
+    static QUEUE: OnceLock<std::sync::mpsc::SyncSender<Job>> = OnceLock::new();
+    let queue = QUEUE.get_or_init(|| {
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Job>(256);
+        let receiver = Arc::new(Mutex::new(receiver));
+        for index in 0..THREADS {
+            let receiver = receiver.clone();
+            let _ = std::thread::Builder::new()
+                .name(format!("cel-{index}"))
+                .stack_size(STACK_BYTES)
+                .spawn(move || {
+                    loop {
+                        let job = match receiver.lock() {
+                            Ok(queue) => queue.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+        }
+        sender
+    });
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let sent = queue.try_send(Box::new(move || {
+        let _ = reply.send(work());
+    }));
+    async move {
+        if sent.is_err() {
+            return Err("too many CEL evaluations waiting".to_owned());
+        }
+        answer
+            .await
+            .map_err(|_| "the CEL evaluation failed".to_owned())
+    }
+}
+
+/// Runs `expressions` in order with `variables`, on the CEL threads, waiting at most
+/// [`BUDGET`] in all; each result is the expression's value as JSON, or why it has none.
 pub async fn evaluate(
     expressions: Vec<Arc<Expression>>,
-    variables: Vec<(String, Value)>,
+    variables: Vec<(String, cel::Value)>,
 ) -> Vec<Result<Value, String>> {
-    static SLOTS: OnceLock<Arc<tokio::sync::Semaphore>> = OnceLock::new();
-    let slots = SLOTS
-        .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(THREADS)))
-        .clone();
     let count = expressions.len();
-    let over = || {
-        vec![Err("operation cancelled: evaluation took longer than its budget".to_owned()); count]
-    };
-    let work = async move {
-        let Ok(slot) = slots.acquire_owned().await else {
-            return over();
-        };
-        let running = tokio::task::spawn_blocking(move || {
-            let _slot = slot;
-            expressions
-                .iter()
-                .map(|e| e.run(&variables).map(|v| to_json(&v)))
-                .collect::<Vec<_>>()
-        });
-        running.await.unwrap_or_else(|_| over())
-    };
-    tokio::time::timeout(BUDGET, work)
-        .await
-        .unwrap_or_else(|_| over())
+    let work = on_cel_thread(move || {
+        expressions
+            .iter()
+            .map(|e| e.run(&variables).map(|v| to_json(&v)))
+            .collect::<Vec<_>>()
+    });
+    match tokio::time::timeout(BUDGET, work).await {
+        Ok(Ok(results)) => results,
+        Ok(Err(error)) => vec![Err(error); count],
+        Err(_) => {
+            vec![
+                Err("operation cancelled: the evaluation took longer than its budget".to_owned());
+                count
+            ]
+        }
+    }
 }
 
 /// A CEL value as JSON (what a message expression or a bool comes back as).
@@ -187,6 +289,20 @@ fn to_json(value: &cel::Value) -> Value {
         cel::Value::String(s) => Value::String(s.to_string()),
         cel::Value::Null => Value::Null,
         cel::Value::List(items) => Value::Array(items.iter().map(to_json).collect()),
+        cel::Value::Map(map) => Value::Object(
+            map.map
+                .iter()
+                .map(|(key, value)| {
+                    let key = match key {
+                        cel::objects::Key::String(s) => s.to_string(),
+                        cel::objects::Key::Int(i) => i.to_string(),
+                        cel::objects::Key::Uint(u) => u.to_string(),
+                        cel::objects::Key::Bool(b) => b.to_string(),
+                    };
+                    (key, to_json(value))
+                })
+                .collect(),
+        ),
         other => Value::String(format!("{other:?}")),
     }
 }
@@ -197,7 +313,7 @@ mod tests {
     use serde_json::json;
 
     fn run(source: &str, object: &Value) -> Result<cel::Value, String> {
-        Expression::compile(source)?.run(&[("object".to_owned(), object.clone())])
+        Expression::compile(source)?.run(&[("object".to_owned(), to_cel(object))])
     }
 
     #[test]
@@ -212,6 +328,9 @@ mod tests {
             "object.metadata.labels.all(k, k.size() < 10)",
             "object.metadata.name.matches('^d.*y$')",
             "object.metadata.name.lowerAscii() == 'dolly'",
+            // JSON integers are ints: they mix with int literals.
+            "object.spec.height + 1 == 2",
+            "size(object.metadata.labels) * 2 == object.spec.height * 2",
         ] {
             assert_eq!(run(source, &object), Ok(cel::Value::Bool(true)), "{source}");
         }
@@ -224,6 +343,10 @@ mod tests {
         assert!(Expression::compile("[1, 2].all(x, [3].exists(y, x < y))").is_err());
         assert!(Expression::compile("[1, 2].all(x, x > 0) && [3].exists(y, y > 2)").is_ok());
         assert!(Expression::compile(&"1 + ".repeat(2000).to_string()).is_err());
+        assert!(Expression::compile(&format!("{}1{}", "(".repeat(100), ")".repeat(100))).is_err());
+        assert!(Expression::compile(&format!("{}1{}", "(".repeat(10), ")".repeat(10))).is_ok());
+        // A long chain of operators nests its syntax tree.
+        assert!(Expression::compile(&format!("1{}", " + 1".repeat(200))).is_err());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,8 +354,18 @@ mod tests {
         let object = json!({"items": (0..300_000).collect::<Vec<_>>()});
         let slow = Arc::new(Expression::compile("object.items.map(x, x + 1).size() > 0").unwrap());
         let started = std::time::Instant::now();
-        let results = evaluate(vec![slow], vec![("object".into(), object)]).await;
+        let results = evaluate(vec![slow], vec![("object".into(), to_cel(&object))]).await;
         assert!(started.elapsed() < BUDGET + Duration::from_millis(200));
         assert!(results[0].is_err() || results[0] == Ok(json!(true)));
+    }
+
+    #[test]
+    fn values_come_back_as_json() {
+        let labels = json!({"a": "b", "n": 3});
+        let value = Expression::compile("object")
+            .unwrap()
+            .run(&[("object".to_owned(), to_cel(&labels))])
+            .unwrap();
+        assert_eq!(to_json(&value), labels);
     }
 }

@@ -144,6 +144,18 @@ impl Policies {
                 )
                 .await
             {
+                // A binding that cannot be configured is judged by the failure policy alone.
+                Err(message) if fail => {
+                    return Err(denied(
+                        attributes,
+                        &format!(
+                            "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: failed to configure binding: {message}"
+                        ),
+                        "Invalid",
+                        &warnings,
+                    ));
+                }
+                Err(_) => continue,
                 Ok(None) => Vec::new(),
                 Ok(Some(params)) => {
                     let mut decisions = Vec::new();
@@ -154,14 +166,13 @@ impl Policies {
                     }
                     decisions
                 }
-                Err(message) => vec![Err(message)],
             };
             for decision in decisions {
                 let (message, reason) = match decision {
                     Ok(Decision::Allow) => continue,
                     Ok(Decision::Violation { message, reason }) => (message, reason),
                     Err(_) if !fail => continue,
-                    Err(message) => (message, "Forbidden".to_owned()),
+                    Err(message) => (message, "Invalid".to_owned()),
                 };
                 let actions = &binding_spec.validation_actions;
                 if actions.iter().any(|a| a == "Warn") {
@@ -257,7 +268,8 @@ impl Policies {
             return Ok(Some(vec![Value::Null]));
         };
         let Some(reference) = reference else {
-            return Err("the policy names a paramKind, and its binding no paramRef".into());
+            // Evaluated with `params` null, as kube-apiserver does.
+            return Ok(Some(vec![Value::Null]));
         };
         let api_version = kind.api_version.as_deref().unwrap_or("v1");
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -298,11 +310,12 @@ impl Policies {
             .filter_map(|item| serde_json::to_value(item).ok())
             .collect();
         if params.is_empty() {
+            // Only an explicit Deny refuses (kube-apiserver's policy source).
             return match reference.parameter_not_found_action.as_deref() {
-                Some("Allow") => Ok(None),
-                _ => Err(
+                Some("Deny") => Err(
                     "no params found for policy binding with `Deny` parameterNotFoundAction".into(),
                 ),
+                _ => Ok(None),
             };
         }
         Ok(Some(params))
@@ -352,12 +365,19 @@ async fn evaluate(
         json!({"apiVersion": "v1", "kind": "Namespace",
                "metadata": {"name": attributes.namespace, "labels": labels.unwrap_or_default()}})
     };
+    // Converted once: the values share their contents, so each expression's copy is cheap.
     let mut variables = vec![
-        ("object".to_owned(), object.cloned().unwrap_or(Value::Null)),
-        ("oldObject".to_owned(), old.cloned().unwrap_or(Value::Null)),
-        ("request".to_owned(), request),
-        ("params".to_owned(), params),
-        ("namespaceObject".to_owned(), namespace_object),
+        (
+            "object".to_owned(),
+            object.map_or(::cel::Value::Null, cel::to_cel),
+        ),
+        (
+            "oldObject".to_owned(),
+            old.map_or(::cel::Value::Null, cel::to_cel),
+        ),
+        ("request".to_owned(), cel::to_cel(&request)),
+        ("params".to_owned(), cel::to_cel(&params)),
+        ("namespaceObject".to_owned(), cel::to_cel(&namespace_object)),
     ];
     for condition in spec.match_conditions.iter().flatten() {
         match run(&condition.expression, variables.clone()).await? {
@@ -374,11 +394,17 @@ async fn evaluate(
     let mut composed = serde_json::Map::new();
     for variable in spec.variables.iter().flatten() {
         let mut with = variables.clone();
-        with.push(("variables".to_owned(), Value::Object(composed.clone())));
+        with.push((
+            "variables".to_owned(),
+            cel::to_cel(&Value::Object(composed.clone())),
+        ));
         let value = run(&variable.expression, with).await?;
         composed.insert(variable.name.clone(), value);
     }
-    variables.push(("variables".to_owned(), Value::Object(composed)));
+    variables.push((
+        "variables".to_owned(),
+        cel::to_cel(&Value::Object(composed)),
+    ));
     for validation in spec.validations.iter().flatten() {
         match run(&validation.expression, variables.clone()).await? {
             Value::Bool(true) => continue,
@@ -412,9 +438,13 @@ async fn evaluate(
 }
 
 /// Runs one expression; the error names it, as kube-apiserver's do.
-async fn run(source: &str, variables: Vec<(String, Value)>) -> std::result::Result<Value, String> {
-    let expression =
-        cel::Expression::cached(source).map_err(|e| format!("expression '{source}' {e}"))?;
+async fn run(
+    source: &str,
+    variables: Vec<(String, ::cel::Value)>,
+) -> std::result::Result<Value, String> {
+    let expression = cel::Expression::cached(source)
+        .await
+        .map_err(|e| format!("expression '{source}' {e}"))?;
     cel::evaluate(vec![expression], variables)
         .await
         .pop()
@@ -425,11 +455,13 @@ async fn run(source: &str, variables: Vec<(String, Value)>) -> std::result::Resu
 /// A policy's denial as kube-apiserver words it (`admission.NewForbidden`, then the
 /// validation's reason and its code).
 fn denied(attributes: &Attributes<'_>, message: &str, reason: &str, warnings: &[String]) -> Error {
-    let code = match reason {
-        "Unauthorized" => 401,
-        "Invalid" => 422,
-        "RequestEntityTooLarge" => 413,
-        _ => 403,
+    // reasonToCode: Invalid (422) for a validation without a reason, an unknown one, or an
+    // expression that failed.
+    let (reason, code) = match reason {
+        "Unauthorized" => ("Unauthorized", 401),
+        "Forbidden" => ("Forbidden", 403),
+        "RequestEntityTooLarge" => ("RequestEntityTooLarge", 413),
+        _ => ("Invalid", 422),
     };
     let text = match forbidden(attributes, message) {
         Error::Forbidden(text) => text,

@@ -1204,15 +1204,16 @@ async fn validating_admission_policies_with_params() {
         Some(llama("m", 5.0, json!({"binding": "missing"}))),
     )
     .await;
+    // A binding that cannot be configured: Invalid, whatever its validationActions.
     assert_eq!(
         missing.status,
-        403,
+        422,
         "{}",
         String::from_utf8_lossy(&missing.body)
     );
     assert!(
         missing.json()["message"].as_str().unwrap().ends_with(
-            "denied request: no params found for policy binding with `Deny` parameterNotFoundAction"
+            "denied request: failed to configure binding: no params found for policy binding with `Deny` parameterNotFoundAction"
         ),
         "{}",
         missing.json()

@@ -362,7 +362,7 @@ impl Webhooks {
         let mut compiled = Vec::new();
         let mut names = Vec::new();
         for condition in &hook.match_conditions {
-            match cel::Expression::cached(&condition.expression) {
+            match cel::Expression::cached(&condition.expression).await {
                 Ok(expression) => {
                     compiled.push(expression);
                     names.push(condition.name.as_str());
@@ -376,9 +376,15 @@ impl Webhooks {
             fields.remove("oldObject");
         }
         let variables = vec![
-            ("object".to_owned(), object.cloned().unwrap_or(Value::Null)),
-            ("oldObject".to_owned(), old.cloned().unwrap_or(Value::Null)),
-            ("request".to_owned(), request),
+            (
+                "object".to_owned(),
+                object.map_or(::cel::Value::Null, cel::to_cel),
+            ),
+            (
+                "oldObject".to_owned(),
+                old.map_or(::cel::Value::Null, cel::to_cel),
+            ),
+            ("request".to_owned(), cel::to_cel(&request)),
         ];
         for (name, result) in names.iter().zip(cel::evaluate(compiled, variables).await) {
             match result {
