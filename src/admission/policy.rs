@@ -4,7 +4,7 @@
 //! `params`, `namespaceObject` and its `variables`, with the binding's `validationActions`.
 //! Audit annotations and the `Audit` action wait for an audit log.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use k8s_openapi::{
     api::admissionregistration::v1::{
@@ -228,17 +228,12 @@ impl Policies {
         {
             return Ok(false);
         }
-        let labels = |value: Option<&Value>| -> Option<BTreeMap<String, String>> {
-            value
-                .and_then(|v| v.pointer("/metadata/labels"))
-                .and_then(|l| serde_json::from_value(l.clone()).ok())
-        };
         let object_selector = rules::selector(resources.object_selector.as_ref())
             .map_err(|e| Error::Internal(format!("objectSelector: {e}")))?;
         if !rules::object_matches(
             &object_selector,
-            labels(object).as_ref(),
-            labels(old).as_ref(),
+            rules::labels_of(object).as_ref(),
+            rules::labels_of(old).as_ref(),
             object.is_some(),
             old.is_some(),
         ) {
@@ -289,9 +284,9 @@ impl Policies {
         if let Some(name) = &reference.name {
             list = list.fields(&format!("metadata.name={name}"));
         } else if let Some(selector) = &reference.selector {
-            let parsed = rules::selector(Some(selector))?;
-            if parsed.is_some() {
-                list = list.labels(&selector_text(selector));
+            let text = rules::selector_text(selector)?;
+            if !text.is_empty() {
+                list = list.labels(&text);
             }
         }
         let found = api
@@ -322,27 +317,6 @@ impl Policies {
     }
 }
 
-/// A label selector of the API as a selector string.
-fn selector_text(
-    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
-) -> String {
-    let mut terms: Vec<String> = Vec::new();
-    for (key, value) in selector.match_labels.iter().flatten() {
-        terms.push(format!("{key}={value}"));
-    }
-    for expression in selector.match_expressions.iter().flatten() {
-        let values = expression.values.clone().unwrap_or_default().join(",");
-        let key = &expression.key;
-        terms.push(match expression.operator.as_str() {
-            "In" => format!("{key} in ({values})"),
-            "NotIn" => format!("{key} notin ({values})"),
-            "Exists" => key.clone(),
-            _ => format!("!{key}"),
-        });
-    }
-    terms.join(",")
-}
-
 /// One policy for one param: its matchConditions, variables and validations. The error is
 /// the policy's failure (an expression that does not compile or evaluate).
 async fn evaluate(
@@ -353,11 +327,7 @@ async fn evaluate(
     params: Value,
     namespaces: &Namespaces,
 ) -> std::result::Result<Decision, String> {
-    let mut request = call::review(attributes, "", None, None)["request"].take();
-    if let Some(fields) = request.as_object_mut() {
-        fields.remove("object");
-        fields.remove("oldObject");
-    }
+    let request = call::request_variable(attributes);
     let namespace_object = if attributes.namespace.is_empty() {
         Value::Null
     } else {

@@ -297,6 +297,17 @@ pub fn review(
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
 }
 
+/// CEL's `request` variable: the AdmissionRequest of `attributes` without its objects (they
+/// are variables of their own) and without a uid.
+pub fn request_variable(attributes: &Attributes<'_>) -> Value {
+    let mut request = review(attributes, "", None, None)["request"].take();
+    if let Some(fields) = request.as_object_mut() {
+        fields.remove("object");
+        fields.remove("oldObject");
+    }
+    request
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 pub mod call;
 pub mod rules;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::{
@@ -313,18 +313,13 @@ impl Webhooks {
         {
             return Ok(false);
         }
-        let labels = |value: Option<&Value>| -> Option<BTreeMap<String, String>> {
-            value
-                .and_then(|v| v.pointer("/metadata/labels"))
-                .and_then(|l| serde_json::from_value(l.clone()).ok())
-        };
         let object_selector = rules::selector(hook.object_selector.as_ref()).map_err(|e| {
             Error::Internal(format!("webhook {:?}: objectSelector: {e}", hook.name))
         })?;
         if !rules::object_matches(
             &object_selector,
-            labels(object).as_ref(),
-            labels(old).as_ref(),
+            rules::labels_of(object).as_ref(),
+            rules::labels_of(old).as_ref(),
             object.is_some(),
             old.is_some(),
         ) {
@@ -370,11 +365,7 @@ impl Webhooks {
                 Err(error) => errors.push(format!("matchCondition {:?}: {error}", condition.name)),
             }
         }
-        let mut request = call::review(attributes, "", None, None)["request"].take();
-        if let Some(fields) = request.as_object_mut() {
-            fields.remove("object");
-            fields.remove("oldObject");
-        }
+        let request = call::request_variable(attributes);
         let variables = vec![
             (
                 "object".to_owned(),

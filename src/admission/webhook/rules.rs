@@ -41,12 +41,9 @@ pub fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> b
         && resource
 }
 
-/// A selector of the API as ours; None for the empty selector (everything), Err for one that
-/// does not parse.
-pub fn selector(selector: Option<&ApiLabelSelector>) -> Result<Option<LabelSelector>, String> {
-    let Some(selector) = selector else {
-        return Ok(None);
-    };
+/// A selector of the API in the text form selectors are parsed from; Err for an operator
+/// that is not one.
+pub fn selector_text(selector: &ApiLabelSelector) -> Result<String, String> {
     let mut terms: Vec<String> = Vec::new();
     for (key, value) in selector.match_labels.iter().flatten() {
         terms.push(format!("{key}={value}"));
@@ -62,12 +59,29 @@ pub fn selector(selector: Option<&ApiLabelSelector>) -> Result<Option<LabelSelec
             other => return Err(format!("{other:?} is not a valid label selector operator")),
         });
     }
-    if terms.is_empty() {
+    Ok(terms.join(","))
+}
+
+/// A selector of the API as ours; None for the empty selector (everything), Err for one that
+/// does not parse.
+pub fn selector(selector: Option<&ApiLabelSelector>) -> Result<Option<LabelSelector>, String> {
+    let Some(selector) = selector else {
+        return Ok(None);
+    };
+    let text = selector_text(selector)?;
+    if text.is_empty() {
         return Ok(None);
     }
-    LabelSelector::parse(&terms.join(","))
+    LabelSelector::parse(&text)
         .map(Some)
         .map_err(|e| e.to_string())
+}
+
+/// The labels of an object as JSON (None without any).
+pub fn labels_of(object: Option<&serde_json::Value>) -> Option<BTreeMap<String, String>> {
+    object
+        .and_then(|v| v.pointer("/metadata/labels"))
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
 }
 
 /// objectSelector: the new object's labels or the old object's match (either is enough).
