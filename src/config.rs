@@ -183,8 +183,8 @@ pub struct Args {
     /// Admission plugins to turn off (kube-apiserver's flag). With a cluster,
     /// `NamespaceLifecycle` refuses creates in a namespace that does not exist or is being
     /// deleted, `MutatingAdmissionWebhook` and `ValidatingAdmissionWebhook` call the cluster's
-    /// webhooks and `ValidatingAdmissionPolicy` applies its policies on every write; without
-    /// one there is nothing to check.
+    /// webhooks and `MutatingAdmissionPolicy` and `ValidatingAdmissionPolicy` apply its
+    /// policies on every write; without one there is nothing to check.
     #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
     pub disable_admission_plugins: Vec<String>,
 
@@ -481,6 +481,14 @@ impl Args {
         let namespaces = watched.clone().filter(|_| enabled("NamespaceLifecycle"));
         let mut admission = crate::admission::Admission::default();
         if let (Some(client), Some(namespaces)) = (&cluster, watched) {
+            if enabled("MutatingAdmissionPolicy") {
+                admission = admission.with_mutating_policies(
+                    crate::admission::policy::MutatingPolicies::start(
+                        client.clone(),
+                        namespaces.clone(),
+                    ),
+                );
+            }
             if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") {
                 admission = admission.with_webhooks(crate::admission::webhook::Webhooks::start(
                     client.clone(),
@@ -490,10 +498,9 @@ impl Args {
                 ));
             }
             if enabled("ValidatingAdmissionPolicy") {
-                admission = admission.with_policies(crate::admission::policy::Policies::start(
-                    client.clone(),
-                    namespaces,
-                ));
+                admission = admission.with_policies(
+                    crate::admission::policy::ValidatingPolicies::start(client.clone(), namespaces),
+                );
             }
         }
         let mut rest = self.rest_settings();

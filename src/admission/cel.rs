@@ -1,5 +1,7 @@
-//! CEL for admission (webhooks' `matchConditions`, and policies to come): expressions compiled
-//! once per text, with the standard library and the strings and lists extensions.
+//! CEL for admission (webhooks' `matchConditions` and the policies): expressions compiled once
+//! per text, with the standard library, the strings and lists extensions, and what
+//! MutatingAdmissionPolicy adds: `Object` types to build an apply configuration with (any
+//! `Object.<field path>` an expression names), `JSONPatch` and `jsonpatch.escapeKey`.
 //!
 //! kube-apiserver bounds what an expression may cost (an estimate refused when the policy is
 //! loaded, a budget while it runs). The cel crate has neither, so here: an expression is
@@ -16,7 +18,10 @@ use std::{
     time::Duration,
 };
 
-use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::common::{
+    ast::{EntryExpr, Expr, IdedExpr},
+    types::CelString,
+};
 use serde_json::Value;
 
 /// The longest expression taken.
@@ -35,17 +40,128 @@ const STACK_BYTES: usize = 64 * 1024 * 1024;
 pub struct Expression {
     program: cel::Program,
     source: String,
+    /// What it runs in: [`env`], or one that also declares the `Object` types it builds.
+    env: Arc<cel::Env>,
+}
+
+/// The environment every expression starts from.
+fn new_env() -> cel::Env {
+    let mut env = cel::Env::stdlib();
+    let _ = env.add_extension(cel::extensions::strings);
+    let _ = env.add_extension(cel::extensions::lists);
+    let _ = env.add_type(AnyStruct::new(
+        JSON_PATCH,
+        Some(&["op", "path", "from", "value"]),
+    ));
+    let _ = cel::add_overload!(env, fn escape_key: (CelString) -> CelString, name = "jsonpatch.escapeKey");
+    env
 }
 
 fn env() -> Arc<cel::Env> {
     static ENV: OnceLock<Arc<cel::Env>> = OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = cel::Env::stdlib();
-        let _ = env.add_extension(cel::extensions::strings);
-        let _ = env.add_extension(cel::extensions::lists);
-        Arc::new(env)
-    })
-    .clone()
+    ENV.get_or_init(|| Arc::new(new_env())).clone()
+}
+
+/// `jsonpatch.escapeKey`: a key as a JSON pointer's segment (RFC 6901).
+fn escape_key(key: &CelString<'_>) -> CelString<'static> {
+    key.replace('~', "~0").replace('/', "~1").into()
+}
+
+/// The name of MutatingAdmissionPolicy's JSON patch operation type.
+const JSON_PATCH: &str = "JSONPatch";
+/// The root of MutatingAdmissionPolicy's apply configuration types (`Object`,
+/// `Object.spec`, ...).
+const OBJECT: &str = "Object";
+
+/// A struct type that takes any field (or those listed): kube-apiserver's `Object` types are
+/// as loose, and their names are checked against their place in the object when converted.
+struct AnyStruct {
+    r#type: cel::common::types::Type,
+    fields: Option<&'static [&'static str]>,
+}
+
+impl AnyStruct {
+    fn new(name: &str, fields: Option<&'static [&'static str]>) -> Self {
+        Self {
+            r#type: cel::common::types::Type::new_struct(name.to_owned()),
+            fields,
+        }
+    }
+}
+
+impl cel::StructType for AnyStruct {
+    fn get_type(&self) -> &cel::common::types::Type {
+        &self.r#type
+    }
+
+    fn new_value<'b, 'v>(
+        &self,
+        fields: std::collections::BTreeMap<String, cel::common::value::CowVal<'b, 'v>>,
+    ) -> Result<Box<dyn cel::common::value::Val + 'v>, cel::ExecutionError> {
+        let mut value = cel::common::types::CelStruct::new(self.r#type.name().to_owned());
+        for (name, field) in fields {
+            if self
+                .fields
+                .is_some_and(|known| !known.contains(&name.as_str()))
+            {
+                return Err(cel::ExecutionError::NoSuchKey(Arc::new(format!(
+                    "field `{name}` on struct `{}`",
+                    self.r#type.name()
+                ))));
+            }
+            value.add_field_value(name, field);
+        }
+        Ok(Box::new(value))
+    }
+}
+
+/// The `Object` types an expression builds (struct literals named `Object` or
+/// `Object.<path>`), walked without recursion.
+fn object_types(root: &IdedExpr) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        match &node.expr {
+            Expr::Comprehension(c) => {
+                stack.extend([
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ]);
+            }
+            Expr::Call(call) => {
+                stack.extend(call.target.as_deref());
+                stack.extend(call.args.iter());
+            }
+            Expr::List(list) => stack.extend(list.elements.iter()),
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    if let EntryExpr::MapEntry(e) = &entry.expr {
+                        stack.push(&e.key);
+                        stack.push(&e.value);
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                let name = s.type_name.trim_start_matches('.');
+                if (name == OBJECT || name.starts_with("Object."))
+                    && !names.iter().any(|n| n == name)
+                {
+                    names.push(name.to_owned());
+                }
+                for entry in &s.entries {
+                    if let EntryExpr::StructField(f) = &entry.expr {
+                        stack.push(&f.value);
+                    }
+                }
+            }
+            Expr::Select(select) => stack.push(&select.operand),
+            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        }
+    }
+    names
 }
 
 /// The deepest nesting of comprehensions in `root`, and of its nodes, walked without recursion.
@@ -140,9 +256,28 @@ impl Expression {
                 "compilation failed: the expression nests deeper than {MAX_NESTING} levels"
             ));
         }
+        // The `Object` types it builds are declared in an environment of its own (they are
+        // resolved when it runs).
+        let types = object_types(program.expression());
+        if types.is_empty() {
+            return Ok(Self {
+                program,
+                source: source.to_owned(),
+                env: env(),
+            });
+        }
+        let mut own = new_env();
+        for name in &types {
+            own.add_type(AnyStruct::new(name, None))
+                .map_err(|e| format!("compilation failed: {e}"))?;
+        }
+        let program = own
+            .compile(source)
+            .map_err(|e| format!("compilation failed: {e}"))?;
         Ok(Self {
             program,
             source: source.to_owned(),
+            env: Arc::new(own),
         })
     }
 
@@ -178,7 +313,7 @@ impl Expression {
 
     /// Runs the expression here with `variables` (name, CEL value).
     fn run(&self, variables: &[(String, cel::Value)]) -> Result<cel::Value, String> {
-        let mut context = cel::Context::with_env(env());
+        let mut context = cel::Context::with_env(self.env.clone());
         for (name, value) in variables {
             context.add_variable_from_value(name.as_str(), value.clone());
         }
@@ -208,6 +343,104 @@ pub fn to_cel(value: &Value) -> cel::Value {
                 .collect();
             cel::Value::Map(cel::objects::Map { map: Arc::new(map) })
         }
+    }
+}
+
+/// Where a kind's schema says `type: number`: CEL reads those as `double` whatever their JSON
+/// looks like (as kube-apiserver types an object by its schema), so `object.spec.height * 2.0`
+/// works on a height stored as `1`.
+#[derive(Debug, Default)]
+pub struct Numbers {
+    here: bool,
+    fields: HashMap<String, Numbers>,
+    /// A list's items, or a map's values (`additionalProperties`).
+    items: Option<Box<Numbers>>,
+}
+
+/// How deep [`Numbers::from_openapi`] follows a schema (recursive schemas stop there).
+const MAX_SCHEMA_DEPTH: usize = 24;
+
+impl Numbers {
+    /// From an OpenAPI v3 schema (`$ref`s into `components`, `allOf` wrappers followed).
+    pub fn from_openapi(schema: &Value, components: &serde_json::Map<String, Value>) -> Self {
+        Self::build(schema, components, 0)
+    }
+
+    fn build(schema: &Value, components: &serde_json::Map<String, Value>, depth: usize) -> Self {
+        let mut numbers = Numbers::default();
+        if depth > MAX_SCHEMA_DEPTH {
+            return numbers;
+        }
+        let mut schema = schema;
+        for _ in 0..MAX_SCHEMA_DEPTH {
+            if let Some(target) = schema.get("$ref").and_then(Value::as_str) {
+                match target
+                    .rsplit('/')
+                    .next()
+                    .and_then(|name| components.get(name))
+                {
+                    Some(found) => schema = found,
+                    None => return numbers,
+                }
+            } else if let Some(first) = schema.pointer("/allOf/0") {
+                schema = first;
+            } else {
+                break;
+            }
+        }
+        numbers.here = schema.get("type").and_then(Value::as_str) == Some("number");
+        if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+            for (name, property) in properties {
+                let field = Self::build(property, components, depth + 1);
+                if field.matters() {
+                    numbers.fields.insert(name.clone(), field);
+                }
+            }
+        }
+        for key in ["items", "additionalProperties"] {
+            if let Some(inner) = schema.get(key).filter(|v| v.is_object()) {
+                let items = Self::build(inner, components, depth + 1);
+                if items.matters() {
+                    numbers.items = Some(Box::new(items));
+                }
+            }
+        }
+        numbers
+    }
+
+    /// Whether there is any number here or below.
+    fn matters(&self) -> bool {
+        self.here || !self.fields.is_empty() || self.items.is_some()
+    }
+}
+
+/// [`to_cel`], numbers where `numbers` says so read as `double`.
+pub fn to_cel_typed(value: &Value, numbers: Option<&Numbers>) -> cel::Value {
+    let Some(numbers) = numbers else {
+        return to_cel(value);
+    };
+    match value {
+        Value::Number(n) if numbers.here => cel::Value::Float(n.as_f64().unwrap_or_default()),
+        Value::Array(items) => cel::Value::List(Arc::new(
+            items
+                .iter()
+                .map(|item| to_cel_typed(item, numbers.items.as_deref()))
+                .collect(),
+        )),
+        Value::Object(fields) => {
+            let map: HashMap<cel::objects::Key, cel::Value> = fields
+                .iter()
+                .map(|(k, v)| {
+                    let inner = numbers.fields.get(k).or(numbers.items.as_deref());
+                    (
+                        cel::objects::Key::String(Arc::new(k.clone())),
+                        to_cel_typed(v, inner),
+                    )
+                })
+                .collect();
+            cel::Value::Map(cel::objects::Map { map: Arc::new(map) })
+        }
+        other => to_cel(other),
     }
 }
 
@@ -264,7 +497,7 @@ pub async fn evaluate(
     let work = on_cel_thread(move || {
         expressions
             .iter()
-            .map(|e| e.run(&variables).map(|v| to_json(&v)))
+            .map(|e| e.run(&variables).and_then(|v| to_json(&v)))
             .collect::<Vec<_>>()
     });
     match tokio::time::timeout(BUDGET, work).await {
@@ -279,16 +512,29 @@ pub async fn evaluate(
     }
 }
 
-/// A CEL value as JSON (what a message expression or a bool comes back as).
-fn to_json(value: &cel::Value) -> Value {
-    match value {
+/// A CEL value as JSON (what a message expression or a bool comes back as; an apply
+/// configuration or JSON patch a mutation builds). The `Object` types must be named for
+/// their place (`Object.spec` under `spec`), as kube-apiserver checks them. Values are as
+/// deep as their expression nests, which is bounded: this recursion is too.
+fn to_json(value: &cel::Value) -> Result<Value, String> {
+    to_json_at(value, None)
+}
+
+/// `path`: the type name an `Object` struct here must have (None: outside any).
+fn to_json_at(value: &cel::Value, path: Option<&str>) -> Result<Value, String> {
+    Ok(match value {
         cel::Value::Bool(b) => Value::Bool(*b),
         cel::Value::Int(i) => Value::from(*i),
         cel::Value::UInt(u) => Value::from(*u),
         cel::Value::Float(f) => serde_json::Number::from_f64(*f).map_or(Value::Null, Value::Number),
         cel::Value::String(s) => Value::String(s.to_string()),
         cel::Value::Null => Value::Null,
-        cel::Value::List(items) => Value::Array(items.iter().map(to_json).collect()),
+        cel::Value::List(items) => Value::Array(
+            items
+                .iter()
+                .map(|item| to_json_at(item, path))
+                .collect::<Result<_, _>>()?,
+        ),
         cel::Value::Map(map) => Value::Object(
             map.map
                 .iter()
@@ -299,12 +545,33 @@ fn to_json(value: &cel::Value) -> Value {
                         cel::objects::Key::Uint(u) => u.to_string(),
                         cel::objects::Key::Bool(b) => b.to_string(),
                     };
-                    (key, to_json(value))
+                    Ok((key, to_json_at(value, path)?))
                 })
-                .collect(),
+                .collect::<Result<_, String>>()?,
         ),
+        cel::Value::Struct(s) => {
+            let name = s.name();
+            let own = if name == OBJECT || name.starts_with("Object.") {
+                let expected = path.unwrap_or(name);
+                if name != expected {
+                    return Err(format!(
+                        "type mismatch: unexpected type name {name:?}, expected {expected:?}, which matches field name path from root Object type"
+                    ));
+                }
+                Some(name)
+            } else {
+                None
+            };
+            let mut fields = serde_json::Map::new();
+            for (field, value) in s.field_values() {
+                let value = cel::Value::try_from(value.as_ref()).map_err(|e| e.to_string())?;
+                let path = own.map(|own| format!("{own}.{field}"));
+                fields.insert(field, to_json_at(&value, path.as_deref())?);
+            }
+            Value::Object(fields)
+        }
         other => Value::String(format!("{other:?}")),
-    }
+    })
 }
 
 #[cfg(test)]
@@ -360,12 +627,68 @@ mod tests {
     }
 
     #[test]
+    fn mutations_build_objects_and_json_patches() {
+        let object = json!({"spec": {"height": 1}});
+        let built = |source: &str| {
+            let expression = Expression::compile(source)?;
+            to_json(&expression.run(&[("object".to_owned(), to_cel(&object))])?)
+        };
+        assert_eq!(
+            built(
+                "Object{metadata: Object.metadata{labels: {'a': 'b'}}, spec: Object.spec{height: 2}}"
+            ),
+            Ok(json!({"metadata": {"labels": {"a": "b"}}, "spec": {"height": 2}}))
+        );
+        // Types must be named for their place.
+        let mismatch = built("Object{spec: Object.metadata{}}").unwrap_err();
+        assert!(mismatch.contains("expected \"Object.spec\""), "{mismatch}");
+        assert_eq!(
+            built(
+                "[JSONPatch{op: 'add', path: '/metadata/labels/' + jsonpatch.escapeKey('a/b~c'), value: 'x'}]"
+            ),
+            Ok(json!([{"op": "add", "path": "/metadata/labels/a~1b~0c", "value": "x"}]))
+        );
+        assert!(built("JSONPatch{op: 'add', nothing: 1}").is_err());
+    }
+
+    #[test]
+    fn numbers_follow_the_schema() {
+        let components = serde_json::Map::from_iter([(
+            "Spec".to_owned(),
+            json!({"properties": {"height": {"type": "number"}, "count": {"type": "integer"},
+                   "sizes": {"items": {"type": "number"}}}}),
+        )]);
+        let schema =
+            json!({"properties": {"spec": {"allOf": [{"$ref": "#/components/schemas/Spec"}]}}});
+        let numbers = Numbers::from_openapi(&schema, &components);
+        let object = json!({"spec": {"height": 1, "count": 2, "sizes": [3, 4.5]}});
+        let typed = to_cel_typed(&object, Some(&numbers));
+        let run = |source: &str| {
+            Expression::compile(source)
+                .unwrap()
+                .run(&[("object".to_owned(), typed.clone())])
+        };
+        assert_eq!(
+            run("object.spec.height * 2.0 == 2.0"),
+            Ok(cel::Value::Bool(true))
+        );
+        assert_eq!(
+            run("object.spec.count + 1 == 3"),
+            Ok(cel::Value::Bool(true))
+        );
+        assert_eq!(
+            run("object.spec.sizes[0] + 0.5 == 3.5"),
+            Ok(cel::Value::Bool(true))
+        );
+    }
+
+    #[test]
     fn values_come_back_as_json() {
         let labels = json!({"a": "b", "n": 3});
         let value = Expression::compile("object")
             .unwrap()
             .run(&[("object".to_owned(), to_cel(&labels))])
             .unwrap();
-        assert_eq!(to_json(&value), labels);
+        assert_eq!(to_json(&value), Ok(labels));
     }
 }

@@ -1,6 +1,6 @@
 //! Admission of writes, as k8s.io/apiserver's chain runs it for every server built on it, after
-//! NamespaceLifecycle: the cluster's mutating webhooks, then (after the kind's own validation)
-//! its ValidatingAdmissionPolicies and validating webhooks. kube-apiserver runs no admission for the APIs it proxies to an
+//! NamespaceLifecycle: the cluster's MutatingAdmissionPolicies and mutating webhooks, then
+//! (after the kind's own validation) its ValidatingAdmissionPolicies and validating webhooks. kube-apiserver runs no admission for the APIs it proxies to an
 //! aggregated server (its proxy forwards the request with the `X-Remote-*` identity and nothing
 //! else), so the server that owns a resource is the one that must call them.
 //!
@@ -75,6 +75,8 @@ pub struct Attributes<'a> {
     /// The request's options (CreateOptions, UpdateOptions or DeleteOptions fields), sent to
     /// webhooks with their kind and apiVersion.
     pub options: Value,
+    /// Where the kind's schema has numbers (CEL reads them as `double`).
+    pub numbers: Option<Arc<cel::Numbers>>,
 }
 
 impl<'a> Attributes<'a> {
@@ -97,7 +99,15 @@ impl<'a> Attributes<'a> {
             user: None,
             dry_run: false,
             options: Value::Null,
+            numbers: None,
         }
+    }
+
+    /// The object (or old object) written, as CEL reads it: typed by the kind's schema.
+    pub fn object_to_cel(&self, object: Option<&Value>) -> ::cel::Value {
+        object.map_or(::cel::Value::Null, |object| {
+            cel::to_cel_typed(object, self.numbers.as_deref())
+        })
     }
 
     /// The options as an AdmissionReview carries them: their kind and `meta.k8s.io/v1`.
@@ -119,7 +129,8 @@ impl<'a> Attributes<'a> {
 #[derive(Clone, Default)]
 pub struct Admission {
     webhooks: Option<Arc<webhook::Webhooks>>,
-    policies: Option<Arc<policy::Policies>>,
+    policies: Option<Arc<policy::ValidatingPolicies>>,
+    mutating_policies: Option<Arc<policy::MutatingPolicies>>,
 }
 
 impl Admission {
@@ -132,9 +143,17 @@ impl Admission {
     }
 
     /// Applies the ValidatingAdmissionPolicies `policies` finds in the cluster.
-    pub fn with_policies(self, policies: Arc<policy::Policies>) -> Self {
+    pub fn with_policies(self, policies: Arc<policy::ValidatingPolicies>) -> Self {
         Self {
             policies: Some(policies),
+            ..self
+        }
+    }
+
+    /// Applies the MutatingAdmissionPolicies `policies` finds in the cluster.
+    pub fn with_mutating_policies(self, policies: Arc<policy::MutatingPolicies>) -> Self {
+        Self {
+            mutating_policies: Some(policies),
             ..self
         }
     }
@@ -143,13 +162,18 @@ impl Admission {
     /// configurations have been listed, since writes wait for them (and are refused, 403, when
     /// they cannot be read, e.g. without the RBAC in `manifests/`). None with no admission.
     pub fn readiness_check(&self) -> Option<crate::health::Check> {
-        if self.webhooks.is_none() && self.policies.is_none() {
+        if self.webhooks.is_none() && self.policies.is_none() && self.mutating_policies.is_none() {
             return None;
         }
-        let (webhooks, policies) = (self.webhooks.clone(), self.policies.clone());
+        let (webhooks, policies, mutating) = (
+            self.webhooks.clone(),
+            self.policies.clone(),
+            self.mutating_policies.clone(),
+        );
         Some(crate::health::Check::new("informer-sync", move || {
             let synced = webhooks.as_ref().is_none_or(|w| w.synced())
-                && policies.as_ref().is_none_or(|p| p.synced());
+                && policies.as_ref().is_none_or(|p| p.synced())
+                && mutating.as_ref().is_none_or(|p| p.synced());
             if synced {
                 Ok(())
             } else {
@@ -162,8 +186,13 @@ impl Admission {
     }
 
     /// The cluster's ValidatingAdmissionPolicies, when the server applies them.
-    pub fn policies(&self) -> Option<&policy::Policies> {
+    pub fn policies(&self) -> Option<&policy::ValidatingPolicies> {
         self.policies.as_deref()
+    }
+
+    /// The cluster's MutatingAdmissionPolicies, when the server applies them.
+    pub fn mutating_policies(&self) -> Option<&policy::MutatingPolicies> {
+        self.mutating_policies.as_deref()
     }
 
     /// The cluster's webhooks, when the server calls them.

@@ -705,6 +705,42 @@ pub fn merge(schema: &Schema, live: &Value, config: &Value) -> Result<Value, Val
     into_result(errs).map(|_| out.unwrap_or(Value::Null))
 }
 
+/// The places in `v` whose type is an atomic map, struct or list (SMD's paths, e.g.
+/// `.spec.items`), walked without recursion: what MutatingAdmissionPolicy's apply
+/// configurations may not set, as setting part of an atomic value drops the rest.
+pub fn atomic_paths(schema: &Schema, v: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack: Vec<(&TypeRef, &Value, String)> = vec![(schema.root(), v, String::new())];
+    while let Some((tr, v, path)) = stack.pop() {
+        let Ok(r) = schema.resolve(tr) else {
+            continue;
+        };
+        match (v, r.map, r.list) {
+            (Value::Object(fields), Some(m), _) => {
+                if r.map_relationship() == ElementRelationship::Atomic {
+                    found.push(path.clone());
+                }
+                for (key, value) in fields {
+                    if let Some(t) = field_type(m, key) {
+                        stack.push((t, value, format!("{path}.{key}")));
+                    }
+                }
+            }
+            (Value::Array(items), _, Some(l)) => {
+                if r.list_relationship() == ElementRelationship::Atomic {
+                    found.push(path.clone());
+                }
+                for (index, item) in items.iter().enumerate() {
+                    stack.push((&l.element_type, item, format!("{path}[{index}]")));
+                }
+            }
+            _ => {}
+        }
+    }
+    found.sort();
+    found
+}
+
 fn merge_node(
     schema: &Schema,
     tr: &TypeRef,

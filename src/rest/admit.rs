@@ -2,7 +2,7 @@
 //! webhooks, their patches applied with a JSON patch's bounds, the result decoded again (the
 //! caller then validates it as any write). Nothing is encoded when no webhook is configured.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use axum::http::Extensions;
 use serde_json::Value;
@@ -14,10 +14,10 @@ use super::{
     strategy::{Part, decode_object},
 };
 use crate::{
-    admission::{Attributes, Operation},
+    admission::{Attributes, Operation, cel::Numbers, policy::mutating::Appliers},
     auth::UserInfo,
     error::{Error, Result},
-    resource::ServedResource,
+    resource::{ResourceInfo, ServedResource},
 };
 
 /// How deep a webhook's patch may nest the object: far deeper than any Llama needs, and shallow
@@ -66,7 +66,31 @@ pub(crate) fn attributes<'a, K: ServedResource>(
     attributes.user = user;
     attributes.dry_run = dry_run;
     attributes.options = options;
+    attributes.numbers = Some(numbers_of::<K>());
     attributes
+}
+
+/// Where `K`'s schema has numbers, read from its OpenAPI once per kind.
+fn numbers_of<K: ServedResource>() -> Arc<Numbers> {
+    type Cache = std::sync::Mutex<HashMap<std::any::TypeId, Arc<Numbers>>>;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let id = std::any::TypeId::of::<K>();
+    if let Ok(cache) = cache.lock()
+        && let Some(found) = cache.get(&id)
+    {
+        return found.clone();
+    }
+    let info = ResourceInfo::of::<K>(false);
+    let components = crate::openapi::schemas(std::slice::from_ref(&info));
+    let root = serde_json::json!({
+        "$ref": format!("#/components/schemas/{}.{}", crate::openapi::schema_prefix(), info.kind)
+    });
+    let numbers = Arc::new(Numbers::from_openapi(&root, &components));
+    if let Ok(mut cache) = cache.lock() {
+        cache.insert(id, numbers.clone());
+    }
+    numbers
 }
 
 /// The options of a create or update as webhooks see them.
@@ -78,39 +102,76 @@ pub(crate) fn write_options(dry_run: bool, manager: &str) -> Value {
     options
 }
 
-/// Mutating admission of `object` (`old`: the stored object of an update). Returns the
-/// webhooks' warnings, and whether they changed the object (which the caller then prepares
-/// and validates again).
+/// Mutating admission of `object` (`old`: the stored object of an update): the
+/// MutatingAdmissionPolicies, then the mutating webhooks, then the policies with
+/// `reinvocationPolicy: IfNeeded` again if the webhooks changed the object. Returns the
+/// webhooks' warnings, and whether the object changed (which the caller then prepares and
+/// validates again).
 pub(crate) async fn mutate<K: ServedResource>(
     api: &KindApi<K>,
     attributes: &Attributes<'_>,
     object: &mut K,
     old: Option<&K>,
 ) -> Result<(Vec<String>, bool)> {
-    let Some(webhooks) = api.ctx.admission.webhooks() else {
-        return Ok((Vec::new(), false));
+    let admission = &api.ctx.admission;
+    let policies = match admission.mutating_policies() {
+        Some(policies) if policies.any(attributes).await? => Some(policies),
+        _ => None,
     };
-    if !webhooks.any_mutating(attributes).await? {
+    let webhooks = match admission.webhooks() {
+        Some(webhooks) if webhooks.any_mutating(attributes).await? => Some(webhooks),
+        _ => None,
+    };
+    if policies.is_none() && webhooks.is_none() {
         return Ok((Vec::new(), false));
     }
     let mut json = to_json(object)?;
     let before = json.clone();
     let old = old.map(to_json).transpose()?;
-    let warnings = webhooks
-        .mutate(attributes, &mut json, old.as_ref(), &apply_webhook_patch)
-        .await?;
+    let fields = api.fields()?;
+    let merge = |live: &Value, config: &Value| fields.merge_configuration(live, config);
+    let appliers = Appliers {
+        json_patch: &apply_webhook_patch,
+        apply_configuration: &merge,
+    };
+    let mut reinvocable = Vec::new();
+    if let Some(policies) = policies {
+        reinvocable = policies
+            .mutate(attributes, &mut json, old.as_ref(), &appliers, None)
+            .await?;
+    }
+    let mut warnings = Vec::new();
+    if let Some(webhooks) = webhooks {
+        let before_webhooks = json.clone();
+        warnings = webhooks
+            .mutate(attributes, &mut json, old.as_ref(), &apply_webhook_patch)
+            .await?;
+        if let Some(policies) = policies
+            && !reinvocable.is_empty()
+            && json != before_webhooks
+        {
+            policies
+                .mutate(
+                    attributes,
+                    &mut json,
+                    old.as_ref(),
+                    &appliers,
+                    Some(&reinvocable),
+                )
+                .await
+                .map_err(|e| e.with_warnings(&warnings))?;
+        }
+    }
     let changed = json != before;
     if changed {
         let size = json_len(&json);
         if size > MAX_BODY_BYTES {
             return Err(Error::RequestEntityTooLarge(format!(
-                "the object admission webhooks patched would be {size} bytes, limit is {MAX_BODY_BYTES}"
+                "the object admission mutated would be {size} bytes, limit is {MAX_BODY_BYTES}"
             )));
         }
         let (mutated, _) = decode_object::<K>(json, FieldValidation::Ignore).map_err(|e| {
-            Error::Internal(format!(
-                "the object admission webhooks patched cannot be read: {e}"
-            ))
+            Error::Internal(format!("the object admission mutated cannot be read: {e}"))
         })?;
         *object = mutated;
     }

@@ -110,6 +110,30 @@ impl Fields {
     }
 }
 
+impl Fields {
+    /// `live` with the apply configuration `config` merged in, as a MutatingAdmissionPolicy's
+    /// is (SMD's merge, no ownership recorded): a configuration that sets part of an atomic
+    /// list, map or struct is refused, as the rest of it would be dropped.
+    pub(crate) fn merge_configuration(
+        &self,
+        live: &Value,
+        config: &Value,
+    ) -> std::result::Result<Value, String> {
+        let schema = self.object.schema();
+        let atomics = fieldmanager::typed::atomic_paths(schema, config);
+        if !atomics.is_empty() {
+            return Err(format!(
+                "invalid ApplyConfiguration: may not mutate atomic arrays, maps or structs: {}",
+                atomics.join(", ")
+            ));
+        }
+        fieldmanager::typed::validate(schema, config, false)
+            .map_err(|e| format!("failed to convert patch object to typed object: {e}"))?;
+        fieldmanager::typed::merge(schema, live, config)
+            .map_err(|e| format!("failed to merge patch: {e}"))
+    }
+}
+
 fn live_value<K: ServedResource>(live: &Stored<K>) -> Result<Value> {
     serde_json::from_slice(live.json())
         .map_err(|e| Error::Internal(format!("decoding the stored object: {e}")))

@@ -525,6 +525,7 @@ async fn a_mutating_webhooks_patch_is_stored_and_validated_again(storage: TestSt
 crate::on_both_storages!(
     a_validating_webhook_sees_writes_and_refuses_them,
     a_mutating_webhooks_patch_is_stored_and_validated_again,
+    mutating_admission_policies_mutate_writes,
 );
 
 /// failurePolicy: a webhook that cannot be reached refuses the write with kube-apiserver's 500
@@ -921,7 +922,7 @@ async fn no_webhook_answer_breaks_a_write() {
                     prop_assert!(
                         message.starts_with("Internal error occurred: failed calling webhook \"any.farm.example.com\"")
                             || message.contains("admission webhook \"any.farm.example.com\" returned a patch that cannot be applied")
-                            || message.contains("the object admission webhooks patched cannot be read"),
+                            || message.contains("the object admission mutated cannot be read"),
                         "{}",
                         message
                     );
@@ -1265,4 +1266,224 @@ async fn readiness_waits_for_the_configurations() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+fn mutating_policy(name: &str, spec: Value) -> Value {
+    let mut spec = spec;
+    spec["matchConstraints"] = json!({"resourceRules": [{"apiGroups": ["farm.example.com"],
+        "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}]});
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+fn mutating_binding(name: &str, policy: &str, param: Option<&str>, selector: Value) -> Value {
+    let mut spec = json!({"policyName": policy, "matchResources": {"objectSelector": selector}});
+    if let Some(param) = param {
+        spec["paramRef"] =
+            json!({"name": param, "namespace": "default", "parameterNotFoundAction": "Deny"});
+    }
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+           "metadata": {"name": name}, "spec": spec})
+}
+
+/// MutatingAdmissionPolicy: an apply configuration (`Object{...}`, with a ConfigMap param and a
+/// matchCondition) and a JSON patch (`JSONPatch{...}`, `jsonpatch.escapeKey`, a failed `test`
+/// changing nothing) mutate creates and updates, in binding order, before the kind's own
+/// validation (which judges the result); a dry run is mutated and not stored; a mutation that
+/// fails refuses the write under `failurePolicy: Fail` with kube-apiserver's text and lets it
+/// through under Ignore; an apply configuration must name its Object types for their place.
+async fn mutating_admission_policies_mutate_writes(storage: TestStorage) {
+    let stamp = mutating_policy(
+        "stamp",
+        json!({
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConditions": [{"name": "not-skipped", "expression": "!('skip' in object.metadata.labels)"}],
+            "variables": [{"name": "stamp", "expression": "params.data.stamp"}],
+            "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression":
+                "Object{metadata: Object.metadata{labels: {'stamped': variables.stamp}}}"}}],
+        }),
+    );
+    let double = mutating_policy(
+        "double",
+        json!({
+            "mutations": [
+                {"patchType": "JSONPatch", "jsonPatch": {"expression":
+                    "[JSONPatch{op: 'replace', path: '/spec/height', value: object.spec.height * 2.0}, JSONPatch{op: 'add', path: '/metadata/labels/' + jsonpatch.escapeKey('farm.example.com/doubled'), value: 'true'}]"}},
+                // A failed test: nothing of this patch is applied.
+                {"patchType": "JSONPatch", "jsonPatch": {"expression":
+                    "[JSONPatch{op: 'test', path: '/spec/weight', value: -1.0}, JSONPatch{op: 'replace', path: '/spec/weight', value: 0.0}]"}},
+            ],
+        }),
+    );
+    let negative = mutating_policy(
+        "negative",
+        json!({"mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression":
+            "Object{spec: Object.spec{weight: -5.0}}"}}]}),
+    );
+    let broken = |name: &str, failure: &str| {
+        mutating_policy(
+            name,
+            json!({"failurePolicy": failure, "mutations": [{"patchType": "ApplyConfiguration",
+                "applyConfiguration": {"expression": "Object{spec: Object.metadata{}}"}}]}),
+        )
+    };
+    let params = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "stamps", "namespace": "default"}, "data": {"stamp": "by-policy"}});
+    let configurations = [
+        stamp,
+        double,
+        negative,
+        broken("broken", "Fail"),
+        broken("ignored", "Ignore"),
+        params,
+        mutating_binding("a-stamp", "stamp", Some("stamps"), json!({})),
+        mutating_binding(
+            "b-double",
+            "double",
+            None,
+            json!({"matchLabels": {"double": "yes"}}),
+        ),
+        mutating_binding(
+            "c-negative",
+            "negative",
+            None,
+            json!({"matchLabels": {"negative": "yes"}}),
+        ),
+        mutating_binding(
+            "d-broken",
+            "broken",
+            None,
+            json!({"matchLabels": {"broken": "yes"}}),
+        ),
+        mutating_binding(
+            "e-ignored",
+            "ignored",
+            None,
+            json!({"matchLabels": {"ignored": "yes"}}),
+        ),
+    ];
+    let Some((server, _fake)) = server_with(storage, &configurations).await else {
+        eprintln!("skipped: no etcd binary (FARM_REQUIRE_ETCD makes this a failure)");
+        return;
+    };
+
+    // The apply configuration adds its label, the rest of the object as sent.
+    let created = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("stamped", 5.0, json!({"team": "a"}))),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.json());
+    let stored = send(&server, "GET", &format!("{LLAMAS}/stamped"), None)
+        .await
+        .json();
+    assert_eq!(
+        stored["metadata"]["labels"],
+        json!({"team": "a", "stamped": "by-policy"})
+    );
+    assert_eq!(stored["spec"], json!({"weight": 5, "height": 1}));
+    // An update that drops the label gets it back.
+    let updated = send(
+        &server,
+        "PATCH",
+        &format!("{LLAMAS}/stamped"),
+        Some(br#"{"metadata":{"labels":{"stamped":null}}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(updated.status, 200, "{}", updated.json());
+    assert_eq!(updated.json()["metadata"]["labels"]["stamped"], "by-policy");
+    // The matchCondition skips.
+    let skipped = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("skipped", 5.0, json!({"skip": "x"}))),
+    )
+    .await;
+    assert_eq!(skipped.status, 201);
+    assert_eq!(skipped.json()["metadata"]["labels"], json!({"skip": "x"}));
+
+    // JSON patches, in order; a failed test changes nothing; the stamp came first.
+    let doubled = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("tall", 7.0, json!({"double": "yes"}))),
+    )
+    .await;
+    assert_eq!(doubled.status, 201, "{}", doubled.json());
+    let body = doubled.json();
+    assert_eq!(body["spec"], json!({"weight": 7, "height": 2}));
+    assert_eq!(
+        body["metadata"]["labels"],
+        json!({"double": "yes", "stamped": "by-policy", "farm.example.com/doubled": "true"})
+    );
+
+    // A dry run is mutated, and not stored.
+    let dry = send(
+        &server,
+        "POST",
+        &format!("{LLAMAS}?dryRun=All"),
+        Some(llama("dry", 7.0, json!({}))),
+    )
+    .await;
+    assert_eq!(dry.status, 201);
+    assert_eq!(dry.json()["metadata"]["labels"]["stamped"], "by-policy");
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/dry"), None)
+            .await
+            .status,
+        404
+    );
+
+    // The kind's validation judges what the policies made.
+    let negative = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("neg", 7.0, json!({"negative": "yes"}))),
+    )
+    .await;
+    assert_eq!(negative.status, 422, "{}", negative.json());
+    assert!(
+        negative.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.weight"),
+        "{}",
+        negative.json()
+    );
+
+    // A failing mutation: refused under Fail, in kube-apiserver's words; ignored under Ignore.
+    let refused = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("broken", 7.0, json!({"broken": "yes"}))),
+    )
+    .await;
+    assert_eq!(refused.status, 403, "{}", refused.json());
+    let status = refused.json();
+    assert_eq!(status["reason"], "Invalid");
+    assert_eq!(
+        status["message"],
+        "policy 'broken' with binding 'd-broken' denied request: expression 'Object{spec: Object.metadata{}}' resulted in error: type mismatch: unexpected type name \"Object.metadata\", expected \"Object.spec\", which matches field name path from root Object type"
+    );
+    assert_eq!(
+        send(&server, "GET", &format!("{LLAMAS}/broken"), None)
+            .await
+            .status,
+        404
+    );
+    let ignored = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("ignored", 7.0, json!({"ignored": "yes"}))),
+    )
+    .await;
+    assert_eq!(ignored.status, 201, "{}", ignored.json());
 }

@@ -339,6 +339,7 @@ async fn through_kube_apiserver() {
     // The webhooks listen on this host's loopback, which this server (on this host) reaches.
     webhooks_configured_with_kubectl(&cluster, ns, &step).await;
     policies_configured_with_kubectl(&cluster, ns, &step).await;
+    mutating_policies_configured_with_kubectl(&cluster, ns, &step).await;
 
     step("cleaning up: the APIService first");
     drop(installed);
@@ -1359,6 +1360,95 @@ async fn policies_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
             Instant::now() < deadline,
             "still refused after the binding went"
         );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A MutatingAdmissionPolicy applied with kubectl, exactly as for a built-in kind: its apply
+/// configuration adds a label to every Llama created in the namespace, until its binding goes.
+async fn mutating_policies_configured_with_kubectl(
+    cluster: &Cluster,
+    ns: &str,
+    step: &dyn Fn(&str),
+) {
+    step("a MutatingAdmissionPolicy applied with kubectl adds a label");
+    let suffix = std::process::id();
+    let name = format!("farm-e2e-stamp-{suffix}");
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {
+             "failurePolicy": "Fail",
+             "reinvocationPolicy": "IfNeeded",
+             "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"],
+                 "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}]},
+             "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression":
+                 "Object{metadata: Object.metadata{labels: {'farm.example.com/stamped': string(int(object.spec.height * 100.0))}}}"}}],
+         }},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+         "metadata": {"name": name},
+         "spec": {
+             "policyName": name,
+             "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+         }},
+    ]});
+    let configured = Configured {
+        cluster,
+        names: vec![
+            ("mutatingadmissionpolicybinding", name.clone()),
+            ("mutatingadmissionpolicy", name.clone()),
+        ],
+    };
+    cluster.ok(&["apply", "-f", "-"], Some(&objects.to_string()));
+    let llama = |name: &str| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"weight": 5.0, "height": 1.0}})
+        .to_string()
+    };
+    let label = |name: &str| {
+        let (_, out, _) = cluster.run(
+            &[
+                "get",
+                "llama",
+                name,
+                "-n",
+                ns,
+                "-o",
+                "jsonpath={.metadata.labels.farm\\.example\\.com/stamped}",
+            ],
+            None,
+        );
+        out.trim().to_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut attempt = 0;
+    loop {
+        let created = format!("stamped-{attempt}");
+        cluster.ok(&["create", "-f", "-"], Some(&llama(&created)));
+        if label(&created) == "100" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the policy never applied");
+        attempt += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    step("the MutatingAdmissionPolicy's binding deleted: Llamas are stored as sent");
+    drop(configured);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut attempt = 0;
+    loop {
+        let created = format!("plain-{attempt}");
+        cluster.ok(&["create", "-f", "-"], Some(&llama(&created)));
+        if label(&created).is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still mutated after the binding went"
+        );
+        attempt += 1;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }

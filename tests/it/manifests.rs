@@ -237,7 +237,9 @@ fn rbac_for_an_aggregated_api_server() {
         pods["rules"][3]["resources"],
         json!([
             "validatingadmissionpolicies",
-            "validatingadmissionpolicybindings"
+            "validatingadmissionpolicybindings",
+            "mutatingadmissionpolicies",
+            "mutatingadmissionpolicybindings"
         ])
     );
     // Policies' params.

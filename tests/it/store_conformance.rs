@@ -1905,9 +1905,27 @@ struct EtcdBacked {
     store: Arc<EtcdStore<Llama>>,
 }
 
+impl EtcdBacked {
+    /// Waits until the cache has applied etcd's current revision by itself: a read's own
+    /// catch-up may otherwise write the kind's prefix key (an etcd without ordered progress
+    /// notifications), and the revision the checks compare would move past their last write.
+    async fn settle(&self) -> Result<(), Error> {
+        let prefix = b"/farm.example.com/llamas/";
+        let revision = self.etcd.client().revision(prefix).await;
+        let revision = revision.map_err(|e| Error::ServiceUnavailable(e.to_string()))?;
+        let deadline = Instant::now() + WAIT;
+        while self.store.cached_revision() < revision.max(0) as u64 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Ok(())
+    }
+}
+
+/// Reads once the cache has settled (see [`EtcdBacked::settle`]).
 #[async_trait::async_trait]
 impl Store<Llama> for EtcdBacked {
     async fn get(&self, key: &ObjectKey) -> Result<Object<Llama>, Error> {
+        self.settle().await?;
         self.store.get(key).await
     }
     async fn list_each(
@@ -1915,9 +1933,11 @@ impl Store<Llama> for EtcdBacked {
         request: &ListRequest,
         visit: &mut (dyn for<'o> FnMut(&'o Object<Llama>) + Send),
     ) -> Result<PageInfo, Error> {
+        self.settle().await?;
         self.store.list_each(request, visit).await
     }
     async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<Llama>>, Error> {
+        self.settle().await?;
         self.store.list_cursor(request).await
     }
     fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
@@ -1926,17 +1946,8 @@ impl Store<Llama> for EtcdBacked {
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<Llama>, Error> {
         self.store.watch(request).await
     }
-    /// Once the cache has applied etcd's current revision by itself: the store's own catch-up
-    /// may otherwise write the kind's prefix key (an etcd without ordered progress
-    /// notifications), and the revision the checks compare would move past their last write.
     async fn stats(&self) -> Result<StoreStats, Error> {
-        let prefix = b"/farm.example.com/llamas/";
-        let revision = self.etcd.client().revision(prefix).await;
-        let revision = revision.map_err(|e| Error::ServiceUnavailable(e.to_string()))?;
-        let deadline = Instant::now() + WAIT;
-        while self.store.cached_revision() < revision.max(0) as u64 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        self.settle().await?;
         self.store.stats().await
     }
     fn check_ready(&self) -> Result<(), Error> {

@@ -367,14 +367,8 @@ impl Webhooks {
         }
         let request = call::request_variable(attributes);
         let variables = vec![
-            (
-                "object".to_owned(),
-                object.map_or(::cel::Value::Null, cel::to_cel),
-            ),
-            (
-                "oldObject".to_owned(),
-                old.map_or(::cel::Value::Null, cel::to_cel),
-            ),
+            ("object".to_owned(), attributes.object_to_cel(object)),
+            ("oldObject".to_owned(), attributes.object_to_cel(old)),
             ("request".to_owned(), cel::to_cel(&request)),
         ];
         for (name, result) in names.iter().zip(cel::evaluate(compiled, variables).await) {

@@ -120,6 +120,7 @@ mod tests {
             user: None,
             dry_run: false,
             options: serde_json::Value::Null,
+            numbers: None,
         }
     }
 

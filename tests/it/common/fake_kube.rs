@@ -88,6 +88,8 @@ fn resource_of(object: &Value) -> String {
         Some("MutatingWebhookConfiguration") => "mutatingwebhookconfigurations".into(),
         Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies".into(),
         Some("ValidatingAdmissionPolicyBinding") => "validatingadmissionpolicybindings".into(),
+        Some("MutatingAdmissionPolicy") => "mutatingadmissionpolicies".into(),
+        Some("MutatingAdmissionPolicyBinding") => "mutatingadmissionpolicybindings".into(),
         _ => "pods".into(),
     }
 }
@@ -287,6 +289,14 @@ impl FakeKube {
                 "validatingadmissionpolicybindings" => (
                     "admissionregistration.k8s.io/v1",
                     "ValidatingAdmissionPolicyBindingList",
+                ),
+                "mutatingadmissionpolicies" => (
+                    "admissionregistration.k8s.io/v1",
+                    "MutatingAdmissionPolicyList",
+                ),
+                "mutatingadmissionpolicybindings" => (
+                    "admissionregistration.k8s.io/v1",
+                    "MutatingAdmissionPolicyBindingList",
                 ),
                 _ => ("v1", "PodList"),
             };

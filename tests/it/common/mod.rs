@@ -275,10 +275,18 @@ impl TestServer {
                                 true,
                                 true,
                             ))
-                            .with_policies(farm_apiserver::admission::policy::Policies::start(
-                                client.clone(),
-                                namespaces,
-                            ))
+                            .with_policies(
+                                farm_apiserver::admission::policy::ValidatingPolicies::start(
+                                    client.clone(),
+                                    namespaces.clone(),
+                                ),
+                            )
+                            .with_mutating_policies(
+                                farm_apiserver::admission::policy::MutatingPolicies::start(
+                                    client.clone(),
+                                    namespaces,
+                                ),
+                            )
                     }
                     _ => Default::default(),
                 },

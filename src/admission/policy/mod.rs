@@ -1,0 +1,323 @@
+//! CEL admission policies (k8s.io/apiserver's `plugin/policy`): ValidatingAdmissionPolicy
+//! ([`validating`]) and MutatingAdmissionPolicy ([`mutating`]). What both share is here: a
+//! policy kind and its bindings watched, which writes a policy and a binding take
+//! (`matchConstraints`, the binding's `matchResources`), the params a binding names, and the
+//! variables CEL sees (`object`, `oldObject`, `request`, `params`, `namespaceObject`,
+//! `variables`).
+
+pub mod mutating;
+pub mod validating;
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
+    RuleWithOperations, Variable,
+};
+use kube::{
+    Api, Resource,
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
+    runtime::reflector,
+};
+use serde_json::{Value, json};
+
+pub use mutating::MutatingPolicies;
+pub use validating::ValidatingPolicies;
+
+use super::{
+    Attributes, cel,
+    webhook::{READY_WAIT, call, forbidden, rules, watch},
+};
+use crate::{
+    error::{Error, Result},
+    namespaces::Namespaces,
+};
+
+/// One kind of policy and its bindings, as the cluster has them now.
+pub(crate) struct Watched<
+    P: Resource<DynamicType = ()> + 'static,
+    B: Resource<DynamicType = ()> + 'static,
+> {
+    pub(crate) policies: reflector::Store<P>,
+    pub(crate) bindings: reflector::Store<B>,
+    /// Set once both watches have listed (for `/readyz`).
+    synced: Arc<AtomicBool>,
+}
+
+impl<P, B> Watched<P, B>
+where
+    P: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    B: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    /// Watches `client`'s policies of kind `P` and bindings of kind `B`.
+    pub(crate) fn start(client: kube::Client) -> Self {
+        let policies: reflector::Store<P> = watch(client.clone());
+        let bindings: reflector::Store<B> = watch(client);
+        let synced = Arc::new(AtomicBool::new(false));
+        {
+            let (policies, bindings, synced) = (policies.clone(), bindings.clone(), synced.clone());
+            tokio::spawn(async move {
+                if policies.wait_until_ready().await.is_ok()
+                    && bindings.wait_until_ready().await.is_ok()
+                {
+                    synced.store(true, Ordering::SeqCst);
+                }
+            });
+        }
+        Self {
+            policies,
+            bindings,
+            synced,
+        }
+    }
+
+    /// Whether both watches have listed once.
+    pub(crate) fn synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// Waits (at most [`READY_WAIT`]) for both to be listed; kube-apiserver's "not yet ready".
+    pub(crate) async fn ready(&self, attributes: &Attributes<'_>) -> Result<()> {
+        let ready = async {
+            self.policies.wait_until_ready().await.map_err(|_| ())?;
+            self.bindings.wait_until_ready().await.map_err(|_| ())
+        };
+        match tokio::time::timeout(READY_WAIT, ready).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(forbidden(attributes, "not yet ready to handle request")),
+        }
+    }
+
+    /// The bindings, in name order.
+    pub(crate) fn bindings_by_name(&self) -> Vec<Arc<B>> {
+        let mut bindings = self.bindings.state();
+        bindings.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+        bindings
+    }
+
+    /// The policy a binding names.
+    pub(crate) fn policy(&self, name: &str) -> Option<Arc<P>> {
+        self.policies.get(&reflector::ObjectRef::new(name))
+    }
+}
+
+/// MatchResources: resourceRules (with resourceNames; none: every resource),
+/// excludeResourceRules, namespaceSelector and objectSelector. No MatchResources at all
+/// matches nothing (a policy without matchConstraints).
+pub(crate) async fn matches(
+    namespaces: &Namespaces,
+    resources: Option<&MatchResources>,
+    attributes: &Attributes<'_>,
+    object: Option<&Value>,
+    old: Option<&Value>,
+) -> Result<bool> {
+    let Some(resources) = resources else {
+        return Ok(false);
+    };
+    let named = |rule: &NamedRuleWithOperations| {
+        let plain = RuleWithOperations {
+            api_groups: rule.api_groups.clone(),
+            api_versions: rule.api_versions.clone(),
+            operations: rule.operations.clone(),
+            resources: rule.resources.clone(),
+            scope: rule.scope.clone(),
+        };
+        rules::rule_matches(&plain, attributes)
+            && rule
+                .resource_names
+                .as_ref()
+                .is_none_or(|names| names.is_empty() || names.iter().any(|n| n == attributes.name))
+    };
+    // No resourceRules takes every resource (a binding narrowing by selectors only).
+    let rules = resources.resource_rules.as_deref().unwrap_or_default();
+    if (!rules.is_empty() && !rules.iter().any(named))
+        || resources.exclude_resource_rules.iter().flatten().any(named)
+    {
+        return Ok(false);
+    }
+    let object_selector = rules::selector(resources.object_selector.as_ref())
+        .map_err(|e| Error::Internal(format!("objectSelector: {e}")))?;
+    if !rules::object_matches(
+        &object_selector,
+        rules::labels_of(object).as_ref(),
+        rules::labels_of(old).as_ref(),
+        object.is_some(),
+        old.is_some(),
+    ) {
+        return Ok(false);
+    }
+    let namespace_selector = rules::selector(resources.namespace_selector.as_ref())
+        .map_err(|e| Error::Internal(format!("namespaceSelector: {e}")))?;
+    if let Some(selector) = namespace_selector
+        && !attributes.namespace.is_empty()
+    {
+        let labels = namespaces.labels(attributes.namespace).await?;
+        return Ok(selector.matches(labels.as_ref()));
+    }
+    Ok(true)
+}
+
+/// The params a binding names (`paramRef`: by name, or by selector, in its namespace or the
+/// object's): None when the binding is skipped (none found and `Allow`), one `null` when the
+/// policy takes none. The error is the policy's failure.
+pub(crate) async fn params(
+    client: &kube::Client,
+    kind: Option<&ParamKind>,
+    reference: Option<&ParamRef>,
+    attributes: &Attributes<'_>,
+) -> std::result::Result<Option<Vec<Value>>, String> {
+    let Some(kind) = kind else {
+        return Ok(Some(vec![Value::Null]));
+    };
+    let Some(reference) = reference else {
+        // Evaluated with `params` null, as kube-apiserver does.
+        return Ok(Some(vec![Value::Null]));
+    };
+    let api_version = kind.api_version.as_deref().unwrap_or("v1");
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind.kind.as_deref().unwrap_or_default());
+    let resource = ApiResource::from_gvk(&gvk);
+    let namespace = reference
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(attributes.namespace);
+    let api: Api<DynamicObject> = if namespace.is_empty() {
+        Api::all_with(client.clone(), &resource)
+    } else {
+        Api::namespaced_with(client.clone(), namespace, &resource)
+    };
+    let mut list = ListParams::default();
+    if let Some(name) = &reference.name {
+        list = list.fields(&format!("metadata.name={name}"));
+    } else if let Some(selector) = &reference.selector {
+        let text = rules::selector_text(selector)?;
+        if !text.is_empty() {
+            list = list.labels(&text);
+        }
+    }
+    let found = api
+        .list(&list)
+        .await
+        .map_err(|e| format!("failed to list params: {e}"))?;
+    let params: Vec<Value> = found
+        .items
+        .into_iter()
+        .filter(|item| {
+            reference
+                .name
+                .as_ref()
+                .is_none_or(|name| item.metadata.name.as_ref() == Some(name))
+        })
+        .filter_map(|item| serde_json::to_value(item).ok())
+        .collect();
+    if params.is_empty() {
+        // Only an explicit Deny refuses (kube-apiserver's policy source).
+        return match reference.parameter_not_found_action.as_deref() {
+            Some("Deny") => {
+                Err("no params found for policy binding with `Deny` parameterNotFoundAction".into())
+            }
+            _ => Ok(None),
+        };
+    }
+    Ok(Some(params))
+}
+
+/// The variables every policy expression sees (`variables` comes later, see [`compose`]).
+/// Each is converted once: the values share their contents, so each expression's copy is
+/// cheap.
+pub(crate) async fn variables(
+    attributes: &Attributes<'_>,
+    object: Option<&Value>,
+    old: Option<&Value>,
+    params: &Value,
+    namespaces: &Namespaces,
+) -> Vec<(String, ::cel::Value)> {
+    let request = call::request_variable(attributes);
+    let namespace_object = if attributes.namespace.is_empty() {
+        Value::Null
+    } else {
+        let labels = namespaces.labels(attributes.namespace).await.ok().flatten();
+        json!({"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": attributes.namespace, "labels": labels.unwrap_or_default()}})
+    };
+    vec![
+        ("object".to_owned(), attributes.object_to_cel(object)),
+        ("oldObject".to_owned(), attributes.object_to_cel(old)),
+        ("request".to_owned(), cel::to_cel(&request)),
+        ("params".to_owned(), cel::to_cel(params)),
+        ("namespaceObject".to_owned(), cel::to_cel(&namespace_object)),
+    ]
+}
+
+/// Whether every one of a policy's `matchConditions` holds; the error is the policy's failure.
+pub(crate) async fn conditions_hold(
+    conditions: Option<&Vec<MatchCondition>>,
+    variables: &[(String, ::cel::Value)],
+) -> std::result::Result<bool, String> {
+    for condition in conditions.into_iter().flatten() {
+        match run(&condition.expression, variables.to_vec()).await? {
+            Value::Bool(true) => {}
+            Value::Bool(false) => return Ok(false),
+            other => {
+                return Err(format!(
+                    "matchCondition {:?} gave {other}, not a bool",
+                    condition.name
+                ));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// Adds `variables`, the policy's composited variables, each seeing those before it.
+pub(crate) async fn compose(
+    declared: Option<&Vec<Variable>>,
+    variables: &mut Vec<(String, ::cel::Value)>,
+) -> std::result::Result<(), String> {
+    let mut composed = serde_json::Map::new();
+    for variable in declared.into_iter().flatten() {
+        let mut with = variables.clone();
+        with.push((
+            "variables".to_owned(),
+            cel::to_cel(&Value::Object(composed.clone())),
+        ));
+        let value = run(&variable.expression, with).await?;
+        composed.insert(variable.name.clone(), value);
+    }
+    variables.push((
+        "variables".to_owned(),
+        cel::to_cel(&Value::Object(composed)),
+    ));
+    Ok(())
+}
+
+/// Runs one expression; the error names it, as kube-apiserver's do.
+pub(crate) async fn run(
+    source: &str,
+    variables: Vec<(String, ::cel::Value)>,
+) -> std::result::Result<Value, String> {
+    let expression = cel::Expression::cached(source)
+        .await
+        .map_err(|e| format!("expression '{source}' {e}"))?;
+    cel::evaluate(vec![expression], variables)
+        .await
+        .pop()
+        .unwrap_or_else(|| Err("no result".into()))
+        .map_err(|e| format!("expression '{source}' resulted in error: {e}"))
+}

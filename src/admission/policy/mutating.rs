@@ -1,0 +1,310 @@
+//! MutatingAdmissionPolicy (k8s.io/apiserver's `plugin/policy/mutating`): for each binding
+//! whose policy and match resources take a create or update, the policy's `mutations` in
+//! order, each a CEL expression that builds an apply configuration (`Object{...}`, merged as
+//! server-side apply merges, without taking ownership) or a JSON patch (`[JSONPatch{...}]`).
+//! A failing mutation is the policy's failure, judged by its `failurePolicy` once every policy
+//! has run; a JSON patch whose `test` fails changes nothing.
+
+use std::sync::Arc;
+
+use k8s_openapi::{
+    api::admissionregistration::v1::{
+        MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingAdmissionPolicySpec,
+        Mutation,
+    },
+    apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails},
+};
+use serde_json::Value;
+
+use super::{Watched, compose, conditions_hold, matches, params, run, variables};
+use crate::{
+    admission::{Attributes, Operation, webhook::Patcher},
+    error::{Error, Result},
+    namespaces::Namespaces,
+};
+
+/// Merges an apply configuration into an object, as server-side apply merges (the kind's
+/// schema; atomic lists, maps and structs refused): the REST layer's.
+pub type Merger<'a> = dyn Fn(&Value, &Value) -> std::result::Result<Value, String> + Sync + 'a;
+
+/// How mutations reach the object: the REST layer's bounded JSON patch, and its merge.
+pub struct Appliers<'a> {
+    /// Applies a JSON patch (bounded as a webhook's).
+    pub json_patch: &'a Patcher,
+    /// Merges an apply configuration.
+    pub apply_configuration: &'a Merger<'a>,
+}
+
+/// The cluster's MutatingAdmissionPolicies and their bindings.
+pub struct MutatingPolicies {
+    watched: Watched<MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding>,
+    namespaces: Arc<Namespaces>,
+    client: kube::Client,
+}
+
+/// A policy failure: its message, and the reason its Status carries (None: Forbidden).
+struct Failure {
+    message: String,
+    reason: Option<&'static str>,
+}
+
+impl MutatingPolicies {
+    /// Watches `client`'s MutatingAdmissionPolicies and bindings; namespace labels from
+    /// `namespaces`.
+    pub fn start(client: kube::Client, namespaces: Arc<Namespaces>) -> Arc<Self> {
+        Arc::new(Self {
+            watched: Watched::start(client.clone()),
+            namespaces,
+            client,
+        })
+    }
+
+    /// Whether both watches have listed once.
+    pub fn synced(&self) -> bool {
+        self.watched.synced()
+    }
+
+    /// Whether a create or update may be mutated (a binding exists); a delete never is.
+    pub async fn any(&self, attributes: &Attributes<'_>) -> Result<bool> {
+        if attributes.operation == Operation::Delete {
+            return Ok(false);
+        }
+        self.watched.ready(attributes).await?;
+        Ok(!self.watched.bindings.is_empty())
+    }
+
+    /// Runs every binding that takes the write, in name order, on `object`. `only`: on a
+    /// reinvocation, the invocations to run again (those with `reinvocationPolicy:
+    /// IfNeeded`). Returns the invocations that may be run again.
+    pub async fn mutate(
+        &self,
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        old: Option<&Value>,
+        appliers: &Appliers<'_>,
+        only: Option<&[String]>,
+    ) -> Result<Vec<String>> {
+        self.watched.ready(attributes).await?;
+        let mut reinvocable = Vec::new();
+        let mut failures: Vec<Failure> = Vec::new();
+        for binding in self.watched.bindings_by_name() {
+            let Some(binding_spec) = &binding.spec else {
+                continue;
+            };
+            let policy_name = binding_spec.policy_name.as_deref().unwrap_or_default();
+            let Some(policy) = self.watched.policy(policy_name) else {
+                continue;
+            };
+            let Some(spec) = &policy.spec else {
+                continue;
+            };
+            let namespaces = &self.namespaces;
+            if !matches(
+                namespaces,
+                spec.match_constraints.as_ref(),
+                attributes,
+                Some(object),
+                old,
+            )
+            .await?
+            {
+                continue;
+            }
+            if let Some(resources) = &binding_spec.match_resources
+                && !matches(namespaces, Some(resources), attributes, Some(object), old).await?
+            {
+                continue;
+            }
+            let binding_name = binding.metadata.name.as_deref().unwrap_or_default();
+            let fail = spec.failure_policy.as_deref() != Some("Ignore");
+            let denied = |message: String| {
+                format!(
+                    "policy '{policy_name}' with binding '{binding_name}' denied request: {message}"
+                )
+            };
+            let found = params(
+                &self.client,
+                spec.param_kind.as_ref(),
+                binding_spec.param_ref.as_ref(),
+                attributes,
+            )
+            .await;
+            let params = match found {
+                Ok(Some(params)) => params,
+                Ok(None) => continue,
+                Err(message) => {
+                    if fail {
+                        failures.push(Failure {
+                            message: denied(format!("failed to configure binding: {message}")),
+                            reason: None,
+                        });
+                    }
+                    continue;
+                }
+            };
+            for param in params {
+                let key = format!(
+                    "{policy_name}/{binding_name}/{}/{}",
+                    param["metadata"]["namespace"].as_str().unwrap_or_default(),
+                    param["metadata"]["name"].as_str().unwrap_or_default()
+                );
+                if only.is_some_and(|only| !only.contains(&key)) {
+                    continue;
+                }
+                let errors = self
+                    .invoke(spec, attributes, object, old, &param, appliers)
+                    .await;
+                if fail {
+                    failures.extend(errors.into_iter().map(|message| Failure {
+                        message: denied(message),
+                        reason: Some("Invalid"),
+                    }));
+                }
+                if spec.reinvocation_policy.as_deref() == Some("IfNeeded") {
+                    reinvocable.push(key);
+                }
+            }
+        }
+        match failures.into_iter().next() {
+            Some(failure) => Err(refused(attributes, failure)),
+            None => Ok(reinvocable),
+        }
+    }
+
+    /// One policy for one param: its matchConditions, variables and mutations, in order, each
+    /// seeing the object as the ones before it left it. Returns what failed.
+    async fn invoke(
+        &self,
+        spec: &MutatingAdmissionPolicySpec,
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        old: Option<&Value>,
+        params: &Value,
+        appliers: &Appliers<'_>,
+    ) -> Vec<String> {
+        let mut variables =
+            variables(attributes, Some(object), old, params, &self.namespaces).await;
+        match conditions_hold(spec.match_conditions.as_ref(), &variables).await {
+            Ok(true) => {}
+            Ok(false) => return Vec::new(),
+            Err(message) => return vec![message],
+        }
+        if let Err(message) = compose(spec.variables.as_ref(), &mut variables).await {
+            return vec![message];
+        }
+        let mut errors = Vec::new();
+        for mutation in spec.mutations.iter().flatten() {
+            match mutate_one(mutation, &variables, object, appliers).await {
+                Ok(true) => {
+                    // The next mutation sees this one's result.
+                    if let Some(slot) = variables.iter_mut().find(|(name, _)| name == "object") {
+                        slot.1 = attributes.object_to_cel(Some(object));
+                    }
+                }
+                Ok(false) => {}
+                Err(message) => errors.push(message),
+            }
+        }
+        errors
+    }
+}
+
+/// One mutation on `object`: whether it changed it.
+async fn mutate_one(
+    mutation: &Mutation,
+    variables: &[(String, ::cel::Value)],
+    object: &mut Value,
+    appliers: &Appliers<'_>,
+) -> std::result::Result<bool, String> {
+    match mutation.patch_type.as_str() {
+        "ApplyConfiguration" => {
+            let source = mutation
+                .apply_configuration
+                .as_ref()
+                .and_then(|a| a.expression.as_deref())
+                .ok_or("applyConfiguration.expression is required")?;
+            let Value::Object(mut configuration) = run(source, variables.to_vec()).await? else {
+                return Err(format!(
+                    "expression '{source}': an apply configuration must be an Object"
+                ));
+            };
+            // The configuration is of the object's kind.
+            for field in ["apiVersion", "kind"] {
+                if let Some(value) = object.get(field) {
+                    configuration.insert(field.to_owned(), value.clone());
+                }
+            }
+            let merged = (appliers.apply_configuration)(object, &Value::Object(configuration))
+                .map_err(|e| format!("error applying patch: {e}"))?;
+            let changed = merged != *object;
+            *object = merged;
+            Ok(changed)
+        }
+        "JSONPatch" => {
+            let source = mutation
+                .json_patch
+                .as_ref()
+                .and_then(|p| p.expression.as_deref())
+                .ok_or("jsonPatch.expression is required")?;
+            let operations = match run(source, variables.to_vec()).await? {
+                Value::Array(operations) => operations,
+                _ => {
+                    return Err(
+                        "type mismatch: JSONPatchType.expression should evaluate to array".into(),
+                    );
+                }
+            };
+            let patch: json_patch::Patch = serde_json::from_value(Value::Array(operations))
+                .map_err(|e| format!("JSON Patch: {e}"))?;
+            let mut patched = object.clone();
+            match (appliers.json_patch)(&mut patched, &patch) {
+                Ok(()) => {
+                    let changed = patched != *object;
+                    *object = patched;
+                    Ok(changed)
+                }
+                // A failed `test` leaves the object as it was (kube-apiserver's
+                // ErrTestFailed); the bounded patch names the operation that failed.
+                Err(message) if failed_test(&patch, &message) => Ok(false),
+                Err(message) => Err(format!("JSON Patch: {message}")),
+            }
+        }
+        other => Err(format!("unsupported patchType {other:?}")),
+    }
+}
+
+/// Whether the bounded JSON patch's error `message` (`operation N (...): ...`) is a `test`
+/// that failed.
+fn failed_test(patch: &json_patch::Patch, message: &str) -> bool {
+    message
+        .strip_prefix("operation ")
+        .and_then(|rest| rest.split_once(' '))
+        .and_then(|(index, _)| index.parse::<usize>().ok())
+        .and_then(|index| patch.get(index))
+        .is_some_and(|operation| matches!(operation, json_patch::PatchOperation::Test(_)))
+}
+
+/// The write refused by a policy's failure (`admission.NewForbidden`, its message replaced
+/// by the first failure's, its reason by the failure's): 403.
+fn refused(attributes: &Attributes<'_>, failure: Failure) -> Error {
+    Error::Admission {
+        status: Box::new(Status {
+            code: Some(403),
+            message: Some(failure.message.clone()),
+            reason: Some(failure.reason.unwrap_or("Forbidden").to_owned()),
+            status: Some("Failure".into()),
+            details: Some(StatusDetails {
+                name: Some(attributes.name.to_owned()),
+                group: Some(attributes.group.to_owned()),
+                kind: Some(attributes.resource.to_string()),
+                causes: Some(vec![StatusCause {
+                    message: Some(failure.message),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        warnings: Vec::new(),
+    }
+}

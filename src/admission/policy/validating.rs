@@ -1,0 +1,246 @@
+//! ValidatingAdmissionPolicy (k8s.io/apiserver's `plugin/policy/validating`): for each binding
+//! whose policy and match resources take the write, the policy's CEL `validations`, with the
+//! binding's `validationActions`. Audit annotations and the `Audit` action wait for an audit
+//! log.
+
+use std::sync::Arc;
+
+use k8s_openapi::{
+    api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicySpec,
+    },
+    apimachinery::pkg::apis::meta::v1::Status,
+};
+use serde_json::Value;
+
+use super::{Watched, compose, conditions_hold, matches, params, run, variables};
+use crate::{
+    admission::{Attributes, webhook::forbidden},
+    error::{Error, Result},
+    namespaces::Namespaces,
+};
+
+/// The cluster's ValidatingAdmissionPolicies and their bindings.
+pub struct ValidatingPolicies {
+    watched: Watched<ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding>,
+    namespaces: Arc<Namespaces>,
+    client: kube::Client,
+}
+
+/// What one binding decided.
+enum Decision {
+    /// The write goes on.
+    Allow,
+    /// A validation failed (or the policy failed under `failurePolicy: Fail`): its message and
+    /// reason.
+    Violation { message: String, reason: String },
+}
+
+impl ValidatingPolicies {
+    /// Watches `client`'s ValidatingAdmissionPolicies and bindings; namespace labels from
+    /// `namespaces`.
+    pub fn start(client: kube::Client, namespaces: Arc<Namespaces>) -> Arc<Self> {
+        Arc::new(Self {
+            watched: Watched::start(client.clone()),
+            namespaces,
+            client,
+        })
+    }
+
+    /// Whether both watches have listed once.
+    pub fn synced(&self) -> bool {
+        self.watched.synced()
+    }
+
+    /// Whether any binding exists (a write skips the JSON round trip if not).
+    pub async fn any(&self, attributes: &Attributes<'_>) -> Result<bool> {
+        self.watched.ready(attributes).await?;
+        Ok(!self.watched.bindings.is_empty())
+    }
+
+    /// Every binding that takes the write, in name order: the first denial is the answer;
+    /// `Warn` violations come back as warnings.
+    pub async fn validate(
+        &self,
+        attributes: &Attributes<'_>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<Vec<String>> {
+        self.watched.ready(attributes).await?;
+        let mut warnings = Vec::new();
+        for binding in self.watched.bindings_by_name() {
+            let binding_spec = &binding.spec;
+            let Some(policy) = self.watched.policy(&binding_spec.policy_name) else {
+                continue;
+            };
+            let Some(spec) = &policy.spec else {
+                continue;
+            };
+            // A policy matches nothing without its constraints; a binding narrows them.
+            let namespaces = &self.namespaces;
+            if !matches(
+                namespaces,
+                spec.match_constraints.as_ref(),
+                attributes,
+                object,
+                old,
+            )
+            .await?
+            {
+                continue;
+            }
+            if let Some(resources) = &binding_spec.match_resources
+                && !matches(namespaces, Some(resources), attributes, object, old).await?
+            {
+                continue;
+            }
+            let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
+            let binding_name = binding.metadata.name.as_deref().unwrap_or_default();
+            let fail = spec.failure_policy.as_deref() != Some("Ignore");
+            let decisions = match params(
+                &self.client,
+                spec.param_kind.as_ref(),
+                binding_spec.param_ref.as_ref(),
+                attributes,
+            )
+            .await
+            {
+                // A binding that cannot be configured is judged by the failure policy alone.
+                Err(message) if fail => {
+                    return Err(denied(
+                        attributes,
+                        &format!(
+                            "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: failed to configure binding: {message}"
+                        ),
+                        "Invalid",
+                        &warnings,
+                    ));
+                }
+                Err(_) => continue,
+                Ok(None) => Vec::new(),
+                Ok(Some(params)) => {
+                    let mut decisions = Vec::new();
+                    for param in params {
+                        decisions.push(
+                            evaluate(spec, attributes, object, old, param, &self.namespaces).await,
+                        );
+                    }
+                    decisions
+                }
+            };
+            for decision in decisions {
+                let (message, reason) = match decision {
+                    Ok(Decision::Allow) => continue,
+                    Ok(Decision::Violation { message, reason }) => (message, reason),
+                    Err(_) if !fail => continue,
+                    Err(message) => (message, "Invalid".to_owned()),
+                };
+                let actions = &binding_spec.validation_actions;
+                if actions.iter().any(|a| a == "Warn") {
+                    warnings.push(format!(
+                        "Validation failed for ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}': {message}"
+                    ));
+                }
+                if actions.iter().any(|a| a == "Deny") {
+                    return Err(denied(
+                        attributes,
+                        &format!(
+                            "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: {message}"
+                        ),
+                        &reason,
+                        &warnings,
+                    ));
+                }
+            }
+        }
+        Ok(warnings)
+    }
+}
+
+/// One policy for one param: its matchConditions, variables and validations. The error is
+/// the policy's failure (an expression that does not compile or evaluate).
+async fn evaluate(
+    spec: &ValidatingAdmissionPolicySpec,
+    attributes: &Attributes<'_>,
+    object: Option<&Value>,
+    old: Option<&Value>,
+    params: Value,
+    namespaces: &Namespaces,
+) -> std::result::Result<Decision, String> {
+    let mut variables = variables(attributes, object, old, &params, namespaces).await;
+    if !conditions_hold(spec.match_conditions.as_ref(), &variables).await? {
+        return Ok(Decision::Allow);
+    }
+    compose(spec.variables.as_ref(), &mut variables).await?;
+    for validation in spec.validations.iter().flatten() {
+        match run(&validation.expression, variables.clone()).await? {
+            Value::Bool(true) => continue,
+            Value::Bool(false) => {}
+            other => {
+                return Err(format!(
+                    "expression '{}' gave {other}, not a bool",
+                    validation.expression
+                ));
+            }
+        }
+        let from_expression = match &validation.message_expression {
+            Some(source) => match run(source, variables.clone()).await {
+                Ok(Value::String(text)) if !text.trim().is_empty() => Some(text),
+                _ => None,
+            },
+            None => None,
+        };
+        let message = from_expression
+            .or_else(|| validation.message.clone().filter(|m| !m.is_empty()))
+            .unwrap_or_else(|| format!("failed expression: {}", validation.expression));
+        return Ok(Decision::Violation {
+            message,
+            reason: validation
+                .reason
+                .clone()
+                .unwrap_or_else(|| "Forbidden".into()),
+        });
+    }
+    Ok(Decision::Allow)
+}
+
+/// A policy's denial as kube-apiserver words it (`admission.NewForbidden`, then the
+/// validation's reason and its code).
+fn denied(attributes: &Attributes<'_>, message: &str, reason: &str, warnings: &[String]) -> Error {
+    // reasonToCode: Invalid (422) for a validation without a reason, an unknown one, or an
+    // expression that failed.
+    let (reason, code) = match reason {
+        "Unauthorized" => ("Unauthorized", 401),
+        "Forbidden" => ("Forbidden", 403),
+        "RequestEntityTooLarge" => ("RequestEntityTooLarge", 413),
+        _ => ("Invalid", 422),
+    };
+    let text = match forbidden(attributes, message) {
+        Error::Forbidden(text) => text,
+        other => other.to_string(),
+    };
+    Error::Admission {
+        status: Box::new(Status {
+            code: Some(code),
+            message: Some(text),
+            reason: Some(reason.to_owned()),
+            status: Some("Failure".into()),
+            details: Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusDetails {
+                    name: Some(attributes.name.to_owned()),
+                    group: Some(attributes.group.to_owned()),
+                    kind: Some(attributes.resource.to_string()),
+                    causes: Some(vec![
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::StatusCause {
+                            message: Some(message.to_owned()),
+                            ..Default::default()
+                        },
+                    ]),
+                    ..Default::default()
+                },
+            ),
+            ..Default::default()
+        }),
+        warnings: warnings.to_vec(),
+    }
+}
