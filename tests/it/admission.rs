@@ -31,11 +31,18 @@ pub(crate) struct Webhook {
 
 impl Webhook {
     pub(crate) async fn start() -> Self {
+        Self::start_for(&[]).await
+    }
+
+    /// One whose certificate also names `names` (a Service's `<name>.<namespace>.svc`).
+    pub(crate) async fn start_for(names: &[&str]) -> Self {
         common::install_crypto();
         let dir = tempfile::tempdir().unwrap();
         let ca =
             farm_apiserver::tls::DevCa::load_or_create_named(dir.path(), "webhook-ca").unwrap();
-        let (cert, key) = ca.issue_serving(&["127.0.0.1", "localhost"]).unwrap();
+        let mut sans = vec!["127.0.0.1", "localhost"];
+        sans.extend_from_slice(names);
+        let (cert, key) = ca.issue_serving(&sans).unwrap();
         let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
         let answer: Arc<Mutex<Box<Answer>>> = Arc::new(Mutex::new(Box::new(|_| allow())));
         let delay: Arc<Mutex<Duration>> = Arc::default();
@@ -89,6 +96,19 @@ impl Webhook {
 
     pub(crate) fn seen(&self) -> Vec<Value> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// Its port.
+    pub(crate) fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// A `clientConfig` that reaches it through the Service `namespace/name` (at its port).
+    pub(crate) fn service_config(&self, namespace: &str, name: &str, path: &str) -> Value {
+        json!({
+            "service": {"namespace": namespace, "name": name, "path": path, "port": self.addr.port()},
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
+        })
     }
 
     /// A `clientConfig` that reaches it (`url` and `caBundle`).
@@ -1486,4 +1506,112 @@ async fn mutating_admission_policies_mutate_writes(storage: TestStorage) {
     )
     .await;
     assert_eq!(ignored.status, 201, "{}", ignored.json());
+}
+
+/// A webhook reached through a Service (`clientConfig.service`), resolved as kube-apiserver
+/// resolves it: an ExternalName Service to its external name, a ClusterIP Service to its
+/// ClusterIP when it has the port; TLS verifies the certificate for `<name>.<namespace>.svc`
+/// (a certificate without that name fails, as does a Service that does not exist).
+#[tokio::test]
+async fn webhooks_reached_through_services() {
+    let hook = Webhook::start_for(&["external.default.svc", "cluster.default.svc"]).await;
+    hook.answer(|request| {
+        if request["object"]["metadata"]["labels"]["deny"] == "yes" {
+            deny(403, "no, through the service")
+        } else {
+            allow()
+        }
+    });
+    let port = hook.port();
+    let service = |name: &str, spec: Value| {
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": "default"}, "spec": spec})
+    };
+    let webhook = |name: &str, service: &str, select: &str| {
+        json!({
+            "name": format!("{name}.farm.example.com"),
+            "clientConfig": hook.service_config("default", service, "/validate"),
+            "rules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                       "operations": ["CREATE"], "resources": ["llamas"]}],
+            "objectSelector": {"matchLabels": {"via": select}},
+            "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail",
+        })
+    };
+    let mut configuration = validating(
+        "through-services",
+        webhook("external", "external", "external"),
+    );
+    configuration["webhooks"].as_array_mut().unwrap().extend([
+        webhook("cluster", "cluster", "cluster"),
+        webhook("unnamed", "unnamed", "unnamed"),
+        webhook("missing", "missing", "missing"),
+        webhook("portless", "portless", "portless"),
+    ]);
+    let configurations = [
+        service(
+            "external",
+            json!({"type": "ExternalName", "externalName": "localhost"}),
+        ),
+        service(
+            "cluster",
+            json!({"type": "ClusterIP", "clusterIP": "127.0.0.1",
+            "ports": [{"port": port}]}),
+        ),
+        // Reaches the webhook, whose certificate does not name it.
+        service(
+            "unnamed",
+            json!({"type": "ExternalName", "externalName": "localhost"}),
+        ),
+        service(
+            "portless",
+            json!({"type": "ClusterIP", "clusterIP": "127.0.0.1",
+            "ports": [{"port": 1}]}),
+        ),
+        configuration,
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let create = |name: &str, via: &str, deny: &str| {
+        let body = llama(name, 5.0, json!({"via": via, "deny": deny}));
+        let server = &server;
+        async move { send(server, "POST", LLAMAS, Some(body)).await }
+    };
+    for via in ["external", "cluster"] {
+        let allowed = create(&format!("{via}-ok"), via, "no").await;
+        assert_eq!(allowed.status, 201, "{}", allowed.json());
+        let denied = create(&format!("{via}-no"), via, "yes").await;
+        assert_eq!(denied.status, 403, "{}", denied.json());
+        assert_eq!(
+            denied.json()["message"],
+            format!(
+                "admission webhook \"{via}.farm.example.com\" denied the request: no, through the service"
+            )
+        );
+    }
+    assert_eq!(hook.seen().len(), 4);
+    assert!(
+        hook.seen().iter().all(|review| review["test:uri"]
+            .as_str()
+            .unwrap()
+            .starts_with("/validate?timeout=")),
+        "{:?}",
+        hook.seen()
+    );
+    for (via, expected) in [
+        ("unnamed", "certificate"),
+        ("missing", "service \"missing\" not found"),
+        ("portless", "no service port"),
+    ] {
+        let failed = create(&format!("{via}-x"), via, "no").await;
+        assert_eq!(failed.status, 500, "{}", failed.json());
+        let message = failed.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.starts_with(&format!(
+                "Internal error occurred: failed calling webhook \"{via}.farm.example.com\": failed to call webhook"
+            )) && message.contains(expected),
+            "{message}"
+        );
+    }
+    assert_eq!(hook.seen().len(), 4);
 }

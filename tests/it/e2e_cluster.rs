@@ -340,6 +340,7 @@ async fn through_kube_apiserver() {
     webhooks_configured_with_kubectl(&cluster, ns, &step).await;
     policies_configured_with_kubectl(&cluster, ns, &step).await;
     mutating_policies_configured_with_kubectl(&cluster, ns, &step).await;
+    webhook_through_a_service(&cluster, ns, &step).await;
 
     step("cleaning up: the APIService first");
     drop(installed);
@@ -1235,6 +1236,35 @@ async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
         "{err}"
     );
 
+    step("failurePolicy Ignore: the same write goes through while the webhook is down");
+    cluster.ok(
+        &[
+            "patch",
+            "validatingwebhookconfiguration",
+            &format!("farm-e2e-down-{suffix}"),
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"replace","path":"/webhooks/0/failurePolicy","value":"Ignore"}]"#,
+        ],
+        None,
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, _, err) = cluster.run(
+            &["create", "-f", "-"],
+            Some(&llama("unchecked", 5.0, json!({"hook": "down"}))),
+        );
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused under Ignore: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
     step("configurations deleted: no more calls");
     drop(configured);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1451,4 +1481,63 @@ async fn mutating_policies_configured_with_kubectl(
         attempt += 1;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A validating webhook reached through a Service, as on the lab: an ExternalName Service
+/// (`localhost`) at the webhook's port, its certificate for `<service>.<namespace>.svc`.
+async fn webhook_through_a_service(cluster: &Cluster, ns: &str, step: &dyn Fn(&str)) {
+    use crate::admission::{Webhook, allow, deny, validating};
+    step("a validating webhook reached through an ExternalName Service");
+    let service = "farm-e2e-hook";
+    let hook = Webhook::start_for(&[&format!("{service}.{ns}.svc")]).await;
+    hook.answer(|request| {
+        if request["object"]["metadata"]["labels"]["service-hook"] == "deny" {
+            deny(403, "refused through the service")
+        } else {
+            allow()
+        }
+    });
+    let name = format!("farm-e2e-service-{}", std::process::id());
+    let configuration = validating(
+        &name,
+        json!({"name": "service.farm.example.com",
+               "clientConfig": hook.service_config(ns, service, "/validate"),
+               "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+               "objectSelector": {"matchExpressions": [{"key": "service-hook", "operator": "Exists"}]}}),
+    );
+    let service_object = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": service, "namespace": ns},
+        "spec": {"type": "ExternalName", "externalName": "localhost",
+                 "ports": [{"port": hook.port()}]}});
+    let _configured = Configured {
+        cluster,
+        names: vec![("validatingwebhookconfiguration", name.clone())],
+    };
+    let list =
+        json!({"apiVersion": "v1", "kind": "List", "items": [service_object, configuration]});
+    cluster.ok(&["apply", "-f", "-"], Some(&list.to_string()));
+    let llama = |name: &str, verdict: &str| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+               "metadata": {"name": name, "namespace": ns, "labels": {"service-hook": verdict}},
+               "spec": {"weight": 5.0, "height": 1.0}})
+        .to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let refused = loop {
+        let (ok, _, err) = cluster.run(&["create", "-f", "-"], Some(&llama("svc-deny", "deny")));
+        if !ok {
+            break err;
+        }
+        assert!(Instant::now() < deadline, "the webhook was never called");
+        cluster.ok(&["delete", "llama", "svc-deny", "-n", ns], None);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        refused.contains(
+            "admission webhook \"service.farm.example.com\" denied the request: refused through the service"
+        ),
+        "{refused}"
+    );
+    cluster.ok(&["create", "-f", "-"], Some(&llama("svc-allow", "allow")));
+    assert!(hook.seen().len() >= 2);
 }

@@ -2,8 +2,18 @@
 //! sent (`clientConfig`: a URL, or a Service as `https://<name>.<namespace>.svc:<port><path>`,
 //! trusted through `caBundle` or the system's roots), and the checks its answer must pass
 //! (k8s.io/apiserver's `request/admissionreview.go`).
+//!
+//! A Service is resolved as kube-apiserver resolves it without `--enable-aggregator-routing`
+//! (its ClusterIP service resolver): the Service is read, and the call goes to its ClusterIP,
+//! or to its `externalName`, at the configured port, while TLS verifies the serving
+//! certificate for `<name>.<namespace>.svc`.
 
-use std::{collections::HashMap, sync::Mutex, time::Duration};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use base64::Engine;
 use bytes::Bytes;
@@ -24,7 +34,48 @@ use super::super::Attributes;
 /// The most a webhook's answer may be (kube-apiserver's request body bound).
 const MAX_RESPONSE_BYTES: usize = 3 * 1024 * 1024;
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
+
+/// The addresses services resolved to, by their `<name>.<namespace>.svc` host.
+type Resolved = Arc<Mutex<HashMap<String, Vec<SocketAddr>>>>;
+
+/// Host names to addresses: the system's resolver for URLs; for Services, what
+/// [`Clients::resolve`] found just before the call.
+#[derive(Clone, Default)]
+struct Resolver {
+    services: Option<Resolved>,
+}
+
+impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for Resolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = futures::future::BoxFuture<'static, std::io::Result<Self::Response>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: hyper_util::client::legacy::connect::dns::Name) -> Self::Future {
+        let host = name.as_str().to_owned();
+        match &self.services {
+            Some(services) => {
+                let found = services.lock().ok().and_then(|s| s.get(&host).cloned());
+                Box::pin(async move {
+                    found.map(Vec::into_iter).ok_or_else(|| {
+                        std::io::Error::other(format!("service {host:?} is not resolved"))
+                    })
+                })
+            }
+            None => Box::pin(async move {
+                let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+                Ok(found.collect::<Vec<_>>().into_iter())
+            }),
+        }
+    }
+}
 
 /// What a webhook answered, checked.
 #[derive(Debug, Default)]
@@ -62,16 +113,71 @@ struct ReviewResponse {
     warnings: Vec<String>,
 }
 
-/// HTTPS clients, one per set of trusted roots (a webhook's `caBundle`).
-#[derive(Default)]
+/// HTTPS clients, one per set of trusted roots (a webhook's `caBundle`) and way of resolving
+/// names (URLs, Services).
 pub struct Clients {
-    by_roots: Mutex<HashMap<Vec<u8>, HttpsClient>>,
+    by_roots: Mutex<HashMap<(Vec<u8>, bool), HttpsClient>>,
+    /// Where Services resolved to.
+    services: Resolved,
+    /// The cluster, to read Services from.
+    cluster: kube::Client,
 }
 
 impl Clients {
-    fn for_roots(&self, ca_bundle: &[u8]) -> Result<HttpsClient, String> {
+    /// Clients reading Services from `cluster`.
+    pub fn new(cluster: kube::Client) -> Self {
+        Self {
+            by_roots: Mutex::default(),
+            services: Resolved::default(),
+            cluster,
+        }
+    }
+
+    /// The addresses a Service reference reaches at `port` (kube-apiserver's ClusterIP service
+    /// resolver): its ClusterIP when it has a port `port`, or its `externalName`.
+    async fn resolve(&self, namespace: &str, name: &str, port: i32) -> Result<(), String> {
+        use k8s_openapi::api::core::v1::Service;
+        let api: kube::Api<Service> = kube::Api::namespaced(self.cluster.clone(), namespace);
+        let service = api.get(name).await.map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 404 => {
+                format!("service \"{name}\" not found")
+            }
+            other => format!("failed to get service {namespace}/{name}: {other}"),
+        })?;
+        let spec = service.spec.unwrap_or_default();
+        let addresses: Vec<SocketAddr> = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+            "ExternalName" => {
+                let host = spec.external_name.unwrap_or_default();
+                tokio::net::lookup_host((host.as_str(), 0))
+                    .await
+                    .map_err(|e| format!("resolving {host:?}: {e}"))?
+                    .collect()
+            }
+            "ClusterIP" | "NodePort" | "LoadBalancer" => {
+                let ip = spec.cluster_ip.unwrap_or_default();
+                if ip.is_empty() || ip == "None" {
+                    return Err(format!("cannot route to service with ClusterIP {ip:?}"));
+                }
+                if !spec.ports.iter().flatten().any(|p| p.port == port) {
+                    return Err(format!("no service port {port} found for service {name:?}"));
+                }
+                let ip: std::net::IpAddr = ip
+                    .parse()
+                    .map_err(|_| format!("service {name:?} has an invalid ClusterIP {ip:?}"))?;
+                vec![SocketAddr::new(ip, 0)]
+            }
+            other => return Err(format!("unsupported service type {other:?}")),
+        };
+        if let Ok(mut services) = self.services.lock() {
+            services.insert(format!("{name}.{namespace}.svc"), addresses);
+        }
+        Ok(())
+    }
+
+    fn for_roots(&self, ca_bundle: &[u8], service: bool) -> Result<HttpsClient, String> {
+        let key = (ca_bundle.to_vec(), service);
         if let Ok(clients) = self.by_roots.lock()
-            && let Some(client) = clients.get(ca_bundle)
+            && let Some(client) = clients.get(&key)
         {
             return Ok(client.clone());
         }
@@ -90,7 +196,10 @@ impl Clients {
         let tls = rustls::ClientConfig::builder()
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let mut http = HttpConnector::new();
+        let resolver = Resolver {
+            services: service.then(|| self.services.clone()),
+        };
+        let mut http = HttpConnector::new_with_resolver(resolver);
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(10)));
@@ -102,7 +211,7 @@ impl Clients {
             .wrap_connector(http);
         let client: HttpsClient = Client::builder(TokioExecutor::new()).build(connector);
         if let Ok(mut clients) = self.by_roots.lock() {
-            clients.insert(ca_bundle.to_vec(), client.clone());
+            clients.insert(key, client.clone());
         }
         Ok(client)
     }
@@ -118,7 +227,22 @@ impl Clients {
         mutating: bool,
     ) -> Result<Answer, String> {
         let url = url_of(config, timeout)?;
-        let client = self.for_roots(config.ca_bundle.as_ref().map_or(&[][..], |b| &b.0))?;
+        let service = config
+            .url
+            .is_none()
+            .then_some(config.service.as_ref())
+            .flatten();
+        if let Some(service) = service {
+            self.resolve(
+                &service.namespace,
+                &service.name,
+                service.port.unwrap_or(443),
+            )
+            .await
+            .map_err(|e| format!("failed to call webhook: {e}"))?;
+        }
+        let ca_bundle = config.ca_bundle.as_ref().map_or(&[][..], |b| &b.0);
+        let client = self.for_roots(ca_bundle, service.is_some())?;
         let body =
             serde_json::to_vec(review).map_err(|e| format!("could not encode the review: {e}"))?;
         let request = hyper::Request::post(&url)

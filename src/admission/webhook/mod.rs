@@ -136,7 +136,7 @@ impl Webhooks {
         let mutating: Option<reflector::Store<MutatingWebhookConfiguration>> =
             mutating.then(|| watch(client.clone()));
         let validating: Option<reflector::Store<ValidatingWebhookConfiguration>> =
-            validating.then(|| watch(client));
+            validating.then(|| watch(client.clone()));
         let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         {
             let (mutating, validating, synced) =
@@ -159,7 +159,7 @@ impl Webhooks {
             mutating,
             validating,
             namespaces,
-            clients: call::Clients::default(),
+            clients: call::Clients::new(client),
             metrics: std::sync::OnceLock::new(),
             synced,
         })

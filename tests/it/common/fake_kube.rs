@@ -84,6 +84,7 @@ fn resource_of(object: &Value) -> String {
     match object["kind"].as_str() {
         Some("ConfigMap") => "configmaps".into(),
         Some("Namespace") => "namespaces".into(),
+        Some("Service") => "services".into(),
         Some("ValidatingWebhookConfiguration") => "validatingwebhookconfigurations".into(),
         Some("MutatingWebhookConfiguration") => "mutatingwebhookconfigurations".into(),
         Some("ValidatingAdmissionPolicy") => "validatingadmissionpolicies".into(),
@@ -144,6 +145,10 @@ impl FakeKube {
             .route("/api/v1/namespaces", get(all_namespaces))
             .route("/api/v1/namespaces/{name}", get(one_namespace))
             .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced))
+            .route(
+                "/api/v1/namespaces/{ns}/{resource}/{name}",
+                get(one_namespaced),
+            )
             .route(
                 "/apis/admissionregistration.k8s.io/v1/{resource}",
                 get(admission_configurations),
@@ -386,24 +391,40 @@ async fn all_namespaces(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery
 }
 
 async fn one_namespace(State(fake): State<Arc<FakeKube>>, Path(name): Path<String>) -> Response {
-    let found = fake
-        .pods
-        .lock()
-        .unwrap()
-        .items
-        .get(&("namespaces".to_owned(), String::new(), name.clone()))
-        .cloned();
-    match found {
-        Some(ns) => ([("content-type", "application/json")], ns.to_string()).into_response(),
-        None => (
-            StatusCode::NOT_FOUND,
-            [("content-type", "application/json")],
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
-                "message": format!("namespaces \"{name}\" not found"),
-                "details": {"name": name, "kind": "namespaces"}})
-            .to_string(),
-        )
-            .into_response(),
+    fake.one("namespaces", "", &name)
+}
+
+async fn one_namespaced(
+    State(fake): State<Arc<FakeKube>>,
+    Path((ns, resource, name)): Path<(String, String, String)>,
+) -> Response {
+    fake.one(&resource, &ns, &name)
+}
+
+impl FakeKube {
+    /// A GET of one object, or kube-apiserver's 404.
+    fn one(&self, resource: &str, ns: &str, name: &str) -> Response {
+        let found = self
+            .pods
+            .lock()
+            .unwrap()
+            .items
+            .get(&(resource.to_owned(), ns.to_owned(), name.to_owned()))
+            .cloned();
+        match found {
+            Some(object) => {
+                ([("content-type", "application/json")], object.to_string()).into_response()
+            }
+            None => (
+                StatusCode::NOT_FOUND,
+                [("content-type", "application/json")],
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                    "message": format!("{resource} \"{name}\" not found"),
+                    "details": {"name": name, "kind": resource}})
+                .to_string(),
+            )
+                .into_response(),
+        }
     }
 }
 
