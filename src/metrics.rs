@@ -121,6 +121,44 @@ pub struct RejectionLabels {
     pub rejection_code: u16,
 }
 
+/// The labels of `apiserver_validating_admission_policy_check_*`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyCheckLabels {
+    /// The policy's name.
+    pub policy: String,
+    /// The binding's name.
+    pub policy_binding: String,
+    /// `no_error`, `compile_error` or `invalid_error`.
+    pub error_type: &'static str,
+    /// `allow`, `deny`, `warn` or `audit`.
+    pub enforcement_action: &'static str,
+}
+
+/// The labels of `apiserver_mutating_admission_policy_check_*`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MutationCheckLabels {
+    /// The policy's name.
+    pub policy: String,
+    /// The binding's name.
+    pub policy_binding: String,
+    /// `no_error`, `compile_error` or `invalid_error`.
+    pub error_type: &'static str,
+}
+
+fn policy_histogram() -> Histogram {
+    // kube-apiserver's buckets for these metrics.
+    Histogram::new([0.0000005, 0.001, 0.01, 0.1, 1.0])
+}
+
+/// The error type policy metrics name for an expression's failure (None: no failure).
+pub fn policy_error_type(failure: Option<&str>) -> &'static str {
+    match failure {
+        None => "no_error",
+        Some(message) if message.contains("compilation failed") => "compile_error",
+        Some(_) => "invalid_error",
+    }
+}
+
 fn webhook_histogram() -> Histogram {
     // kube-apiserver's buckets for this metric.
     Histogram::new([0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 10.0, 25.0])
@@ -160,6 +198,14 @@ pub struct Metrics {
     /// gauge that only goes up: the encoder names every counter `<name>_total`, and
     /// kube-apiserver's counter has no such suffix.
     pub webhook_rejections: Family<RejectionLabels, Gauge>,
+    /// `apiserver_validating_admission_policy_check_total`: each policy binding's decision.
+    pub policy_checks: Family<PolicyCheckLabels, Counter>,
+    /// `apiserver_validating_admission_policy_check_duration_seconds`.
+    pub policy_durations: Family<PolicyCheckLabels, Histogram, fn() -> Histogram>,
+    /// `apiserver_mutating_admission_policy_check_total`: each policy binding's mutations.
+    pub mutation_checks: Family<MutationCheckLabels, Counter>,
+    /// `apiserver_mutating_admission_policy_check_duration_seconds`.
+    pub mutation_durations: Family<MutationCheckLabels, Histogram, fn() -> Histogram>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -195,6 +241,32 @@ impl Metrics {
         let webhook_durations: Family<WebhookLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(webhook_histogram);
         let webhook_rejections = Family::<RejectionLabels, Gauge>::default();
+        let policy_checks = Family::<PolicyCheckLabels, Counter>::default();
+        let policy_durations: Family<PolicyCheckLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(policy_histogram);
+        let mutation_checks = Family::<MutationCheckLabels, Counter>::default();
+        let mutation_durations: Family<MutationCheckLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(policy_histogram);
+        registry.register(
+            "apiserver_validating_admission_policy_check",
+            "Validation admission policy check total, labeled by policy and further identified by binding and enforcement action taken",
+            policy_checks.clone(),
+        );
+        registry.register(
+            "apiserver_validating_admission_policy_check_duration_seconds",
+            "Validation admission latency for individual validation expressions in seconds, labeled by policy and further including binding and enforcement action taken",
+            policy_durations.clone(),
+        );
+        registry.register(
+            "apiserver_mutating_admission_policy_check",
+            "Mutation admission policy check total, labeled by policy and further identified by binding",
+            mutation_checks.clone(),
+        );
+        registry.register(
+            "apiserver_mutating_admission_policy_check_duration_seconds",
+            "Mutation admission latency for individual mutation expressions in seconds, labeled by policy and binding",
+            mutation_durations.clone(),
+        );
         registry.register(
             "apiserver_admission_webhook_admission_duration_seconds",
             "Admission webhook latency, by webhook, operation, whether it refused, and type (admit or validating)",
@@ -258,6 +330,10 @@ impl Metrics {
             history_bytes,
             webhook_durations,
             webhook_rejections,
+            policy_checks,
+            policy_durations,
+            mutation_checks,
+            mutation_durations,
         }
     }
 

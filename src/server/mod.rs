@@ -171,6 +171,12 @@ impl AppState {
         if let Some(webhooks) = rest.admission.webhooks() {
             webhooks.set_metrics(metrics.clone());
         }
+        if let Some(policies) = rest.admission.policies() {
+            policies.set_metrics(metrics.clone());
+        }
+        if let Some(policies) = rest.admission.mutating_policies() {
+            policies.set_metrics(metrics.clone());
+        }
         if let Some(check) = rest.admission.readiness_check() {
             health.add_readiness_check(check);
         }

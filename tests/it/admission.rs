@@ -1251,6 +1251,30 @@ async fn validating_admission_policies_with_params() {
         .status,
         201
     );
+    // Each decision counted with kube-apiserver's names.
+    let metrics = send(&server, "GET", "/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    let count = |binding: &str, action: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("apiserver_validating_admission_policy_check_total{")
+                    && l.contains("policy=\"max-weight\"")
+                    && l.contains(&format!("policy_binding=\"{binding}\""))
+                    && l.contains("error_type=\"no_error\"")
+                    && l.contains(&format!("enforcement_action=\"{action}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .map(str::to_owned)
+    };
+    // light, exempt (its matchCondition is false: allowed); heavy, the patch of light.
+    assert_eq!(count("deny", "allow").as_deref(), Some("2"), "{metrics}");
+    assert_eq!(count("deny", "deny").as_deref(), Some("2"), "{metrics}");
+    assert_eq!(count("warn", "warn").as_deref(), Some("1"), "{metrics}");
+    assert!(
+        metrics.contains("apiserver_validating_admission_policy_check_duration_seconds_bucket{"),
+        "{metrics}"
+    );
 }
 
 /// `/readyz` waits for the admission configurations to be listed (`informer-sync`, as
@@ -1506,6 +1530,19 @@ async fn mutating_admission_policies_mutate_writes(storage: TestStorage) {
     )
     .await;
     assert_eq!(ignored.status, 201, "{}", ignored.json());
+
+    // Each invocation counted with kube-apiserver's names.
+    let metrics = send(&server, "GET", "/metrics", None).await;
+    let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
+    let counted = |binding: &str, error_type: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("apiserver_mutating_admission_policy_check_total{")
+                && l.contains(&format!("policy_binding=\"{binding}\""))
+                && l.contains(&format!("error_type=\"{error_type}\""))
+        })
+    };
+    assert!(counted("a-stamp", "no_error"), "{metrics}");
+    assert!(counted("d-broken", "invalid_error"), "{metrics}");
 }
 
 /// A webhook reached through a Service (`clientConfig.service`), resolved as kube-apiserver

@@ -20,6 +20,7 @@ use super::{Watched, compose, conditions_hold, matches, params, run, variables};
 use crate::{
     admission::{Attributes, Operation, webhook::Patcher},
     error::{Error, Result},
+    metrics::{Metrics, MutationCheckLabels, policy_error_type},
     namespaces::Namespaces,
 };
 
@@ -40,6 +41,8 @@ pub struct MutatingPolicies {
     watched: Watched<MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding>,
     namespaces: Arc<Namespaces>,
     client: kube::Client,
+    /// The server's metrics, once it has them.
+    metrics: std::sync::OnceLock<Arc<Metrics>>,
 }
 
 /// A policy failure: its message, and the reason its Status carries (None: Forbidden).
@@ -56,7 +59,13 @@ impl MutatingPolicies {
             watched: Watched::start(client.clone()),
             namespaces,
             client,
+            metrics: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where invocations are counted (`apiserver_mutating_admission_policy_check_*`).
+    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
     }
 
     /// Whether both watches have listed once.
@@ -151,9 +160,23 @@ impl MutatingPolicies {
                 if only.is_some_and(|only| !only.contains(&key)) {
                     continue;
                 }
+                let started = std::time::Instant::now();
                 let errors = self
                     .invoke(spec, attributes, object, old, &param, appliers)
                     .await;
+                if let Some(metrics) = self.metrics.get() {
+                    let labels = MutationCheckLabels {
+                        policy: policy_name.to_owned(),
+                        policy_binding: binding_name.to_owned(),
+                        error_type: policy_error_type(errors.first().map(String::as_str)),
+                    };
+                    metrics.mutation_checks.get_or_create(&labels).inc();
+                    let seconds = started.elapsed().as_secs_f64();
+                    metrics
+                        .mutation_durations
+                        .get_or_create(&labels)
+                        .observe(seconds);
+                }
                 if fail {
                     failures.extend(errors.into_iter().map(|message| Failure {
                         message: denied(message),

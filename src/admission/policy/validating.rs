@@ -17,6 +17,7 @@ use super::{Watched, compose, conditions_hold, matches, params, run, variables};
 use crate::{
     admission::{Attributes, webhook::forbidden},
     error::{Error, Result},
+    metrics::{Metrics, PolicyCheckLabels, policy_error_type},
     namespaces::Namespaces,
 };
 
@@ -25,6 +26,8 @@ pub struct ValidatingPolicies {
     watched: Watched<ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding>,
     namespaces: Arc<Namespaces>,
     client: kube::Client,
+    /// The server's metrics, once it has them.
+    metrics: std::sync::OnceLock<Arc<Metrics>>,
 }
 
 /// What one binding decided.
@@ -44,7 +47,38 @@ impl ValidatingPolicies {
             watched: Watched::start(client.clone()),
             namespaces,
             client,
+            metrics: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Where decisions are counted (`apiserver_validating_admission_policy_check_*`).
+    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Counts one binding's decision for one param.
+    fn observe(
+        &self,
+        policy: &str,
+        binding: &str,
+        failure: Option<&str>,
+        action: &'static str,
+        seconds: f64,
+    ) {
+        let Some(metrics) = self.metrics.get() else {
+            return;
+        };
+        let labels = PolicyCheckLabels {
+            policy: policy.to_owned(),
+            policy_binding: binding.to_owned(),
+            error_type: policy_error_type(failure),
+            enforcement_action: action,
+        };
+        metrics.policy_checks.get_or_create(&labels).inc();
+        metrics
+            .policy_durations
+            .get_or_create(&labels)
+            .observe(seconds);
     }
 
     /// Whether both watches have listed once.
@@ -121,21 +155,37 @@ impl ValidatingPolicies {
                 Ok(Some(params)) => {
                     let mut decisions = Vec::new();
                     for param in params {
-                        decisions.push(
-                            evaluate(spec, attributes, object, old, param, &self.namespaces).await,
-                        );
+                        let started = std::time::Instant::now();
+                        let decision =
+                            evaluate(spec, attributes, object, old, param, &self.namespaces).await;
+                        decisions.push((decision, started.elapsed().as_secs_f64()));
                     }
                     decisions
                 }
             };
-            for decision in decisions {
-                let (message, reason) = match decision {
-                    Ok(Decision::Allow) => continue,
-                    Ok(Decision::Violation { message, reason }) => (message, reason),
-                    Err(_) if !fail => continue,
-                    Err(message) => (message, "Invalid".to_owned()),
+            for (decision, seconds) in decisions {
+                let observe = |failure: Option<&str>, action| {
+                    self.observe(policy_name, binding_name, failure, action, seconds)
+                };
+                let (message, reason, failed) = match decision {
+                    Ok(Decision::Allow) => {
+                        observe(None, "allow");
+                        continue;
+                    }
+                    Ok(Decision::Violation { message, reason }) => (message, reason, false),
+                    Err(message) if !fail => {
+                        observe(Some(&message), "allow");
+                        continue;
+                    }
+                    Err(message) => (message, "Invalid".to_owned(), true),
                 };
                 let actions = &binding_spec.validation_actions;
+                let failure = failed.then_some(message.as_str());
+                for (action, label) in [("Deny", "deny"), ("Warn", "warn"), ("Audit", "audit")] {
+                    if actions.iter().any(|a| a == action) {
+                        observe(failure, label);
+                    }
+                }
                 if actions.iter().any(|a| a == "Warn") {
                     warnings.push(format!(
                         "Validation failed for ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}': {message}"
