@@ -2154,3 +2154,50 @@ async fn etcd_is_writable() {
         assert!(etcd_store().await.writable().is_some());
     }
 }
+
+/// etcd's count of open watch streams (`etcd_debugging_mvcc_watch_stream_total`).
+async fn etcd_watch_streams(etcd: &crate::common::etcd::Etcd) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let endpoint = etcd.endpoint();
+    let address = endpoint.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("etcd's client port");
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.expect("read");
+    body.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_watch_stream_total "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("etcd_debugging_mvcc_watch_stream_total")
+}
+
+/// An etcd store's feed ends with the store: once the store is dropped, its watch on etcd
+/// closes within seconds (it used to outlive the store for good).
+#[tokio::test]
+async fn a_dropped_etcd_store_stops_watching() {
+    if crate::common::etcd::binary().is_none() {
+        eprintln!("SKIPPED: no etcd binary");
+        return;
+    }
+    let etcd = crate::common::etcd::Etcd::start()
+        .await
+        .expect("etcd (the test checks for it first)");
+    let idle = etcd_watch_streams(&etcd).await;
+    let store = EtcdStore::<Llama>::start(etcd.client(), "/farm.example.com/");
+    let deadline = Instant::now() + WAIT;
+    while store.check_ready().is_err() || etcd_watch_streams(&etcd).await <= idle {
+        assert!(Instant::now() < deadline, "the etcd store never watched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while etcd_watch_streams(&etcd).await > idle {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped store still watches etcd"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

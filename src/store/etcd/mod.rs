@@ -123,7 +123,9 @@ impl<K: ServedResource> EtcdStore<K> {
                 progress: std::sync::Mutex::new(None),
             }),
         });
-        tokio::spawn(feed(store.shared.clone()));
+        tokio::spawn(feed(EtcdStore {
+            shared: store.shared.clone(),
+        }));
         tokio::spawn(check(
             Arc::downgrade(&store.shared),
             store.shared.checks.wanted.clone(),
@@ -327,16 +329,18 @@ async fn revision_to_reach<K: ServedResource>(shared: &Shared<K>) -> Result<i64,
 
 /// Feeds the cache: list, then watch from the list's revision; on a broken watch, watch again
 /// from where the cache is (or list again when etcd has compacted that far), forever.
-async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
-    let store = EtcdStore {
-        shared: shared.clone(),
-    };
+///
+/// It ends once the store is gone: its own handle is then the last (checked between watches,
+/// and each second while a watch is quiet).
+async fn feed<K: ServedResource>(store: EtcdStore<K>) {
+    let shared = &store.shared;
+    let gone = || Arc::strong_count(&store.shared) == 1;
     let end = prefix_end(&shared.prefix);
     let mut listed = false;
     let mut backoff = Duration::from_millis(100);
     loop {
-        if Arc::strong_count(&shared) == 1 {
-            return; // the store is gone
+        if gone() {
+            return;
         }
         if !listed {
             match list_all(&store).await {
@@ -380,7 +384,14 @@ async fn feed<K: ServedResource>(shared: Arc<Shared<K>>) {
         }
         let mut events = watch.events;
         let error = loop {
-            match futures::StreamExt::next(&mut events).await {
+            let next = futures::StreamExt::next(&mut events);
+            let Ok(next) = tokio::time::timeout(Duration::from_secs(1), next).await else {
+                if gone() {
+                    return;
+                }
+                continue;
+            };
+            match next {
                 Some(Ok(batch)) => {
                     if let Err(error) = apply(&store, batch) {
                         break EtcdError::Refused(error.to_string());
