@@ -346,7 +346,7 @@ async fn feed<K: ServedResource>(store: EtcdStore<K>) {
             match list_all(&store).await {
                 Ok(()) => listed = true,
                 Err(error) => {
-                    broken(&shared, &error);
+                    broken(shared, &error);
                     shared.client.fail_over();
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -358,7 +358,7 @@ async fn feed<K: ServedResource>(store: EtcdStore<K>) {
         let watch = match shared.client.watch(&shared.prefix, &end, from as i64).await {
             Ok(watch) => watch,
             Err(error) => {
-                broken(&shared, &error);
+                broken(shared, &error);
                 shared.client.fail_over();
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -408,7 +408,7 @@ async fn feed<K: ServedResource>(store: EtcdStore<K>) {
         if let EtcdError::Compacted(_) = error {
             listed = false;
         }
-        broken(&shared, &error);
+        broken(shared, &error);
         shared.client.fail_over();
         tokio::time::sleep(backoff).await;
     }
