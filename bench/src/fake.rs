@@ -29,6 +29,9 @@ pub struct Fake {
     /// Namespaces looked up so far, and their announcements to Namespace watches.
     namespaces: Mutex<BTreeSet<String>>,
     announced: tokio::sync::broadcast::Sender<String>,
+    /// The admission configurations listed from now on (servers started earlier keep what
+    /// they listed: the watches never tell them more).
+    admission: Mutex<Vec<Value>>,
 }
 
 impl Default for Fake {
@@ -38,6 +41,17 @@ impl Default for Fake {
             requests: AtomicU64::default(),
             namespaces: Mutex::new(BTreeSet::from(["default".to_owned()])),
             announced: tokio::sync::broadcast::channel(1024).0,
+            admission: Mutex::default(),
+        }
+    }
+}
+
+impl Fake {
+    /// Lists `objects` (ValidatingAdmissionPolicies, their bindings...) to servers started
+    /// from now on.
+    pub fn set_admission(&self, objects: Vec<Value>) {
+        if let Ok(mut admission) = self.admission.lock() {
+            *admission = objects;
         }
     }
 }
@@ -111,8 +125,13 @@ async fn configmaps(RawQuery(q): RawQuery) -> Response {
         .into_response()
 }
 
-/// The cluster's admission configurations (webhooks, policies): none, and none ever.
-async fn admission_configurations(Path(resource): Path<String>, RawQuery(q): RawQuery) -> Response {
+/// The cluster's admission configurations (webhooks, policies): what [`Fake::set_admission`]
+/// set (none at first), never changing for a server that listed them.
+async fn admission_configurations(
+    State(fake): State<Arc<Fake>>,
+    Path(resource): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Response {
     if q.unwrap_or_default().contains("watch=true") {
         let never = futures::stream::pending::<Result<bytes::Bytes, std::io::Error>>();
         return (
@@ -121,9 +140,25 @@ async fn admission_configurations(Path(resource): Path<String>, RawQuery(q): Raw
         )
             .into_response();
     }
+    let items: Vec<Value> = fake
+        .admission
+        .lock()
+        .map(|objects| {
+            objects
+                .iter()
+                .filter(|o| {
+                    o["kind"].as_str().is_some_and(|kind| {
+                        resource
+                            == format!("{}s", kind.to_lowercase()).replace("policys", "policies")
+                    })
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
     Json(
         json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": format!("{resource}List"),
-        "metadata": {"resourceVersion": "1"}, "items": []}),
+        "metadata": {"resourceVersion": "1"}, "items": items}),
     )
     .into_response()
 }

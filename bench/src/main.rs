@@ -84,7 +84,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-13); default all.
+    /// Only these scenarios (1-14); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -1475,6 +1475,57 @@ async fn run(args: RunArgs) -> Result<()> {
             "×",
             "≤ 3",
             Some(ratio <= 3.0),
+        );
+    }
+
+    if wants(&args, 14) {
+        println!(
+            "14. One ValidatingAdmissionPolicy on every Llama create, beside a server with none (memory, 16 clients): server CPU per create"
+        );
+        let (without, _) = start_server(&args, &pki, &[]).await?;
+        fake.set_admission(vec![
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": {"name": "max-weight", "resourceVersion": "1"},
+                "spec": {"failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"],
+                        "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}]},
+                    "validations": [{"expression": "object.spec.weight <= 1000.0",
+                        "message": "a llama weighs at most 1000 kg"}]}}),
+            json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": {"name": "max-weight", "resourceVersion": "1"},
+                "spec": {"policyName": "max-weight", "validationActions": ["Deny"]}}),
+        ]);
+        let (with, _) = start_server(&args, &pki, &[]).await?;
+        fake.set_admission(Vec::new());
+        let targets = [target(&pki, without.addr)?, target(&pki, with.addr)?];
+        let pids = [without.pid(), with.pid()];
+        let mut cpu: [Vec<f64>; 2] = Default::default();
+        let mut errors = 0;
+        for round in 0..args.rounds {
+            for (index, t) in targets.iter().enumerate() {
+                let before = procfs::cpu_seconds(pids[index]).unwrap_or(f64::NAN);
+                let started = Instant::now();
+                let namespace = format!("bench-vap-{index}-{round}");
+                let done =
+                    etcd::writes(t, &namespace, 16, args.seconds, etcd::Write::Create).await?;
+                let used = procfs::cpu_seconds(pids[index]).unwrap_or(f64::NAN) - before;
+                let writes = done.rate * started.elapsed().as_secs_f64();
+                cpu[index].push(used * 1e6 / writes.max(1.0));
+                errors += done.errors;
+            }
+        }
+        let (none, one) = (median(&mut cpu[0]), median(&mut cpu[1]));
+        let ratio = one / none;
+        println!(
+            "  no policy {none:>6.1}µs/create | one policy {one:>6.1}µs/create | ratio {ratio:.2} ({errors} refused)"
+        );
+        report.metric(
+            "14-policy",
+            "create CPU with one ValidatingAdmissionPolicy ÷ with none",
+            ratio,
+            "×",
+            "≤ 1.3",
+            Some(ratio <= 1.3 && errors == 0),
         );
     }
 

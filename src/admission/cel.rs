@@ -21,6 +21,7 @@ use std::{
 use cel::common::{
     ast::{EntryExpr, Expr, IdedExpr},
     types::CelString,
+    value::Val,
 };
 use serde_json::Value;
 
@@ -40,6 +41,9 @@ const STACK_BYTES: usize = 64 * 1024 * 1024;
 pub struct Expression {
     program: cel::Program,
     source: String,
+    /// No comprehension: its cost is bounded by its size, so it may run on the caller's
+    /// thread (see [`within`]).
+    simple: bool,
     /// What it runs in: [`env`], or one that also declares the `Object` types it builds.
     env: Arc<cel::Env>,
 }
@@ -258,11 +262,13 @@ impl Expression {
         }
         // The `Object` types it builds are declared in an environment of its own (they are
         // resolved when it runs).
+        let simple = comprehensions == 0;
         let types = object_types(program.expression());
         if types.is_empty() {
             return Ok(Self {
                 program,
                 source: source.to_owned(),
+                simple,
                 env: env(),
             });
         }
@@ -277,6 +283,7 @@ impl Expression {
         Ok(Self {
             program,
             source: source.to_owned(),
+            simple,
             env: Arc::new(own),
         })
     }
@@ -441,6 +448,255 @@ pub fn to_cel_typed(value: &Value, numbers: Option<&Numbers>) -> cel::Value {
             cel::Value::Map(cel::objects::Map { map: Arc::new(map) })
         }
         other => to_cel(other),
+    }
+}
+
+/// How deep the inputs of expressions run on the caller's thread may nest (the interpreter and
+/// the conversion recurse once per level).
+const INLINE_DEPTH: usize = 32;
+
+/// One variable of a [`Scope`]: a JSON value, numbers typed by `numbers` when given.
+pub struct Input {
+    /// Its name (`object`, `request`...).
+    pub name: &'static str,
+    /// Its value.
+    pub value: Value,
+    /// Where its schema has numbers.
+    pub numbers: Option<Arc<Numbers>>,
+}
+
+/// A JSON value as CEL's own value, borrowing its strings; objects are [`LazyMap`]s.
+/// Recursive: callers bound the depth (see [`within`]).
+fn to_val<'v>(value: &'v Value, numbers: Option<&'v Numbers>) -> Box<dyn Val + 'v> {
+    use cel::common::types::{CelBool, CelDouble, CelInt, CelList, CelNull, CelUInt};
+    match value {
+        Value::Null => Box::new(CelNull),
+        Value::Bool(b) => Box::new(CelBool::from(*b)),
+        Value::Number(n) if numbers.is_some_and(|n| n.here) => {
+            Box::new(CelDouble::from(n.as_f64().unwrap_or_default()))
+        }
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Box::new(CelInt::from(i)),
+            (None, Some(u)) => Box::new(CelUInt::from(u)),
+            _ => Box::new(CelDouble::from(n.as_f64().unwrap_or_default())),
+        },
+        Value::String(s) => Box::new(CelString::from(s.as_str())),
+        Value::Array(items) => {
+            let inner = numbers.and_then(|n| n.items.as_deref());
+            let items: Vec<Box<dyn Val + 'v>> =
+                items.iter().map(|item| to_val(item, inner)).collect();
+            Box::new(CelList::from(items))
+        }
+        Value::Object(fields) => Box::new(LazyMap {
+            fields,
+            numbers,
+            full: std::sync::OnceLock::new(),
+        }),
+    }
+}
+
+/// A JSON object as a CEL map converted as it is read, one level at a time (as kube-apiserver
+/// wraps unstructured objects): the first use of the map converts its own entries, its nested
+/// objects staying lazy, so a policy reading `object.spec.weight` converts `object` and
+/// `spec` and not `metadata.managedFields`. Every use goes through that map, a built-in one,
+/// so lazy maps behave as maps everywhere (equality, iteration, `in`, results).
+#[derive(Debug)]
+struct LazyMap<'v> {
+    fields: &'v serde_json::Map<String, Value>,
+    numbers: Option<&'v Numbers>,
+    full: std::sync::OnceLock<cel::common::types::CelMap<'v>>,
+}
+
+impl<'v> LazyMap<'v> {
+    fn full(&self) -> &cel::common::types::CelMap<'v> {
+        self.full.get_or_init(|| self.convert())
+    }
+
+    fn convert(&self) -> cel::common::types::CelMap<'v> {
+        use cel::common::types::{CelMap, CelMapKey};
+        let mut map: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> =
+            HashMap::with_capacity(self.fields.len());
+        for (key, value) in self.fields {
+            let inner = self
+                .numbers
+                .and_then(|n| n.fields.get(key).or(n.items.as_deref()));
+            map.insert(CelMapKey::from(key.as_str()), to_val(value, inner));
+        }
+        CelMap::from(map)
+    }
+}
+
+impl<'v> Val for LazyMap<'v> {
+    fn get_type(&self) -> &cel::common::types::Type {
+        Self::cel_type()
+    }
+
+    fn cel_type() -> &'static cel::common::types::Type {
+        &cel::common::types::MAP_TYPE
+    }
+
+    fn as_container(&self) -> Option<&dyn cel::common::traits::Container> {
+        self.full().as_container()
+    }
+
+    fn as_indexer<'b, 'w>(&'b self) -> Option<&'b (dyn cel::common::traits::Indexer + 'w)>
+    where
+        Self: 'w,
+    {
+        self.full().as_indexer()
+    }
+
+    fn into_indexer<'w>(self: Box<Self>) -> Option<Box<dyn cel::common::traits::Indexer + 'w>>
+    where
+        Self: 'w,
+    {
+        let mut lazy = *self;
+        let full = lazy.full.take().unwrap_or_else(|| lazy.convert());
+        Box::new(full).into_indexer()
+    }
+
+    fn as_iterable<'b, 'w>(&'b self) -> Option<&'b (dyn cel::common::traits::Iterable + 'w)>
+    where
+        Self: 'w,
+    {
+        self.full().as_iterable()
+    }
+
+    fn as_sizer(&self) -> Option<&dyn cel::common::traits::Sizer> {
+        self.full().as_sizer()
+    }
+
+    fn as_zeroer(&self) -> Option<&dyn cel::common::traits::Zeroer> {
+        self.full().as_zeroer()
+    }
+
+    fn equals(&self, other: &dyn Val) -> bool {
+        self.full().equals(other)
+    }
+
+    fn clone_as_boxed<'w>(&self) -> Box<dyn Val + 'w>
+    where
+        Self: 'w,
+    {
+        Box::new(LazyMap {
+            fields: self.fields,
+            numbers: self.numbers,
+            full: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn as_builtin<'b, 'w>(&'b self) -> cel::common::value::BuiltinRef<'b, 'w>
+    where
+        Self: 'w,
+    {
+        cel::common::value::BuiltinRef::Map(self.full())
+    }
+
+    fn into_builtin<'w>(self: Box<Self>) -> Option<cel::common::value::Builtin<'w>>
+    where
+        Self: 'w,
+    {
+        let mut lazy = *self;
+        let full = lazy.full.take().unwrap_or_else(|| lazy.convert());
+        Some(cel::common::value::Builtin::Map(full))
+    }
+}
+
+/// Whether `value` nests at most `limit` levels, walked without recursion.
+fn shallow(value: &Value, limit: usize) -> bool {
+    let mut stack = vec![(value, 0usize)];
+    while let Some((value, depth)) = stack.pop() {
+        if depth > limit {
+            return false;
+        }
+        match value {
+            Value::Array(items) => stack.extend(items.iter().map(|v| (v, depth + 1))),
+            Value::Object(fields) => stack.extend(fields.values().map(|v| (v, depth + 1))),
+            _ => {}
+        }
+    }
+    true
+}
+
+/// Expressions run against one set of variables, converted once (kube-apiserver's activation).
+pub struct Scope<'v> {
+    inputs: &'v [Input],
+    /// Variables set later (a policy's `variables`), owned.
+    later: Vec<(String, cel::Value)>,
+    /// The base environment's context.
+    context: cel::Context<'v, 'v>,
+}
+
+impl<'v> Scope<'v> {
+    fn new(inputs: &'v [Input]) -> Self {
+        Self {
+            inputs,
+            later: Vec::new(),
+            context: Self::context(env(), inputs, &[]),
+        }
+    }
+
+    fn context(
+        env: Arc<cel::Env>,
+        inputs: &'v [Input],
+        later: &[(String, cel::Value)],
+    ) -> cel::Context<'v, 'v> {
+        let mut context = cel::Context::with_env(env);
+        for input in inputs {
+            context.add_variable_as_val(input.name, to_val(&input.value, input.numbers.as_deref()));
+        }
+        for (name, value) in later {
+            context.add_variable_from_value(name.as_str(), value.clone());
+        }
+        context
+    }
+
+    /// Sets (or replaces) the variable `name`.
+    pub fn set(&mut self, name: &str, value: &Value) {
+        let value = to_cel(value);
+        self.context.add_variable_from_value(name, value.clone());
+        self.later.retain(|(n, _)| n != name);
+        self.later.push((name.to_owned(), value));
+    }
+
+    /// Runs `expression`; the error names it, as kube-apiserver's do.
+    pub fn run(&self, expression: &Expression) -> Result<Value, String> {
+        let result = if Arc::ptr_eq(&expression.env, &env()) {
+            expression.program.execute(&self.context)
+        } else {
+            // An expression that builds Object types has an environment of its own.
+            let context = Self::context(expression.env.clone(), self.inputs, &self.later);
+            expression.program.execute(&context)
+        };
+        result
+            .map_err(|e| e.to_string())
+            .and_then(|v| to_json(&v))
+            .map_err(|e| format!("expression '{}' resulted in error: {e}", expression.source))
+    }
+}
+
+/// Runs `work` with a [`Scope`] of `inputs`: on the caller's thread when every one of
+/// `expressions` is free of comprehensions and the inputs are shallow (their cost is then
+/// bounded by their size, as a thread hop would cost more than they do), else on the CEL
+/// threads, waiting at most [`BUDGET`].
+pub async fn within<T: Send + 'static>(
+    expressions: &[Arc<Expression>],
+    inputs: Vec<Input>,
+    work: impl FnOnce(&mut Scope<'_>) -> T + Send + 'static,
+) -> Result<T, String> {
+    let inline = expressions.iter().all(|e| e.simple)
+        && inputs.iter().all(|i| shallow(&i.value, INLINE_DEPTH));
+    if inline {
+        let mut scope = Scope::new(&inputs);
+        return Ok(work(&mut scope));
+    }
+    let job = on_cel_thread(move || {
+        let mut scope = Scope::new(&inputs);
+        work(&mut scope)
+    });
+    match tokio::time::timeout(BUDGET, job).await {
+        Ok(done) => done,
+        Err(_) => Err("operation cancelled: the evaluation took longer than its budget".into()),
     }
 }
 
@@ -679,6 +935,49 @@ mod tests {
         assert_eq!(
             run("object.spec.sizes[0] + 0.5 == 3.5"),
             Ok(cel::Value::Bool(true))
+        );
+    }
+
+    #[test]
+    fn lazily_converted_objects_behave_as_maps() {
+        let object = json!({"metadata": {"name": "dolly", "labels": {"a": "b"}, "managedFields": [{"manager": "m"}]},
+                            "spec": {"weight": 5, "tags": ["x", "y"]}});
+        let inputs = vec![
+            Input {
+                name: "object",
+                value: object.clone(),
+                numbers: None,
+            },
+            Input {
+                name: "oldObject",
+                value: object.clone(),
+                numbers: None,
+            },
+        ];
+        let scope = Scope::new(&inputs);
+        let run = |source: &str| scope.run(&Expression::compile(source).unwrap());
+        for source in [
+            "object.metadata.name == 'dolly'",
+            "has(object.metadata.labels) && !has(object.metadata.annotations)",
+            "'a' in object.metadata.labels && !('z' in object.metadata.labels)",
+            "size(object.metadata.labels) == 1 && size(object) == 2",
+            "object.metadata.labels.all(k, object.metadata.labels[k] == 'b')",
+            "object.spec.tags.exists(t, t == 'y')",
+            "object == oldObject && object.metadata == oldObject.metadata",
+            "object.metadata.labels == {'a': 'b'}",
+            "{'a': 'b'} == object.metadata.labels",
+            "object.metadata.managedFields[0].manager == 'm'",
+            "object.spec.weight + 1 == 6",
+            "[object.metadata.labels].size() == 1",
+        ] {
+            assert_eq!(run(source), Ok(json!(true)), "{source}");
+        }
+        assert_eq!(run("object.metadata.labels"), Ok(json!({"a": "b"})));
+        assert_eq!(run("object.spec"), Ok(object["spec"].clone()));
+        assert!(run("object.metadata.nothing == 1").is_err());
+        assert_eq!(
+            run("object.metadata.?nothing.orValue('none')"),
+            Ok(json!("none"))
         );
     }
 

@@ -238,17 +238,15 @@ pub(crate) async fn params(
     Ok(Some(params))
 }
 
-/// The variables every policy expression sees (`variables` comes later, see [`compose`]).
-/// Each is converted once: the values share their contents, so each expression's copy is
-/// cheap.
-pub(crate) async fn variables(
+/// The inputs every policy expression sees: `object`, `oldObject` (typed by the kind's
+/// schema), `request`, `params` and `namespaceObject` (`variables` comes with [`Common`]).
+pub(crate) async fn inputs(
     attributes: &Attributes<'_>,
     object: Option<&Value>,
     old: Option<&Value>,
-    params: &Value,
+    params: Value,
     namespaces: &Namespaces,
-) -> Vec<(String, ::cel::Value)> {
-    let request = call::request_variable(attributes);
+) -> Vec<cel::Input> {
     let namespace_object = if attributes.namespace.is_empty() {
         Value::Null
     } else {
@@ -256,68 +254,93 @@ pub(crate) async fn variables(
         json!({"apiVersion": "v1", "kind": "Namespace",
                "metadata": {"name": attributes.namespace, "labels": labels.unwrap_or_default()}})
     };
+    let typed = |name, value: Option<&Value>| cel::Input {
+        name,
+        value: value.cloned().unwrap_or(Value::Null),
+        numbers: attributes.numbers.clone(),
+    };
+    let plain = |name, value| cel::Input {
+        name,
+        value,
+        numbers: None,
+    };
     vec![
-        ("object".to_owned(), attributes.object_to_cel(object)),
-        ("oldObject".to_owned(), attributes.object_to_cel(old)),
-        ("request".to_owned(), cel::to_cel(&request)),
-        ("params".to_owned(), cel::to_cel(params)),
-        ("namespaceObject".to_owned(), cel::to_cel(&namespace_object)),
+        typed("object", object),
+        typed("oldObject", old),
+        plain("request", call::request_variable(attributes)),
+        plain("params", params),
+        plain("namespaceObject", namespace_object),
     ]
 }
 
-/// Whether every one of a policy's `matchConditions` holds; the error is the policy's failure.
-pub(crate) async fn conditions_hold(
-    conditions: Option<&Vec<MatchCondition>>,
-    variables: &[(String, ::cel::Value)],
-) -> std::result::Result<bool, String> {
-    for condition in conditions.into_iter().flatten() {
-        match run(&condition.expression, variables.to_vec()).await? {
-            Value::Bool(true) => {}
-            Value::Bool(false) => return Ok(false),
-            other => {
-                return Err(format!(
-                    "matchCondition {:?} gave {other}, not a bool",
-                    condition.name
-                ));
+/// Compiles `source` (once per text); the error names it, as kube-apiserver's do.
+pub(crate) async fn compile(source: &str) -> std::result::Result<Arc<cel::Expression>, String> {
+    cel::Expression::cached(source)
+        .await
+        .map_err(|e| format!("expression '{source}' {e}"))
+}
+
+/// What every policy has: its `matchConditions` and its `variables`, compiled.
+pub(crate) struct Common {
+    conditions: Vec<(String, Arc<cel::Expression>)>,
+    variables: Vec<(String, Arc<cel::Expression>)>,
+}
+
+impl Common {
+    /// Compiles a policy's conditions and variables; the error is the policy's failure.
+    pub(crate) async fn compile(
+        conditions: Option<&Vec<MatchCondition>>,
+        variables: Option<&Vec<Variable>>,
+    ) -> std::result::Result<Arc<Self>, String> {
+        let mut common = Common {
+            conditions: Vec::new(),
+            variables: Vec::new(),
+        };
+        for condition in conditions.into_iter().flatten() {
+            let expression = compile(&condition.expression).await?;
+            common.conditions.push((condition.name.clone(), expression));
+        }
+        for variable in variables.into_iter().flatten() {
+            let expression = compile(&variable.expression).await?;
+            common.variables.push((variable.name.clone(), expression));
+        }
+        Ok(Arc::new(common))
+    }
+
+    /// Every expression, to choose where they run (see [`cel::within`]).
+    pub(crate) fn expressions(&self) -> Vec<Arc<cel::Expression>> {
+        self.conditions
+            .iter()
+            .chain(&self.variables)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// In `scope`: whether every matchCondition holds (when `conditions`), then `variables`,
+    /// each seeing those before it. The error is the policy's failure.
+    pub(crate) fn prepare(
+        &self,
+        scope: &mut cel::Scope<'_>,
+        conditions: bool,
+    ) -> std::result::Result<bool, String> {
+        if conditions {
+            for (name, condition) in &self.conditions {
+                match scope.run(condition)? {
+                    Value::Bool(true) => {}
+                    Value::Bool(false) => return Ok(false),
+                    other => {
+                        return Err(format!("matchCondition {name:?} gave {other}, not a bool"));
+                    }
+                }
             }
         }
+        let mut composed = serde_json::Map::new();
+        scope.set("variables", &Value::Object(composed.clone()));
+        for (name, variable) in &self.variables {
+            let value = scope.run(variable)?;
+            composed.insert(name.clone(), value);
+            scope.set("variables", &Value::Object(composed.clone()));
+        }
+        Ok(true)
     }
-    Ok(true)
-}
-
-/// Adds `variables`, the policy's composited variables, each seeing those before it.
-pub(crate) async fn compose(
-    declared: Option<&Vec<Variable>>,
-    variables: &mut Vec<(String, ::cel::Value)>,
-) -> std::result::Result<(), String> {
-    let mut composed = serde_json::Map::new();
-    for variable in declared.into_iter().flatten() {
-        let mut with = variables.clone();
-        with.push((
-            "variables".to_owned(),
-            cel::to_cel(&Value::Object(composed.clone())),
-        ));
-        let value = run(&variable.expression, with).await?;
-        composed.insert(variable.name.clone(), value);
-    }
-    variables.push((
-        "variables".to_owned(),
-        cel::to_cel(&Value::Object(composed)),
-    ));
-    Ok(())
-}
-
-/// Runs one expression; the error names it, as kube-apiserver's do.
-pub(crate) async fn run(
-    source: &str,
-    variables: Vec<(String, ::cel::Value)>,
-) -> std::result::Result<Value, String> {
-    let expression = cel::Expression::cached(source)
-        .await
-        .map_err(|e| format!("expression '{source}' {e}"))?;
-    cel::evaluate(vec![expression], variables)
-        .await
-        .pop()
-        .unwrap_or_else(|| Err("no result".into()))
-        .map_err(|e| format!("expression '{source}' resulted in error: {e}"))
 }

@@ -16,9 +16,9 @@ use k8s_openapi::{
 };
 use serde_json::Value;
 
-use super::{Watched, compose, conditions_hold, matches, params, run, variables};
+use super::{Common, Watched, compile, inputs, matches, params};
 use crate::{
-    admission::{Attributes, Operation, webhook::Patcher},
+    admission::{Attributes, Operation, cel, webhook::Patcher},
     error::{Error, Result},
     metrics::{Metrics, MutationCheckLabels, policy_error_type},
     namespaces::Namespaces,
@@ -205,26 +205,52 @@ impl MutatingPolicies {
         params: &Value,
         appliers: &Appliers<'_>,
     ) -> Vec<String> {
-        let mut variables =
-            variables(attributes, Some(object), old, params, &self.namespaces).await;
-        match conditions_hold(spec.match_conditions.as_ref(), &variables).await {
-            Ok(true) => {}
-            Ok(false) => return Vec::new(),
-            Err(message) => return vec![message],
-        }
-        if let Err(message) = compose(spec.variables.as_ref(), &mut variables).await {
-            return vec![message];
-        }
+        let common =
+            match Common::compile(spec.match_conditions.as_ref(), spec.variables.as_ref()).await {
+                Ok(common) => common,
+                Err(message) => return vec![message],
+            };
         let mut errors = Vec::new();
-        for mutation in spec.mutations.iter().flatten() {
-            match mutate_one(mutation, &variables, object, appliers).await {
-                Ok(true) => {
-                    // The next mutation sees this one's result.
-                    if let Some(slot) = variables.iter_mut().find(|(name, _)| name == "object") {
-                        slot.1 = attributes.object_to_cel(Some(object));
+        for (index, mutation) in spec.mutations.iter().flatten().enumerate() {
+            let expression = match expression_of(mutation) {
+                Ok(source) => compile(source).await,
+                Err(message) => Err(message),
+            };
+            let expression = match expression {
+                Ok(expression) => expression,
+                Err(message) => {
+                    errors.push(message);
+                    continue;
+                }
+            };
+            // Each mutation sees the object as the ones before it left it; the conditions
+            // are judged once, before the first.
+            let mut expressions = common.expressions();
+            expressions.push(expression.clone());
+            let inputs = inputs(
+                attributes,
+                Some(object),
+                old,
+                params.clone(),
+                &self.namespaces,
+            )
+            .await;
+            let common = common.clone();
+            let evaluated = cel::within(&expressions, inputs, move |scope| {
+                if !common.prepare(scope, index == 0)? {
+                    return Ok(None);
+                }
+                scope.run(&expression).map(Some)
+            })
+            .await
+            .and_then(|result| result);
+            match evaluated {
+                Ok(None) => return errors,
+                Ok(Some(value)) => {
+                    if let Err(message) = apply(mutation, value, object, appliers) {
+                        errors.push(message);
                     }
                 }
-                Ok(false) => {}
                 Err(message) => errors.push(message),
             }
         }
@@ -232,67 +258,60 @@ impl MutatingPolicies {
     }
 }
 
-/// One mutation on `object`: whether it changed it.
-async fn mutate_one(
+/// The expression of `mutation`, as its patch type names it.
+fn expression_of(mutation: &Mutation) -> std::result::Result<&str, String> {
+    match mutation.patch_type.as_str() {
+        "ApplyConfiguration" => mutation
+            .apply_configuration
+            .as_ref()
+            .and_then(|a| a.expression.as_deref())
+            .ok_or_else(|| "applyConfiguration.expression is required".into()),
+        "JSONPatch" => mutation
+            .json_patch
+            .as_ref()
+            .and_then(|p| p.expression.as_deref())
+            .ok_or_else(|| "jsonPatch.expression is required".into()),
+        other => Err(format!("unsupported patchType {other:?}")),
+    }
+}
+
+/// Applies what a mutation's expression built (`value`) to `object`.
+fn apply(
     mutation: &Mutation,
-    variables: &[(String, ::cel::Value)],
+    value: Value,
     object: &mut Value,
     appliers: &Appliers<'_>,
-) -> std::result::Result<bool, String> {
-    match mutation.patch_type.as_str() {
-        "ApplyConfiguration" => {
-            let source = mutation
-                .apply_configuration
-                .as_ref()
-                .and_then(|a| a.expression.as_deref())
-                .ok_or("applyConfiguration.expression is required")?;
-            let Value::Object(mut configuration) = run(source, variables.to_vec()).await? else {
-                return Err(format!(
-                    "expression '{source}': an apply configuration must be an Object"
-                ));
-            };
-            // The configuration is of the object's kind.
-            for field in ["apiVersion", "kind"] {
-                if let Some(value) = object.get(field) {
-                    configuration.insert(field.to_owned(), value.clone());
-                }
-            }
-            let merged = (appliers.apply_configuration)(object, &Value::Object(configuration))
-                .map_err(|e| format!("error applying patch: {e}"))?;
-            let changed = merged != *object;
-            *object = merged;
-            Ok(changed)
-        }
-        "JSONPatch" => {
-            let source = mutation
-                .json_patch
-                .as_ref()
-                .and_then(|p| p.expression.as_deref())
-                .ok_or("jsonPatch.expression is required")?;
-            let operations = match run(source, variables.to_vec()).await? {
-                Value::Array(operations) => operations,
-                _ => {
-                    return Err(
-                        "type mismatch: JSONPatchType.expression should evaluate to array".into(),
-                    );
-                }
-            };
-            let patch: json_patch::Patch = serde_json::from_value(Value::Array(operations))
-                .map_err(|e| format!("JSON Patch: {e}"))?;
-            let mut patched = object.clone();
-            match (appliers.json_patch)(&mut patched, &patch) {
-                Ok(()) => {
-                    let changed = patched != *object;
-                    *object = patched;
-                    Ok(changed)
-                }
-                // A failed `test` leaves the object as it was (kube-apiserver's
-                // ErrTestFailed); the bounded patch names the operation that failed.
-                Err(message) if failed_test(&patch, &message) => Ok(false),
-                Err(message) => Err(format!("JSON Patch: {message}")),
+) -> std::result::Result<(), String> {
+    if mutation.patch_type == "ApplyConfiguration" {
+        let Value::Object(mut configuration) = value else {
+            return Err("an apply configuration must be an Object".into());
+        };
+        // The configuration is of the object's kind.
+        for field in ["apiVersion", "kind"] {
+            if let Some(value) = object.get(field) {
+                configuration.insert(field.to_owned(), value.clone());
             }
         }
-        other => Err(format!("unsupported patchType {other:?}")),
+        let merged = (appliers.apply_configuration)(object, &Value::Object(configuration))
+            .map_err(|e| format!("error applying patch: {e}"))?;
+        *object = merged;
+        return Ok(());
+    }
+    let Value::Array(operations) = value else {
+        return Err("type mismatch: JSONPatchType.expression should evaluate to array".into());
+    };
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(operations)).map_err(|e| format!("JSON Patch: {e}"))?;
+    let mut patched = object.clone();
+    match (appliers.json_patch)(&mut patched, &patch) {
+        Ok(()) => {
+            *object = patched;
+            Ok(())
+        }
+        // A failed `test` leaves the object as it was (kube-apiserver's ErrTestFailed); the
+        // bounded patch names the operation that failed.
+        Err(message) if failed_test(&patch, &message) => Ok(()),
+        Err(message) => Err(format!("JSON Patch: {message}")),
     }
 }
 

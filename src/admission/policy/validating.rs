@@ -13,9 +13,9 @@ use k8s_openapi::{
 };
 use serde_json::Value;
 
-use super::{Watched, compose, conditions_hold, matches, params, run, variables};
+use super::{Common, Watched, compile, inputs, matches, params};
 use crate::{
-    admission::{Attributes, webhook::forbidden},
+    admission::{Attributes, cel, webhook::forbidden},
     error::{Error, Result},
     metrics::{Metrics, PolicyCheckLabels, policy_error_type},
     namespaces::Namespaces,
@@ -207,8 +207,9 @@ impl ValidatingPolicies {
     }
 }
 
-/// One policy for one param: its matchConditions, variables and validations. The error is
-/// the policy's failure (an expression that does not compile or evaluate).
+/// One policy for one param: its matchConditions, variables and validations, run in one
+/// scope. The error is the policy's failure (an expression that does not compile or
+/// evaluate).
 async fn evaluate(
     spec: &ValidatingAdmissionPolicySpec,
     attributes: &Attributes<'_>,
@@ -217,41 +218,63 @@ async fn evaluate(
     params: Value,
     namespaces: &Namespaces,
 ) -> std::result::Result<Decision, String> {
-    let mut variables = variables(attributes, object, old, &params, namespaces).await;
-    if !conditions_hold(spec.match_conditions.as_ref(), &variables).await? {
-        return Ok(Decision::Allow);
+    struct Check {
+        expression: Arc<cel::Expression>,
+        message_expression: Option<Arc<cel::Expression>>,
+        message: Option<String>,
+        reason: Option<String>,
     }
-    compose(spec.variables.as_ref(), &mut variables).await?;
+    let common = Common::compile(spec.match_conditions.as_ref(), spec.variables.as_ref()).await?;
+    let mut checks = Vec::new();
     for validation in spec.validations.iter().flatten() {
-        match run(&validation.expression, variables.clone()).await? {
-            Value::Bool(true) => continue,
-            Value::Bool(false) => {}
-            other => {
-                return Err(format!(
-                    "expression '{}' gave {other}, not a bool",
-                    validation.expression
-                ));
-            }
-        }
-        let from_expression = match &validation.message_expression {
-            Some(source) => match run(source, variables.clone()).await {
-                Ok(Value::String(text)) if !text.trim().is_empty() => Some(text),
-                _ => None,
-            },
+        let message_expression = match &validation.message_expression {
+            // One that does not compile leaves the message to `message`.
+            Some(source) => compile(source).await.ok(),
             None => None,
         };
-        let message = from_expression
-            .or_else(|| validation.message.clone().filter(|m| !m.is_empty()))
-            .unwrap_or_else(|| format!("failed expression: {}", validation.expression));
-        return Ok(Decision::Violation {
-            message,
-            reason: validation
-                .reason
-                .clone()
-                .unwrap_or_else(|| "Forbidden".into()),
+        checks.push(Check {
+            expression: compile(&validation.expression).await?,
+            message_expression,
+            message: validation.message.clone(),
+            reason: validation.reason.clone(),
         });
     }
-    Ok(Decision::Allow)
+    let mut expressions = common.expressions();
+    for check in &checks {
+        expressions.push(check.expression.clone());
+        expressions.extend(check.message_expression.clone());
+    }
+    let inputs = inputs(attributes, object, old, params, namespaces).await;
+    cel::within(&expressions, inputs, move |scope| {
+        if !common.prepare(scope, true)? {
+            return Ok(Decision::Allow);
+        }
+        for check in &checks {
+            match scope.run(&check.expression)? {
+                Value::Bool(true) => continue,
+                Value::Bool(false) => {}
+                other => {
+                    return Err(format!(
+                        "expression '{}' gave {other}, not a bool",
+                        check.expression.source()
+                    ));
+                }
+            }
+            let from_expression = match check.message_expression.as_ref().map(|e| scope.run(e)) {
+                Some(Ok(Value::String(text))) if !text.trim().is_empty() => Some(text),
+                _ => None,
+            };
+            let message = from_expression
+                .or_else(|| check.message.clone().filter(|m| !m.is_empty()))
+                .unwrap_or_else(|| format!("failed expression: {}", check.expression.source()));
+            return Ok(Decision::Violation {
+                message,
+                reason: check.reason.clone().unwrap_or_else(|| "Forbidden".into()),
+            });
+        }
+        Ok(Decision::Allow)
+    })
+    .await?
 }
 
 /// A policy's denial as kube-apiserver words it (`admission.NewForbidden`, then the
