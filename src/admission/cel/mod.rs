@@ -1,5 +1,6 @@
 //! CEL for admission (webhooks' `matchConditions` and the policies): expressions compiled once
-//! per text, with the standard library, the strings and lists extensions, and what
+//! per text, with the standard library, the strings and lists extensions, Kubernetes' regex
+//! and lists libraries ([`library`]), and what
 //! MutatingAdmissionPolicy adds: `Object` types to build an apply configuration with (any
 //! `Object.<field path>` an expression names), `JSONPatch` and `jsonpatch.escapeKey`.
 //!
@@ -11,6 +12,8 @@
 //! past which the evaluation is an error that the caller's failure policy judges. An
 //! evaluation that runs past its budget keeps its thread until it ends (the interpreter cannot
 //! be interrupted): a cost limit inside the interpreter is what is still missing.
+
+mod library;
 
 use std::{
     collections::HashMap,
@@ -58,6 +61,7 @@ fn new_env() -> cel::Env {
         Some(&["op", "path", "from", "value"]),
     ));
     let _ = cel::add_overload!(env, fn escape_key: (CelString) -> CelString, name = "jsonpatch.escapeKey");
+    let _ = library::add(&mut env);
     env
 }
 
