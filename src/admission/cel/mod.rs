@@ -606,20 +606,13 @@ impl<'v> Val for LazyMap<'v> {
     }
 }
 
-/// Whether `value` nests at most `limit` levels, walked without recursion.
+/// Whether `value` nests at most `limit` levels: recursive, but never deeper than `limit`.
 fn shallow(value: &Value, limit: usize) -> bool {
-    let mut stack = vec![(value, 0usize)];
-    while let Some((value, depth)) = stack.pop() {
-        if depth > limit {
-            return false;
-        }
-        match value {
-            Value::Array(items) => stack.extend(items.iter().map(|v| (v, depth + 1))),
-            Value::Object(fields) => stack.extend(fields.values().map(|v| (v, depth + 1))),
-            _ => {}
-        }
+    match value {
+        Value::Array(items) => limit > 0 && items.iter().all(|v| shallow(v, limit - 1)),
+        Value::Object(fields) => limit > 0 && fields.values().all(|v| shallow(v, limit - 1)),
+        _ => true,
     }
-    true
 }
 
 /// Expressions run against one set of variables, converted once (kube-apiserver's activation).

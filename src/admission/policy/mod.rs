@@ -14,8 +14,7 @@ use std::sync::{
 };
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef,
-    RuleWithOperations, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, Variable,
 };
 use kube::{
     Api, Resource,
@@ -130,14 +129,14 @@ pub(crate) async fn matches(
         return Ok(false);
     };
     let named = |rule: &NamedRuleWithOperations| {
-        let plain = RuleWithOperations {
-            api_groups: rule.api_groups.clone(),
-            api_versions: rule.api_versions.clone(),
-            operations: rule.operations.clone(),
-            resources: rule.resources.clone(),
-            scope: rule.scope.clone(),
+        let plain = rules::Rule {
+            api_groups: &rule.api_groups,
+            api_versions: &rule.api_versions,
+            operations: &rule.operations,
+            resources: &rule.resources,
+            scope: rule.scope.as_deref(),
         };
-        rules::rule_matches(&plain, attributes)
+        plain.matches(attributes)
             && rule
                 .resource_names
                 .as_ref()

@@ -374,6 +374,21 @@ fn verify(review: Review, uid: &str, mutating: bool) -> Result<Answer, String> {
     })
 }
 
+/// The requester as an AdmissionRequest's `userInfo`.
+fn user_info(attributes: &Attributes<'_>) -> Value {
+    match attributes.user {
+        Some(user) => {
+            let mut info =
+                json!({"username": user.name, "groups": user.groups, "extra": user.extra});
+            if !user.uid.is_empty() {
+                info["uid"] = json!(user.uid);
+            }
+            info
+        }
+        None => json!({"username": "", "extra": {}}),
+    }
+}
+
 /// The AdmissionReview of `attributes` with a fresh `uid` (`CreateV1AdmissionReview`).
 pub fn review(
     attributes: &Attributes<'_>,
@@ -384,17 +399,7 @@ pub fn review(
     let kind =
         json!({"group": attributes.group, "version": attributes.version, "kind": attributes.kind});
     let resource = json!({"group": attributes.group, "version": attributes.version, "resource": attributes.resource});
-    let user = match attributes.user {
-        Some(user) => {
-            let mut info =
-                json!({"username": user.name, "groups": user.groups, "extra": user.extra});
-            if !user.uid.is_empty() {
-                info["uid"] = json!(user.uid);
-            }
-            info
-        }
-        None => json!({"username": "", "extra": {}}),
-    };
+    let user = user_info(attributes);
     let mut request = json!({
         "uid": uid,
         "kind": kind,
@@ -424,12 +429,33 @@ pub fn review(
 /// CEL's `request` variable: the AdmissionRequest of `attributes` without its objects (they
 /// are variables of their own) and without a uid.
 pub fn request_variable(attributes: &Attributes<'_>) -> Value {
-    let mut request = review(attributes, "", None, None)["request"].take();
-    if let Some(fields) = request.as_object_mut() {
-        fields.remove("object");
-        fields.remove("oldObject");
+    let mut request = serde_json::Map::with_capacity(14);
+    let kind =
+        json!({"group": attributes.group, "version": attributes.version, "kind": attributes.kind});
+    let resource = json!({"group": attributes.group, "version": attributes.version, "resource": attributes.resource});
+    request.insert("uid".into(), Value::String(String::new()));
+    request.insert("requestKind".into(), kind.clone());
+    request.insert("kind".into(), kind);
+    request.insert("requestResource".into(), resource.clone());
+    request.insert("resource".into(), resource);
+    request.insert(
+        "operation".into(),
+        Value::String(attributes.operation.as_str().into()),
+    );
+    request.insert("userInfo".into(), user_info(attributes));
+    request.insert("dryRun".into(), Value::Bool(attributes.dry_run));
+    request.insert("options".into(), attributes.options_object());
+    for (field, value) in [
+        ("subResource", attributes.subresource),
+        ("requestSubResource", attributes.subresource),
+        ("name", attributes.name),
+        ("namespace", attributes.namespace),
+    ] {
+        if !value.is_empty() {
+            request.insert(field.into(), Value::String(value.into()));
+        }
     }
-    request
+    Value::Object(request)
 }
 
 #[cfg(test)]
@@ -488,5 +514,35 @@ mod tests {
         let config: WebhookClientConfig =
             serde_json::from_value(json!({"url": "http://127.0.0.1:1/x"})).unwrap();
         assert!(url_of(&config, Duration::from_secs(1)).is_err());
+    }
+
+    #[test]
+    fn the_request_variable_is_the_review_without_objects() {
+        let user = crate::auth::UserInfo {
+            name: "alice".into(),
+            uid: "u-1".into(),
+            groups: vec!["team".into()],
+            ..Default::default()
+        };
+        for (operation, subresource, namespace) in [
+            (crate::admission::Operation::Create, "", "default"),
+            (crate::admission::Operation::Update, "status", "default"),
+            (crate::admission::Operation::Delete, "", ""),
+        ] {
+            let mut attributes = crate::admission::Attributes::of::<crate::resources::llama::Llama>(
+                operation,
+                subresource,
+                namespace,
+                "dolly",
+            );
+            attributes.user = Some(&user);
+            attributes.dry_run = true;
+            attributes.options = json!({"fieldManager": "kubectl"});
+            let mut expected = review(&attributes, "", None, None)["request"].take();
+            let fields = expected.as_object_mut().unwrap();
+            fields.remove("object");
+            fields.remove("oldObject");
+            assert_eq!(request_variable(&attributes), expected);
+        }
     }
 }

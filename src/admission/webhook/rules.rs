@@ -15,30 +15,60 @@ use crate::selector::LabelSelector;
 /// version and resource. `*` is every resource but no subresource; `llamas/*` is the resource
 /// and all its subresources; `*/status` every status subresource.
 pub fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
-    let exact_or_wildcard = |items: &Option<Vec<String>>, requested: &str| {
-        items
-            .iter()
-            .flatten()
-            .any(|item| item == "*" || item == requested)
-    };
-    let scope = match rule.scope.as_deref() {
-        None | Some("*") => true,
-        Some("Namespaced") => {
-            attributes.resource != "namespaces" && !attributes.namespace.is_empty()
-        }
-        Some("Cluster") => attributes.resource == "namespaces" || attributes.namespace.is_empty(),
-        Some(_) => false,
-    };
-    let resource = rule.resources.iter().flatten().any(|entry| {
-        let (resource, subresource) = entry.split_once('/').unwrap_or((entry, ""));
-        (resource == "*" || resource == attributes.resource)
-            && (subresource == "*" || subresource == attributes.subresource)
-    });
-    scope
-        && exact_or_wildcard(&rule.operations, attributes.operation.as_str())
-        && exact_or_wildcard(&rule.api_groups, attributes.group)
-        && exact_or_wildcard(&rule.api_versions, attributes.version)
-        && resource
+    Rule {
+        api_groups: &rule.api_groups,
+        api_versions: &rule.api_versions,
+        operations: &rule.operations,
+        resources: &rule.resources,
+        scope: rule.scope.as_deref(),
+    }
+    .matches(attributes)
+}
+
+/// The fields a webhook's rule and a policy's named rule share, borrowed.
+pub struct Rule<'r> {
+    /// `apiGroups`.
+    pub api_groups: &'r Option<Vec<String>>,
+    /// `apiVersions`.
+    pub api_versions: &'r Option<Vec<String>>,
+    /// `operations`.
+    pub operations: &'r Option<Vec<String>>,
+    /// `resources` (`llamas`, `llamas/status`, `*/*`...).
+    pub resources: &'r Option<Vec<String>>,
+    /// `scope`.
+    pub scope: Option<&'r str>,
+}
+
+impl Rule<'_> {
+    /// Whether the rule takes the write `attributes` describes.
+    pub fn matches(&self, attributes: &Attributes<'_>) -> bool {
+        let exact_or_wildcard = |items: &Option<Vec<String>>, requested: &str| {
+            items
+                .iter()
+                .flatten()
+                .any(|item| item == "*" || item == requested)
+        };
+        let scope = match self.scope {
+            None | Some("*") => true,
+            Some("Namespaced") => {
+                attributes.resource != "namespaces" && !attributes.namespace.is_empty()
+            }
+            Some("Cluster") => {
+                attributes.resource == "namespaces" || attributes.namespace.is_empty()
+            }
+            Some(_) => false,
+        };
+        let resource = self.resources.iter().flatten().any(|entry| {
+            let (resource, subresource) = entry.split_once('/').unwrap_or((entry, ""));
+            (resource == "*" || resource == attributes.resource)
+                && (subresource == "*" || subresource == attributes.subresource)
+        });
+        scope
+            && exact_or_wildcard(self.operations, attributes.operation.as_str())
+            && exact_or_wildcard(self.api_groups, attributes.group)
+            && exact_or_wildcard(self.api_versions, attributes.version)
+            && resource
+    }
 }
 
 /// A selector of the API in the text form selectors are parsed from; Err for an operator
