@@ -47,6 +47,8 @@ pub struct Expression {
     /// No comprehension: its cost is bounded by its size, so it may run on the caller's
     /// thread (see [`within`]).
     simple: bool,
+    /// The identifiers it names (its variables among them).
+    names: Vec<String>,
     /// What it runs in: [`env`], or one that also declares the `Object` types it builds.
     env: Arc<cel::Env>,
 }
@@ -121,6 +123,53 @@ impl cel::StructType for AnyStruct {
         }
         Ok(Box::new(value))
     }
+}
+
+/// The identifiers an expression names, walked without recursion.
+fn identifiers(root: &IdedExpr) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        match &node.expr {
+            Expr::Ident(name) => {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+            Expr::Comprehension(c) => {
+                stack.extend([
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ]);
+            }
+            Expr::Call(call) => {
+                stack.extend(call.target.as_deref());
+                stack.extend(call.args.iter());
+            }
+            Expr::List(list) => stack.extend(list.elements.iter()),
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    if let EntryExpr::MapEntry(e) = &entry.expr {
+                        stack.push(&e.key);
+                        stack.push(&e.value);
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    if let EntryExpr::StructField(f) = &entry.expr {
+                        stack.push(&f.value);
+                    }
+                }
+            }
+            Expr::Select(select) => stack.push(&select.operand),
+            Expr::Literal(_) | Expr::Unspecified => {}
+        }
+    }
+    names
 }
 
 /// The `Object` types an expression builds (struct literals named `Object` or
@@ -267,12 +316,14 @@ impl Expression {
         // The `Object` types it builds are declared in an environment of its own (they are
         // resolved when it runs).
         let simple = comprehensions == 0;
+        let names = identifiers(program.expression());
         let types = object_types(program.expression());
         if types.is_empty() {
             return Ok(Self {
                 program,
                 source: source.to_owned(),
                 simple,
+                names,
                 env: env(),
             });
         }
@@ -288,6 +339,7 @@ impl Expression {
             program,
             source: source.to_owned(),
             simple,
+            names,
             env: Arc::new(own),
         })
     }
@@ -315,6 +367,11 @@ impl Expression {
             cache.insert(source.to_owned(), compiled.clone());
         }
         compiled
+    }
+
+    /// Whether it names the identifier `name` (a variable it reads).
+    pub fn names(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
     }
 
     /// The expression's text.

@@ -239,14 +239,17 @@ pub(crate) async fn params(
 
 /// The inputs every policy expression sees: `object`, `oldObject` (typed by the kind's
 /// schema), `request`, `params` and `namespaceObject` (`variables` comes with [`Common`]).
+/// Only those `expressions` name are made (a `request` nobody reads costs nothing).
 pub(crate) async fn inputs(
+    expressions: &[Arc<cel::Expression>],
     attributes: &Attributes<'_>,
     object: Option<&Value>,
     old: Option<&Value>,
     params: Value,
     namespaces: &Namespaces,
 ) -> Vec<cel::Input> {
-    let namespace_object = if attributes.namespace.is_empty() {
+    let needs = |name: &str| expressions.iter().any(|e| e.names(name));
+    let namespace_object = if attributes.namespace.is_empty() || !needs("namespaceObject") {
         Value::Null
     } else {
         let labels = namespaces.labels(attributes.namespace).await.ok().flatten();
@@ -263,13 +266,23 @@ pub(crate) async fn inputs(
         value,
         numbers: None,
     };
-    vec![
-        typed("object", object),
-        typed("oldObject", old),
-        plain("request", call::request_variable(attributes)),
-        plain("params", params),
-        plain("namespaceObject", namespace_object),
-    ]
+    let mut inputs = Vec::with_capacity(5);
+    if needs("object") {
+        inputs.push(typed("object", object));
+    }
+    if needs("oldObject") {
+        inputs.push(typed("oldObject", old));
+    }
+    if needs("request") {
+        inputs.push(plain("request", call::request_variable(attributes)));
+    }
+    if needs("params") {
+        inputs.push(plain("params", params));
+    }
+    if needs("namespaceObject") {
+        inputs.push(plain("namespaceObject", namespace_object));
+    }
+    inputs
 }
 
 /// Compiles `source` (once per text); the error names it, as kube-apiserver's do.

@@ -228,6 +228,7 @@ impl MutatingPolicies {
             let mut expressions = common.expressions();
             expressions.push(expression.clone());
             let inputs = inputs(
+                &expressions,
                 attributes,
                 Some(object),
                 old,

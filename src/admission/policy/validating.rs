@@ -3,7 +3,7 @@
 //! binding's `validationActions`. Audit annotations and the `Audit` action wait for an audit
 //! log.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::{
     api::admissionregistration::v1::{
@@ -28,6 +28,56 @@ pub struct ValidatingPolicies {
     client: kube::Client,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
+    /// Each policy's expressions, compiled for the resourceVersion it had then.
+    compiled: std::sync::Mutex<HashMap<String, (String, Arc<Compiled>)>>,
+}
+
+/// A validation, compiled.
+struct Check {
+    expression: Arc<cel::Expression>,
+    message_expression: Option<Arc<cel::Expression>>,
+    message: Option<String>,
+    reason: Option<String>,
+}
+
+/// A policy's expressions, compiled: its conditions and variables, its validations, and all
+/// of them (which say where they may run).
+struct Compiled {
+    common: Arc<Common>,
+    checks: Vec<Check>,
+    expressions: Vec<Arc<cel::Expression>>,
+}
+
+impl Compiled {
+    /// The error is the policy's failure (an expression that does not compile).
+    async fn of(spec: &ValidatingAdmissionPolicySpec) -> std::result::Result<Self, String> {
+        let common =
+            Common::compile(spec.match_conditions.as_ref(), spec.variables.as_ref()).await?;
+        let mut checks = Vec::new();
+        for validation in spec.validations.iter().flatten() {
+            let message_expression = match &validation.message_expression {
+                // One that does not compile leaves the message to `message`.
+                Some(source) => compile(source).await.ok(),
+                None => None,
+            };
+            checks.push(Check {
+                expression: compile(&validation.expression).await?,
+                message_expression,
+                message: validation.message.clone(),
+                reason: validation.reason.clone(),
+            });
+        }
+        let mut expressions = common.expressions();
+        for check in &checks {
+            expressions.push(check.expression.clone());
+            expressions.extend(check.message_expression.clone());
+        }
+        Ok(Self {
+            common,
+            checks,
+            expressions,
+        })
+    }
 }
 
 /// What one binding decided.
@@ -48,7 +98,30 @@ impl ValidatingPolicies {
             namespaces,
             client,
             metrics: std::sync::OnceLock::new(),
+            compiled: std::sync::Mutex::default(),
         })
+    }
+
+    /// `policy`'s expressions, compiled once per resourceVersion of it.
+    async fn compiled(
+        &self,
+        policy: &ValidatingAdmissionPolicy,
+        spec: &ValidatingAdmissionPolicySpec,
+    ) -> std::result::Result<Arc<Compiled>, String> {
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        let version = policy.metadata.resource_version.clone().unwrap_or_default();
+        if let Ok(cache) = self.compiled.lock()
+            && let Some((cached, compiled)) = cache.get(&name)
+            && *cached == version
+            && !version.is_empty()
+        {
+            return Ok(compiled.clone());
+        }
+        let compiled = Arc::new(Compiled::of(spec).await?);
+        if let Ok(mut cache) = self.compiled.lock() {
+            cache.insert(name, (version, compiled.clone()));
+        }
+        Ok(compiled)
     }
 
     /// Where decisions are counted (`apiserver_validating_admission_policy_check_*`).
@@ -156,8 +229,13 @@ impl ValidatingPolicies {
                     let mut decisions = Vec::new();
                     for param in params {
                         let started = std::time::Instant::now();
-                        let decision =
-                            evaluate(spec, attributes, object, old, param, &self.namespaces).await;
+                        let decision = match self.compiled(&policy, spec).await {
+                            Ok(compiled) => {
+                                evaluate(compiled, attributes, object, old, param, &self.namespaces)
+                                    .await
+                            }
+                            Err(message) => Err(message),
+                        };
                         decisions.push((decision, started.elapsed().as_secs_f64()));
                     }
                     decisions
@@ -208,48 +286,30 @@ impl ValidatingPolicies {
 }
 
 /// One policy for one param: its matchConditions, variables and validations, run in one
-/// scope. The error is the policy's failure (an expression that does not compile or
-/// evaluate).
+/// scope. The error is the policy's failure (an expression that does not evaluate).
 async fn evaluate(
-    spec: &ValidatingAdmissionPolicySpec,
+    compiled: Arc<Compiled>,
     attributes: &Attributes<'_>,
     object: Option<&Value>,
     old: Option<&Value>,
     params: Value,
     namespaces: &Namespaces,
 ) -> std::result::Result<Decision, String> {
-    struct Check {
-        expression: Arc<cel::Expression>,
-        message_expression: Option<Arc<cel::Expression>>,
-        message: Option<String>,
-        reason: Option<String>,
-    }
-    let common = Common::compile(spec.match_conditions.as_ref(), spec.variables.as_ref()).await?;
-    let mut checks = Vec::new();
-    for validation in spec.validations.iter().flatten() {
-        let message_expression = match &validation.message_expression {
-            // One that does not compile leaves the message to `message`.
-            Some(source) => compile(source).await.ok(),
-            None => None,
-        };
-        checks.push(Check {
-            expression: compile(&validation.expression).await?,
-            message_expression,
-            message: validation.message.clone(),
-            reason: validation.reason.clone(),
-        });
-    }
-    let mut expressions = common.expressions();
-    for check in &checks {
-        expressions.push(check.expression.clone());
-        expressions.extend(check.message_expression.clone());
-    }
-    let inputs = inputs(attributes, object, old, params, namespaces).await;
-    cel::within(&expressions, inputs, move |scope| {
-        if !common.prepare(scope, true)? {
+    let inputs = inputs(
+        &compiled.expressions,
+        attributes,
+        object,
+        old,
+        params,
+        namespaces,
+    )
+    .await;
+    let policy = compiled.clone();
+    cel::within(&compiled.expressions, inputs, move |scope| {
+        if !policy.common.prepare(scope, true)? {
             return Ok(Decision::Allow);
         }
-        for check in &checks {
+        for check in &policy.checks {
             match scope.run(&check.expression)? {
                 Value::Bool(true) => continue,
                 Value::Bool(false) => {}
