@@ -1097,7 +1097,6 @@ async fn validating_admission_policies_with_params() {
             "validations": [{
                 "expression": "object.spec.weight <= variables.limit",
                 "messageExpression": "'weight ' + string(object.spec.weight) + ' is over ' + params.data.maxWeight",
-                "reason": "Invalid",
             }],
         },
     });

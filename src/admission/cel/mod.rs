@@ -44,8 +44,8 @@ const STACK_BYTES: usize = 64 * 1024 * 1024;
 pub struct Expression {
     program: cel::Program,
     source: String,
-    /// No comprehension: its cost is bounded by its size, so it may run on the caller's
-    /// thread (see [`within`]).
+    /// No comprehension, only [`CONSTANT_COST`] calls: its cost is bounded by its size and
+    /// its inputs', so it may run on the caller's thread (see [`within`]).
     simple: bool,
     /// The identifiers it names (its variables among them).
     names: Vec<String>,
@@ -123,6 +123,86 @@ impl cel::StructType for AnyStruct {
         }
         Ok(Box::new(value))
     }
+}
+
+/// The operators and functions whose cost does not grow with what they make (no `replace`,
+/// `join`, `+` on strings or lists...): an expression calling only these, and no
+/// comprehension, costs about what its inputs and its own size allow.
+const CONSTANT_COST: &[&str] = &[
+    "_==_",
+    "_!=_",
+    "_<_",
+    "_<=_",
+    "_>_",
+    "_>=_",
+    "_&&_",
+    "_||_",
+    "!_",
+    "_?_:_",
+    "-_",
+    "@in",
+    "_[_]",
+    "_[?_]",
+    "_-_",
+    "_*_",
+    "_/_",
+    "_%_",
+    "has",
+    "size",
+    "int",
+    "uint",
+    "double",
+    "string",
+    "bool",
+    "type",
+    "startsWith",
+    "endsWith",
+    "contains",
+    "matches",
+    "orValue",
+    "hasValue",
+    "value",
+    "optional.of",
+    "optional.none",
+    "optional.ofNonZeroValue",
+    "_?._",
+    "@not_strictly_false",
+];
+
+/// Whether every call in the expression is one of [`CONSTANT_COST`], walked without recursion.
+fn constant_cost(root: &IdedExpr) -> bool {
+    let mut stack = vec![root];
+    while let Some(node) = stack.pop() {
+        match &node.expr {
+            Expr::Call(call) => {
+                if !CONSTANT_COST.contains(&call.func_name.as_str()) {
+                    return false;
+                }
+                stack.extend(call.target.as_deref());
+                stack.extend(call.args.iter());
+            }
+            Expr::Comprehension(_) => return false,
+            Expr::List(list) => stack.extend(list.elements.iter()),
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    if let EntryExpr::MapEntry(e) = &entry.expr {
+                        stack.push(&e.key);
+                        stack.push(&e.value);
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    if let EntryExpr::StructField(f) = &entry.expr {
+                        stack.push(&f.value);
+                    }
+                }
+            }
+            Expr::Select(select) => stack.push(&select.operand),
+            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        }
+    }
+    true
 }
 
 /// The identifiers an expression names, walked without recursion.
@@ -315,7 +395,7 @@ impl Expression {
         }
         // The `Object` types it builds are declared in an environment of its own (they are
         // resolved when it runs).
-        let simple = comprehensions == 0;
+        let simple = comprehensions == 0 && constant_cost(program.expression());
         let names = identifiers(program.expression());
         let types = object_types(program.expression());
         if types.is_empty() {
@@ -827,11 +907,28 @@ pub async fn evaluate(
 /// their place (`Object.spec` under `spec`), as kube-apiserver checks them. Values are as
 /// deep as their expression nests, which is bounded: this recursion is too.
 fn to_json(value: &cel::Value) -> Result<Value, String> {
-    to_json_at(value, None)
+    let mut budget = MAX_RESULT_NODES;
+    to_json_at(value, None, &mut budget, 0)
 }
 
+/// The most values a result may hold, and how deep it may nest (CEL values share their
+/// parts, so a small expression can describe a result too large to write out).
+const MAX_RESULT_NODES: usize = 100_000;
+const MAX_RESULT_DEPTH: usize = 64;
+
 /// `path`: the type name an `Object` struct here must have (None: outside any).
-fn to_json_at(value: &cel::Value, path: Option<&str>) -> Result<Value, String> {
+fn to_json_at(
+    value: &cel::Value,
+    path: Option<&str>,
+    budget: &mut usize,
+    depth: usize,
+) -> Result<Value, String> {
+    if *budget == 0 || depth > MAX_RESULT_DEPTH {
+        return Err(format!(
+            "the result holds more than {MAX_RESULT_NODES} values or nests deeper than {MAX_RESULT_DEPTH} levels"
+        ));
+    }
+    *budget -= 1;
     Ok(match value {
         cel::Value::Bool(b) => Value::Bool(*b),
         cel::Value::Int(i) => Value::from(*i),
@@ -842,7 +939,7 @@ fn to_json_at(value: &cel::Value, path: Option<&str>) -> Result<Value, String> {
         cel::Value::List(items) => Value::Array(
             items
                 .iter()
-                .map(|item| to_json_at(item, path))
+                .map(|item| to_json_at(item, path, budget, depth + 1))
                 .collect::<Result<_, _>>()?,
         ),
         cel::Value::Map(map) => Value::Object(
@@ -855,7 +952,7 @@ fn to_json_at(value: &cel::Value, path: Option<&str>) -> Result<Value, String> {
                         cel::objects::Key::Uint(u) => u.to_string(),
                         cel::objects::Key::Bool(b) => b.to_string(),
                     };
-                    Ok((key, to_json_at(value, path)?))
+                    Ok((key, to_json_at(value, path, budget, depth + 1)?))
                 })
                 .collect::<Result<_, String>>()?,
         ),
@@ -876,7 +973,10 @@ fn to_json_at(value: &cel::Value, path: Option<&str>) -> Result<Value, String> {
             for (field, value) in s.field_values() {
                 let value = cel::Value::try_from(value.as_ref()).map_err(|e| e.to_string())?;
                 let path = own.map(|own| format!("{own}.{field}"));
-                fields.insert(field, to_json_at(&value, path.as_deref())?);
+                fields.insert(
+                    field,
+                    to_json_at(&value, path.as_deref(), budget, depth + 1)?,
+                );
             }
             Value::Object(fields)
         }
@@ -1032,6 +1132,35 @@ mod tests {
         assert_eq!(
             run("object.metadata.?nothing.orValue('none')"),
             Ok(json!("none"))
+        );
+    }
+
+    #[test]
+    fn only_constant_cost_expressions_may_run_inline() {
+        for (source, simple) in [
+            (
+                "object.spec.weight <= 1000.0 && has(object.metadata.labels)",
+                true,
+            ),
+            (
+                "'a' in object.metadata.labels && object.metadata.name.startsWith('d')",
+                true,
+            ),
+            ("'ab'.replace('', 'ab')", false),
+            ("object.metadata.name + 'x' == 'y'", false),
+            ("[1, 2].all(x, x > 0)", false),
+        ] {
+            assert_eq!(
+                Expression::compile(source).unwrap().simple,
+                simple,
+                "{source}"
+            );
+        }
+        // A result too large to write out is an error, not a memory bomb.
+        let doubled = format!("{}1{}", "[".repeat(70), "]".repeat(70));
+        assert!(
+            Expression::compile(&doubled).is_err()
+                || to_json(&Expression::compile(&doubled).unwrap().run(&[]).unwrap()).is_err()
         );
     }
 

@@ -210,8 +210,31 @@ impl MutatingPolicies {
                 Ok(common) => common,
                 Err(message) => return vec![message],
             };
+        // The conditions are judged once, on the object as it came: an error or a false one
+        // skips every mutation.
+        let expressions = common.expressions();
+        let made = inputs(
+            &expressions,
+            attributes,
+            Some(object),
+            old,
+            params.clone(),
+            &self.namespaces,
+        )
+        .await;
+        let conditions = common.clone();
+        match cel::within(&expressions, made, move |scope| {
+            conditions.prepare(scope, true)
+        })
+        .await
+        .and_then(|holds| holds)
+        {
+            Ok(true) => {}
+            Ok(false) => return Vec::new(),
+            Err(message) => return vec![message],
+        }
         let mut errors = Vec::new();
-        for (index, mutation) in spec.mutations.iter().flatten().enumerate() {
+        for mutation in spec.mutations.iter().flatten() {
             let expression = match expression_of(mutation) {
                 Ok(source) => compile(source).await,
                 Err(message) => Err(message),
@@ -223,8 +246,7 @@ impl MutatingPolicies {
                     continue;
                 }
             };
-            // Each mutation sees the object as the ones before it left it; the conditions
-            // are judged once, before the first.
+            // Each mutation sees the object as the ones before it left it.
             let mut expressions = common.expressions();
             expressions.push(expression.clone());
             let inputs = inputs(
@@ -238,16 +260,13 @@ impl MutatingPolicies {
             .await;
             let common = common.clone();
             let evaluated = cel::within(&expressions, inputs, move |scope| {
-                if !common.prepare(scope, index == 0)? {
-                    return Ok(None);
-                }
-                scope.run(&expression).map(Some)
+                common.prepare(scope, false)?;
+                scope.run(&expression)
             })
             .await
             .and_then(|result| result);
             match evaluated {
-                Ok(None) => return errors,
-                Ok(Some(value)) => {
+                Ok(value) => {
                     if let Err(message) = apply(mutation, value, object, appliers) {
                         errors.push(message);
                     }

@@ -329,7 +329,8 @@ async fn evaluate(
                 .unwrap_or_else(|| format!("failed expression: {}", check.expression.source()));
             return Ok(Decision::Violation {
                 message,
-                reason: check.reason.clone().unwrap_or_else(|| "Forbidden".into()),
+                // kube-apiserver's default: Invalid (422).
+                reason: check.reason.clone().unwrap_or_else(|| "Invalid".into()),
             });
         }
         Ok(Decision::Allow)

@@ -233,13 +233,15 @@ impl Clients {
             .then_some(config.service.as_ref())
             .flatten();
         if let Some(service) = service {
-            self.resolve(
-                &service.namespace,
-                &service.name,
-                service.port.unwrap_or(443),
-            )
-            .await
-            .map_err(|e| format!("failed to call webhook: {e}"))?;
+            // Within the webhook's timeout, as the call itself.
+            let port = service.port.unwrap_or(443);
+            let resolved = self.resolve(&service.namespace, &service.name, port);
+            tokio::time::timeout(timeout, resolved)
+                .await
+                .map_err(|_| {
+                    format!("failed to call webhook: Post {url:?}: context deadline exceeded")
+                })?
+                .map_err(|e| format!("failed to call webhook: {e}"))?;
         }
         let ca_bundle = config.ca_bundle.as_ref().map_or(&[][..], |b| &b.0);
         let client = self.for_roots(ca_bundle, service.is_some())?;
