@@ -169,133 +169,87 @@ const CONSTANT_COST: &[&str] = &[
     "@not_strictly_false",
 ];
 
-/// Whether every call in the expression is one of [`CONSTANT_COST`], walked without recursion.
-fn constant_cost(root: &IdedExpr) -> bool {
-    let mut stack = vec![root];
-    while let Some(node) = stack.pop() {
-        match &node.expr {
-            Expr::Call(call) => {
-                if !CONSTANT_COST.contains(&call.func_name.as_str()) {
-                    return false;
-                }
-                stack.extend(call.target.as_deref());
-                stack.extend(call.args.iter());
-            }
-            Expr::Comprehension(_) => return false,
-            Expr::List(list) => stack.extend(list.elements.iter()),
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    if let EntryExpr::MapEntry(e) = &entry.expr {
-                        stack.push(&e.key);
-                        stack.push(&e.value);
-                    }
-                }
-            }
-            Expr::Struct(s) => {
-                for entry in &s.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        stack.push(&f.value);
-                    }
-                }
-            }
-            Expr::Select(select) => stack.push(&select.operand),
-            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+/// The expressions directly under `node` (a comprehension's five parts included).
+fn children(node: &IdedExpr) -> Vec<&IdedExpr> {
+    let mut children = Vec::new();
+    match &node.expr {
+        Expr::Comprehension(c) => children.extend([
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ]),
+        Expr::Call(call) => {
+            children.extend(call.target.as_deref());
+            children.extend(call.args.iter());
         }
+        Expr::List(list) => children.extend(list.elements.iter()),
+        Expr::Map(map) => {
+            for entry in &map.entries {
+                if let EntryExpr::MapEntry(e) = &entry.expr {
+                    children.push(&e.key);
+                    children.push(&e.value);
+                }
+            }
+        }
+        Expr::Struct(s) => {
+            for entry in &s.entries {
+                if let EntryExpr::StructField(f) = &entry.expr {
+                    children.push(&f.value);
+                }
+            }
+        }
+        Expr::Select(select) => children.push(&select.operand),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
     }
-    true
+    children
 }
 
-/// The identifiers an expression names, walked without recursion.
-fn identifiers(root: &IdedExpr) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
+/// Every node of the expression, walked without recursion.
+fn nodes(root: &IdedExpr) -> Vec<&IdedExpr> {
+    let mut all = Vec::new();
     let mut stack = vec![root];
     while let Some(node) = stack.pop() {
-        match &node.expr {
-            Expr::Ident(name) => {
-                if !names.contains(name) {
-                    names.push(name.clone());
-                }
-            }
-            Expr::Comprehension(c) => {
-                stack.extend([
-                    &c.iter_range,
-                    &c.accu_init,
-                    &c.loop_cond,
-                    &c.loop_step,
-                    &c.result,
-                ]);
-            }
-            Expr::Call(call) => {
-                stack.extend(call.target.as_deref());
-                stack.extend(call.args.iter());
-            }
-            Expr::List(list) => stack.extend(list.elements.iter()),
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    if let EntryExpr::MapEntry(e) = &entry.expr {
-                        stack.push(&e.key);
-                        stack.push(&e.value);
-                    }
-                }
-            }
-            Expr::Struct(s) => {
-                for entry in &s.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        stack.push(&f.value);
-                    }
-                }
-            }
-            Expr::Select(select) => stack.push(&select.operand),
-            Expr::Literal(_) | Expr::Unspecified => {}
+        stack.extend(children(node));
+        all.push(node);
+    }
+    all
+}
+
+/// Whether every call in the expression is one of [`CONSTANT_COST`] (and it has no
+/// comprehension).
+fn constant_cost(root: &IdedExpr) -> bool {
+    nodes(root).into_iter().all(|node| match &node.expr {
+        Expr::Call(call) => CONSTANT_COST.contains(&call.func_name.as_str()),
+        Expr::Comprehension(_) => false,
+        _ => true,
+    })
+}
+
+/// The identifiers an expression names.
+fn identifiers(root: &IdedExpr) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for node in nodes(root) {
+        if let Expr::Ident(name) = &node.expr
+            && !names.contains(name)
+        {
+            names.push(name.clone());
         }
     }
     names
 }
 
 /// The `Object` types an expression builds (struct literals named `Object` or
-/// `Object.<path>`), walked without recursion.
+/// `Object.<path>`).
 fn object_types(root: &IdedExpr) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut stack = vec![root];
-    while let Some(node) = stack.pop() {
-        match &node.expr {
-            Expr::Comprehension(c) => {
-                stack.extend([
-                    &c.iter_range,
-                    &c.accu_init,
-                    &c.loop_cond,
-                    &c.loop_step,
-                    &c.result,
-                ]);
+    let mut names: Vec<String> = Vec::new();
+    for node in nodes(root) {
+        if let Expr::Struct(s) = &node.expr {
+            let name = s.type_name.trim_start_matches('.');
+            if (name == OBJECT || name.starts_with("Object.")) && !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
             }
-            Expr::Call(call) => {
-                stack.extend(call.target.as_deref());
-                stack.extend(call.args.iter());
-            }
-            Expr::List(list) => stack.extend(list.elements.iter()),
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    if let EntryExpr::MapEntry(e) = &entry.expr {
-                        stack.push(&e.key);
-                        stack.push(&e.value);
-                    }
-                }
-            }
-            Expr::Struct(s) => {
-                let name = s.type_name.trim_start_matches('.');
-                if (name == OBJECT || name.starts_with("Object."))
-                    && !names.iter().any(|n| n == name)
-                {
-                    names.push(name.to_owned());
-                }
-                for entry in &s.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        stack.push(&f.value);
-                    }
-                }
-            }
-            Expr::Select(select) => stack.push(&select.operand),
-            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
         }
     }
     names
@@ -307,41 +261,21 @@ fn nesting(root: &IdedExpr) -> (usize, usize) {
     let mut stack: Vec<(&IdedExpr, usize, usize)> = vec![(root, 0, 1)];
     while let Some((node, depth, level)) = stack.pop() {
         nodes = nodes.max(level);
-        let mut children: Vec<&IdedExpr> = Vec::new();
-        match &node.expr {
-            Expr::Comprehension(c) => {
-                let inner = depth + 1;
-                comprehensions = comprehensions.max(inner);
-                stack.push((&c.iter_range, depth, level + 1));
-                stack.push((&c.accu_init, depth, level + 1));
-                for part in [&c.loop_cond, &c.loop_step, &c.result] {
-                    stack.push((part, inner, level + 1));
-                }
+        if let Expr::Comprehension(c) = &node.expr {
+            let inner = depth + 1;
+            comprehensions = comprehensions.max(inner);
+            stack.push((&c.iter_range, depth, level + 1));
+            stack.push((&c.accu_init, depth, level + 1));
+            for part in [&c.loop_cond, &c.loop_step, &c.result] {
+                stack.push((part, inner, level + 1));
             }
-            Expr::Call(call) => {
-                children.extend(call.target.as_deref());
-                children.extend(call.args.iter());
-            }
-            Expr::List(list) => children.extend(list.elements.iter()),
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    if let EntryExpr::MapEntry(e) = &entry.expr {
-                        children.push(&e.key);
-                        children.push(&e.value);
-                    }
-                }
-            }
-            Expr::Struct(s) => {
-                for entry in &s.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        children.push(&f.value);
-                    }
-                }
-            }
-            Expr::Select(select) => children.push(&select.operand),
-            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        } else {
+            stack.extend(
+                children(node)
+                    .into_iter()
+                    .map(|child| (child, depth, level + 1)),
+            );
         }
-        stack.extend(children.into_iter().map(|child| (child, depth, level + 1)));
     }
     (comprehensions, nodes)
 }
