@@ -1078,6 +1078,58 @@ async fn match_conditions_choose_what_a_webhook_sees() {
     assert_eq!(hook.seen().len(), 1);
 }
 
+/// Kubernetes' quantity library, its values kept as quantities through `variables` (a
+/// variable holding `quantity(...)` is compared by value in a validation): a height over the
+/// ConfigMap's `1500m` is refused, one at `1.5` or under allowed.
+#[tokio::test]
+async fn quantities_in_policy_variables() {
+    let configurations = [
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "max-height"},
+            "spec": {
+                "failurePolicy": "Fail",
+                "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                    "operations": ["CREATE"], "resources": ["llamas"]}]},
+                "variables": [
+                    {"name": "limit", "expression": "quantity(params.data.maxHeight)"},
+                    {"name": "height", "expression": "quantity(string(object.spec.height))"},
+                ],
+                "validations": [{
+                    "expression": "!variables.height.isGreaterThan(variables.limit)",
+                    "messageExpression": "'height ' + string(variables.height.asApproximateFloat()) + ' is over ' + params.data.maxHeight",
+                }],
+            },
+        }),
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "heights", "namespace": "default"}, "data": {"maxHeight": "1500m"}}),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": "max-height"},
+            "spec": {"policyName": "max-height", "validationActions": ["Deny"],
+                "paramRef": {"name": "heights", "namespace": "default"}},
+        }),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    for (name, height, status) in [
+        ("short", 1.0, 201),
+        ("exact", 1.5, 201),
+        ("tall", 2.25, 422),
+    ] {
+        let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": name}, "spec": {"weight": 10.0, "height": height}});
+        let created = send(&server, "POST", LLAMAS, Some(body.to_string().into_bytes())).await;
+        let text = String::from_utf8_lossy(&created.body);
+        assert_eq!(created.status, status, "{name}: {text}");
+        if status == 422 {
+            assert!(text.contains("height 2.25 is over 1500m"), "{text}");
+        }
+    }
+}
+
 /// A ValidatingAdmissionPolicy with a ConfigMap param, bound with Deny: a violation is refused
 /// with its message (and its reason's code), the rest allowed; a Warn binding warns; a binding
 /// whose param is missing denies (`parameterNotFoundAction: Deny`); variables, matchConditions

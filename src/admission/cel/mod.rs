@@ -1,6 +1,6 @@
 //! CEL for admission (webhooks' `matchConditions` and the policies): expressions compiled once
 //! per text, with the standard library, the strings and lists extensions, Kubernetes' regex
-//! and lists libraries ([`library`]), and what
+//! and lists libraries ([`library`]), its quantity and url libraries ([`quantity`], [`url`]), and what
 //! MutatingAdmissionPolicy adds: `Object` types to build an apply configuration with (any
 //! `Object.<field path>` an expression names), `JSONPatch` and `jsonpatch.escapeKey`.
 //!
@@ -14,6 +14,8 @@
 //! be interrupted): a cost limit inside the interpreter is what is still missing.
 
 mod library;
+mod quantity;
+mod url;
 
 use std::{
     collections::HashMap,
@@ -64,6 +66,8 @@ fn new_env() -> cel::Env {
     ));
     let _ = cel::add_overload!(env, fn escape_key: (CelString) -> CelString, name = "jsonpatch.escapeKey");
     let _ = library::add(&mut env);
+    let _ = quantity::add(&mut env);
+    let _ = url::add(&mut env);
     env
 }
 
@@ -167,6 +171,26 @@ const CONSTANT_COST: &[&str] = &[
     "optional.ofNonZeroValue",
     "_?._",
     "@not_strictly_false",
+    // Quantities and URLs: linear in their text; `add` and `sub` bounded in digits.
+    "quantity",
+    "isQuantity",
+    "sign",
+    "isGreaterThan",
+    "isLessThan",
+    "compareTo",
+    "asApproximateFloat",
+    "asInteger",
+    "isInteger",
+    "add",
+    "sub",
+    "url",
+    "isURL",
+    "getScheme",
+    "getHost",
+    "getHostname",
+    "getPort",
+    "getEscapedPath",
+    "getQuery",
 ];
 
 /// The expressions directly under `node` (a comprehension's five parts included).
@@ -719,16 +743,24 @@ impl<'v> Scope<'v> {
         context
     }
 
-    /// Sets (or replaces) the variable `name`.
-    pub fn set(&mut self, name: &str, value: &Value) {
-        let value = to_cel(value);
+    /// Sets (or replaces) the variable `name` to a CEL value (a policy's `variables` keep
+    /// their CEL types: quantities, typed numbers).
+    pub fn set(&mut self, name: &str, value: cel::Value) {
         self.context.add_variable_from_value(name, value.clone());
         self.later.retain(|(n, _)| n != name);
         self.later.push((name.to_owned(), value));
     }
 
-    /// Runs `expression`; the error names it, as kube-apiserver's do.
+    /// Runs `expression`; its result as JSON. The error names it, as kube-apiserver's do.
     pub fn run(&self, expression: &Expression) -> Result<Value, String> {
+        self.evaluate(expression).and_then(|v| {
+            to_json(&v)
+                .map_err(|e| format!("expression '{}' resulted in error: {e}", expression.source))
+        })
+    }
+
+    /// Runs `expression`; its result as a CEL value.
+    pub fn evaluate(&self, expression: &Expression) -> Result<cel::Value, String> {
         let result = if Arc::ptr_eq(&expression.env, &env()) {
             expression.program.execute(&self.context)
         } else {
@@ -736,10 +768,7 @@ impl<'v> Scope<'v> {
             let context = Self::context(expression.env.clone(), self.inputs, &self.later);
             expression.program.execute(&context)
         };
-        result
-            .map_err(|e| e.to_string())
-            .and_then(|v| to_json(&v))
-            .map_err(|e| format!("expression '{}' resulted in error: {e}", expression.source))
+        result.map_err(|e| format!("expression '{}' resulted in error: {e}", expression.source))
     }
 }
 

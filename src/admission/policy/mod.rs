@@ -13,6 +13,7 @@ use std::sync::{
     atomic::{AtomicBool, Ordering},
 };
 
+use ::cel::Value as CelValue;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, Variable,
 };
@@ -337,21 +338,29 @@ impl Common {
     ) -> std::result::Result<bool, String> {
         if conditions {
             for (name, condition) in &self.conditions {
-                match scope.run(condition)? {
-                    Value::Bool(true) => {}
-                    Value::Bool(false) => return Ok(false),
+                match scope.evaluate(condition)? {
+                    CelValue::Bool(true) => {}
+                    CelValue::Bool(false) => return Ok(false),
                     other => {
-                        return Err(format!("matchCondition {name:?} gave {other}, not a bool"));
+                        return Err(format!(
+                            "matchCondition {name:?} gave {other:?}, not a bool"
+                        ));
                     }
                 }
             }
         }
-        let mut composed = serde_json::Map::new();
-        scope.set("variables", &Value::Object(composed.clone()));
+        // Each variable as CEL made it (a quantity stays a quantity), seen by those after it.
+        let mut composed = std::collections::HashMap::new();
+        let as_map = |composed: &std::collections::HashMap<_, _>| {
+            CelValue::Map(::cel::objects::Map {
+                map: Arc::new(composed.clone()),
+            })
+        };
+        scope.set("variables", as_map(&composed));
         for (name, variable) in &self.variables {
-            let value = scope.run(variable)?;
-            composed.insert(name.clone(), value);
-            scope.set("variables", &Value::Object(composed.clone()));
+            let value = scope.evaluate(variable)?;
+            composed.insert(::cel::objects::Key::String(Arc::new(name.clone())), value);
+            scope.set("variables", as_map(&composed));
         }
         Ok(true)
     }
