@@ -481,10 +481,12 @@ impl Args {
         let namespaces = watched.clone().filter(|_| enabled("NamespaceLifecycle"));
         let mut admission = crate::admission::Admission::default();
         if let (Some(client), Some(namespaces)) = (&cluster, watched) {
+            // One watch per param kind serves both kinds of policy.
+            let params = crate::admission::policy::Params::new(client.clone());
             if enabled("MutatingAdmissionPolicy") {
                 admission = admission.with_mutating_policies(
                     crate::admission::policy::MutatingPolicies::start(
-                        client.clone(),
+                        params.clone(),
                         namespaces.clone(),
                     ),
                 );
@@ -499,7 +501,7 @@ impl Args {
             }
             if enabled("ValidatingAdmissionPolicy") {
                 admission = admission.with_policies(
-                    crate::admission::policy::ValidatingPolicies::start(client.clone(), namespaces),
+                    crate::admission::policy::ValidatingPolicies::start(params, namespaces),
                 );
             }
         }

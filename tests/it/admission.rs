@@ -1111,22 +1111,48 @@ async fn quantities_in_policy_variables() {
                 "paramRef": {"name": "heights", "namespace": "default"}},
         }),
     ];
-    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+    let (server, fake) = server_with(TestStorage::Memory, &configurations)
         .await
         .unwrap();
+    let create = |name: &str, height: f64| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": name}, "spec": {"weight": 10.0, "height": height}})
+        .to_string()
+        .into_bytes()
+    };
+    // The first write starts the ConfigMaps' watch; later ones read it and ask the cluster
+    // nothing.
+    let first = send(&server, "POST", LLAMAS, Some(create("first", 0.5))).await;
+    assert_eq!(first.status, 201);
+    let asked = fake.requests();
     for (name, height, status) in [
         ("short", 1.0, 201),
         ("exact", 1.5, 201),
         ("tall", 2.25, 422),
     ] {
-        let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
-            "metadata": {"name": name}, "spec": {"weight": 10.0, "height": height}});
-        let created = send(&server, "POST", LLAMAS, Some(body.to_string().into_bytes())).await;
+        let created = send(&server, "POST", LLAMAS, Some(create(name, height))).await;
         let text = String::from_utf8_lossy(&created.body);
         assert_eq!(created.status, status, "{name}: {text}");
         if status == 422 {
             assert!(text.contains("height 2.25 is over 1500m"), "{text}");
         }
+    }
+    assert_eq!(fake.requests(), asked, "a write listed params");
+    // A changed param is seen through the watch.
+    fake.add(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "heights", "namespace": "default"}, "data": {"maxHeight": "3"}}));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tall = send(&server, "POST", LLAMAS, Some(create("tall", 2.25))).await;
+        if tall.status == 201 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&tall.body)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -245,9 +245,9 @@ fn rbac_for_an_aggregated_api_server() {
     // Webhooks' Services.
     assert_eq!(pods["rules"][4]["resources"], json!(["services"]));
     assert_eq!(pods["rules"][4]["verbs"], json!(["get"]));
-    // Policies' params.
+    // Policies. params, watched.
     assert_eq!(pods["rules"][5]["resources"], json!(["configmaps"]));
-    assert_eq!(pods["rules"][5]["verbs"], json!(["list"]));
+    assert_eq!(pods["rules"][5]["verbs"], json!(["list", "watch"]));
 
     let view = find(objects, "ClusterRole", "farm:view");
     assert_eq!(

@@ -6,6 +6,7 @@
 //! `variables`).
 
 pub mod mutating;
+mod params;
 pub mod validating;
 
 use std::sync::{
@@ -15,16 +16,13 @@ use std::sync::{
 
 use ::cel::Value as CelValue;
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchCondition, MatchResources, NamedRuleWithOperations, ParamKind, ParamRef, Variable,
+    MatchCondition, MatchResources, NamedRuleWithOperations, Variable,
 };
-use kube::{
-    Api, Resource,
-    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
-    runtime::reflector,
-};
+use kube::{Resource, runtime::reflector};
 use serde_json::{Value, json};
 
 pub use mutating::MutatingPolicies;
+pub use params::Params;
 pub use validating::ValidatingPolicies;
 
 use super::{
@@ -170,72 +168,6 @@ pub(crate) async fn matches(
         return Ok(selector.matches(labels.as_ref()));
     }
     Ok(true)
-}
-
-/// The params a binding names (`paramRef`: by name, or by selector, in its namespace or the
-/// object's): None when the binding is skipped (none found and `Allow`), one `null` when the
-/// policy takes none. The error is the policy's failure.
-pub(crate) async fn params(
-    client: &kube::Client,
-    kind: Option<&ParamKind>,
-    reference: Option<&ParamRef>,
-    attributes: &Attributes<'_>,
-) -> std::result::Result<Option<Vec<Value>>, String> {
-    let Some(kind) = kind else {
-        return Ok(Some(vec![Value::Null]));
-    };
-    let Some(reference) = reference else {
-        // Evaluated with `params` null, as kube-apiserver does.
-        return Ok(Some(vec![Value::Null]));
-    };
-    let api_version = kind.api_version.as_deref().unwrap_or("v1");
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind.kind.as_deref().unwrap_or_default());
-    let resource = ApiResource::from_gvk(&gvk);
-    let namespace = reference
-        .namespace
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .unwrap_or(attributes.namespace);
-    let api: Api<DynamicObject> = if namespace.is_empty() {
-        Api::all_with(client.clone(), &resource)
-    } else {
-        Api::namespaced_with(client.clone(), namespace, &resource)
-    };
-    let mut list = ListParams::default();
-    if let Some(name) = &reference.name {
-        list = list.fields(&format!("metadata.name={name}"));
-    } else if let Some(selector) = &reference.selector {
-        let text = rules::selector_text(selector)?;
-        if !text.is_empty() {
-            list = list.labels(&text);
-        }
-    }
-    let found = api
-        .list(&list)
-        .await
-        .map_err(|e| format!("failed to list params: {e}"))?;
-    let params: Vec<Value> = found
-        .items
-        .into_iter()
-        .filter(|item| {
-            reference
-                .name
-                .as_ref()
-                .is_none_or(|name| item.metadata.name.as_ref() == Some(name))
-        })
-        .filter_map(|item| serde_json::to_value(item).ok())
-        .collect();
-    if params.is_empty() {
-        // Only an explicit Deny refuses (kube-apiserver's policy source).
-        return match reference.parameter_not_found_action.as_deref() {
-            Some("Deny") => {
-                Err("no params found for policy binding with `Deny` parameterNotFoundAction".into())
-            }
-            _ => Ok(None),
-        };
-    }
-    Ok(Some(params))
 }
 
 /// The inputs every policy expression sees: `object`, `oldObject` (typed by the kind's

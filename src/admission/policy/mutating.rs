@@ -16,7 +16,7 @@ use k8s_openapi::{
 };
 use serde_json::Value;
 
-use super::{Common, Watched, compile, inputs, matches, params};
+use super::{Common, Params, Watched, compile, inputs, matches};
 use crate::{
     admission::{Attributes, Operation, cel, webhook::Patcher},
     error::{Error, Result},
@@ -40,7 +40,8 @@ pub struct Appliers<'a> {
 pub struct MutatingPolicies {
     watched: Watched<MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding>,
     namespaces: Arc<Namespaces>,
-    client: kube::Client,
+    /// The param objects policies name.
+    params: Arc<Params>,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
 }
@@ -54,11 +55,11 @@ struct Failure {
 impl MutatingPolicies {
     /// Watches `client`'s MutatingAdmissionPolicies and bindings; namespace labels from
     /// `namespaces`.
-    pub fn start(client: kube::Client, namespaces: Arc<Namespaces>) -> Arc<Self> {
+    pub fn start(params: Arc<Params>, namespaces: Arc<Namespaces>) -> Arc<Self> {
         Arc::new(Self {
-            watched: Watched::start(client.clone()),
+            watched: Watched::start(params.client()),
             namespaces,
-            client,
+            params,
             metrics: std::sync::OnceLock::new(),
         })
     }
@@ -131,13 +132,14 @@ impl MutatingPolicies {
                     "policy '{policy_name}' with binding '{binding_name}' denied request: {message}"
                 )
             };
-            let found = params(
-                &self.client,
-                spec.param_kind.as_ref(),
-                binding_spec.param_ref.as_ref(),
-                attributes,
-            )
-            .await;
+            let found = self
+                .params
+                .find(
+                    spec.param_kind.as_ref(),
+                    binding_spec.param_ref.as_ref(),
+                    attributes,
+                )
+                .await;
             let params = match found {
                 Ok(Some(params)) => params,
                 Ok(None) => continue,

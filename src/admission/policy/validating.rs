@@ -13,7 +13,7 @@ use k8s_openapi::{
 };
 use serde_json::Value;
 
-use super::{Common, Watched, compile, inputs, matches, params};
+use super::{Common, Params, Watched, compile, inputs, matches};
 use crate::{
     admission::{Attributes, cel, webhook::forbidden},
     error::{Error, Result},
@@ -25,7 +25,8 @@ use crate::{
 pub struct ValidatingPolicies {
     watched: Watched<ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding>,
     namespaces: Arc<Namespaces>,
-    client: kube::Client,
+    /// The param objects policies name.
+    params: Arc<Params>,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
     /// Each policy's expressions, compiled for the resourceVersion it had then.
@@ -92,11 +93,11 @@ enum Decision {
 impl ValidatingPolicies {
     /// Watches `client`'s ValidatingAdmissionPolicies and bindings; namespace labels from
     /// `namespaces`.
-    pub fn start(client: kube::Client, namespaces: Arc<Namespaces>) -> Arc<Self> {
+    pub fn start(params: Arc<Params>, namespaces: Arc<Namespaces>) -> Arc<Self> {
         Arc::new(Self {
-            watched: Watched::start(client.clone()),
+            watched: Watched::start(params.client()),
             namespaces,
-            client,
+            params,
             metrics: std::sync::OnceLock::new(),
             compiled: std::sync::Mutex::default(),
         })
@@ -204,13 +205,14 @@ impl ValidatingPolicies {
             let policy_name = policy.metadata.name.as_deref().unwrap_or_default();
             let binding_name = binding.metadata.name.as_deref().unwrap_or_default();
             let fail = spec.failure_policy.as_deref() != Some("Ignore");
-            let decisions = match params(
-                &self.client,
-                spec.param_kind.as_ref(),
-                binding_spec.param_ref.as_ref(),
-                attributes,
-            )
-            .await
+            let decisions = match self
+                .params
+                .find(
+                    spec.param_kind.as_ref(),
+                    binding_spec.param_ref.as_ref(),
+                    attributes,
+                )
+                .await
             {
                 // A binding that cannot be configured is judged by the failure policy alone.
                 Err(message) if fail => {

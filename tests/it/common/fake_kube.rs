@@ -142,6 +142,7 @@ impl FakeKube {
         });
         let app = Router::new()
             .route("/api/v1/pods", get(all_pods))
+            .route("/api/v1/configmaps", get(all_configmaps))
             .route("/api/v1/namespaces", get(all_namespaces))
             .route("/api/v1/namespaces/{name}", get(one_namespace))
             .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced))
@@ -376,6 +377,10 @@ where
 
 async fn all_pods(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
     fake.serve("pods".into(), None, q)
+}
+
+async fn all_configmaps(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
+    fake.serve("configmaps".into(), None, q)
 }
 
 async fn admission_configurations(

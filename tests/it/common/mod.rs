@@ -268,6 +268,7 @@ impl TestServer {
                     (Some(client), true) => {
                         let namespaces =
                             farm_apiserver::namespaces::Namespaces::start(client.clone());
+                        let params = farm_apiserver::admission::policy::Params::new(client.clone());
                         farm_apiserver::admission::Admission::default()
                             .with_webhooks(farm_apiserver::admission::webhook::Webhooks::start(
                                 client.clone(),
@@ -277,14 +278,13 @@ impl TestServer {
                             ))
                             .with_policies(
                                 farm_apiserver::admission::policy::ValidatingPolicies::start(
-                                    client.clone(),
+                                    params.clone(),
                                     namespaces.clone(),
                                 ),
                             )
                             .with_mutating_policies(
                                 farm_apiserver::admission::policy::MutatingPolicies::start(
-                                    client.clone(),
-                                    namespaces,
+                                    params, namespaces,
                                 ),
                             )
                     }
