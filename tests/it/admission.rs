@@ -1156,6 +1156,57 @@ async fn quantities_in_policy_variables() {
     }
 }
 
+/// Every binding and every validation is judged before the answer, as kube-apiserver's
+/// dispatcher does: the first denial answers, and a `Warn` binding after it (by name) still
+/// warns, once per failed validation.
+#[tokio::test]
+async fn every_validation_is_judged_before_the_answer() {
+    let binding = |name: &str, action: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": "two-rules", "validationActions": [action]},
+        })
+    };
+    let configurations = [
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "two-rules"},
+            "spec": {
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                    "operations": ["CREATE"], "resources": ["llamas"]}]},
+                "validations": [
+                    {"expression": "object.spec.weight < 100.0", "message": "too heavy"},
+                    {"expression": "object.spec.height < 2.0", "message": "too tall"},
+                ],
+            },
+        }),
+        binding("a-deny", "Deny"),
+        binding("b-warn", "Warn"),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "big"}, "spec": {"weight": 500.0, "height": 3.0}});
+    let refused = send(&server, "POST", LLAMAS, Some(body.to_string().into_bytes())).await;
+    assert_eq!(refused.status, 422);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("binding 'a-deny' denied request: too heavy")),
+        "{}",
+        refused.json()
+    );
+    assert_eq!(
+        warnings(&refused),
+        vec![
+            "299 - \"Validation failed for ValidatingAdmissionPolicy 'two-rules' with binding 'b-warn': too heavy\"",
+            "299 - \"Validation failed for ValidatingAdmissionPolicy 'two-rules' with binding 'b-warn': too tall\"",
+        ]
+    );
+}
+
 /// A ValidatingAdmissionPolicy with a ConfigMap param, bound with Deny: a violation is refused
 /// with its message (and its reason's code), the rest allowed; a Warn binding warns; a binding
 /// whose param is missing denies (`parameterNotFoundAction: Deny`); variables, matchConditions

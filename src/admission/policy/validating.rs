@@ -82,12 +82,11 @@ impl Compiled {
 }
 
 /// What one binding decided.
-enum Decision {
-    /// The write goes on.
-    Allow,
-    /// A validation failed (or the policy failed under `failurePolicy: Fail`): its message and
-    /// reason.
-    Violation { message: String, reason: String },
+/// A failed validation (or the policy's failure under `failurePolicy: Fail`): its message and
+/// reason.
+struct Violation {
+    message: String,
+    reason: String,
 }
 
 impl ValidatingPolicies {
@@ -166,8 +165,9 @@ impl ValidatingPolicies {
         Ok(!self.watched.bindings.is_empty())
     }
 
-    /// Every binding that takes the write, in name order: the first denial is the answer;
-    /// `Warn` violations come back as warnings.
+    /// Every binding that takes the write, in name order, every validation of each: the first
+    /// denial is the answer, after all are judged (kube-apiserver's dispatcher); each `Warn`
+    /// violation comes back as a warning, those of bindings after a denial too.
     pub async fn validate(
         &self,
         attributes: &Attributes<'_>,
@@ -176,6 +176,7 @@ impl ValidatingPolicies {
     ) -> Result<Vec<String>> {
         self.watched.ready(attributes).await?;
         let mut warnings = Vec::new();
+        let mut denial: Option<(String, String)> = None;
         for binding in self.watched.bindings_by_name() {
             let binding_spec = &binding.spec;
             let Some(policy) = self.watched.policy(&binding_spec.policy_name) else {
@@ -216,14 +217,13 @@ impl ValidatingPolicies {
             {
                 // A binding that cannot be configured is judged by the failure policy alone.
                 Err(message) if fail => {
-                    return Err(denied(
-                        attributes,
-                        &format!(
+                    denial.get_or_insert((
+                        format!(
                             "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: failed to configure binding: {message}"
                         ),
-                        "Invalid",
-                        &warnings,
+                        "Invalid".into(),
                     ));
+                    continue;
                 }
                 Err(_) => continue,
                 Ok(None) => Vec::new(),
@@ -247,48 +247,58 @@ impl ValidatingPolicies {
                 let observe = |failure: Option<&str>, action| {
                     self.observe(policy_name, binding_name, failure, action, seconds)
                 };
-                let (message, reason, failed) = match decision {
-                    Ok(Decision::Allow) => {
+                let (violations, failed) = match decision {
+                    Ok(violations) if violations.is_empty() => {
                         observe(None, "allow");
                         continue;
                     }
-                    Ok(Decision::Violation { message, reason }) => (message, reason, false),
+                    Ok(violations) => (violations, false),
                     Err(message) if !fail => {
                         observe(Some(&message), "allow");
                         continue;
                     }
-                    Err(message) => (message, "Invalid".to_owned(), true),
+                    Err(message) => (
+                        vec![Violation {
+                            message,
+                            reason: "Invalid".into(),
+                        }],
+                        true,
+                    ),
                 };
                 let actions = &binding_spec.validation_actions;
-                let failure = failed.then_some(message.as_str());
+                let failure = failed.then(|| violations[0].message.as_str());
                 for (action, label) in [("Deny", "deny"), ("Warn", "warn"), ("Audit", "audit")] {
                     if actions.iter().any(|a| a == action) {
                         observe(failure, label);
                     }
                 }
-                if actions.iter().any(|a| a == "Warn") {
-                    warnings.push(format!(
-                        "Validation failed for ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}': {message}"
-                    ));
-                }
-                if actions.iter().any(|a| a == "Deny") {
-                    return Err(denied(
-                        attributes,
-                        &format!(
-                            "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: {message}"
-                        ),
-                        &reason,
-                        &warnings,
-                    ));
+                for Violation { message, reason } in violations {
+                    if actions.iter().any(|a| a == "Warn") {
+                        warnings.push(format!(
+                            "Validation failed for ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}': {message}"
+                        ));
+                    }
+                    if actions.iter().any(|a| a == "Deny") && denial.is_none() {
+                        denial = Some((
+                            format!(
+                                "ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}' denied request: {message}"
+                            ),
+                            reason,
+                        ));
+                    }
                 }
             }
         }
-        Ok(warnings)
+        match denial {
+            Some((message, reason)) => Err(denied(attributes, &message, &reason, &warnings)),
+            None => Ok(warnings),
+        }
     }
 }
 
 /// One policy for one param: its matchConditions, variables and validations, run in one
-/// scope. The error is the policy's failure (an expression that does not evaluate).
+/// scope; every failed validation, in order. The error is the policy's failure (an
+/// expression that does not evaluate).
 async fn evaluate(
     compiled: Arc<Compiled>,
     attributes: &Attributes<'_>,
@@ -296,7 +306,7 @@ async fn evaluate(
     old: Option<&Value>,
     params: Value,
     namespaces: &Namespaces,
-) -> std::result::Result<Decision, String> {
+) -> std::result::Result<Vec<Violation>, String> {
     let inputs = inputs(
         &compiled.expressions,
         attributes,
@@ -308,8 +318,9 @@ async fn evaluate(
     .await;
     let policy = compiled.clone();
     cel::within(&compiled.expressions, inputs, move |scope| {
+        let mut violations = Vec::new();
         if !policy.common.prepare(scope, true)? {
-            return Ok(Decision::Allow);
+            return Ok(violations);
         }
         for check in &policy.checks {
             match scope.run(&check.expression)? {
@@ -329,13 +340,13 @@ async fn evaluate(
             let message = from_expression
                 .or_else(|| check.message.clone().filter(|m| !m.is_empty()))
                 .unwrap_or_else(|| format!("failed expression: {}", check.expression.source()));
-            return Ok(Decision::Violation {
+            violations.push(Violation {
                 message,
                 // kube-apiserver's default: Invalid (422).
                 reason: check.reason.clone().unwrap_or_else(|| "Invalid".into()),
             });
         }
-        Ok(Decision::Allow)
+        Ok(violations)
     })
     .await?
 }
