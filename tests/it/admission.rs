@@ -1156,6 +1156,80 @@ async fn quantities_in_policy_variables() {
     }
 }
 
+/// A policy built to exhaust memory is cut off at kube-apiserver's cost limit, not run to
+/// the end: variables that double at each step (2^40 copies of a name without the bound),
+/// and `replace` nested to multiply a string's size eleven times per call. The write is
+/// refused under `Fail`, let through under `Ignore`, and the server goes on.
+#[tokio::test]
+async fn hostile_policies_hit_the_cost_limit() {
+    let mut variables = vec![json!({"name": "v0", "expression": "object.metadata.name"})];
+    for i in 1..=40 {
+        variables.push(json!({"name": format!("v{i}"),
+            "expression": format!("variables.v{0} + variables.v{0}", i - 1)}));
+    }
+    let replaced = format!(
+        "object.metadata.name{}.size() > 0",
+        ".replace('', '0123456789')".repeat(12)
+    );
+    let policy = |name: &str, failure: &str, variables: Value, expression: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": failure,
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                    "operations": ["CREATE"], "resources": ["llamas"]}]},
+                "matchConditions": [{"name": "chosen", "expression": format!("object.metadata.labels['policy'] == '{name}'")}],
+                "variables": variables,
+                "validations": [{"expression": expression}],
+            },
+        })
+    };
+    let binding = |name: &str| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        })
+    };
+    let configurations = [
+        policy(
+            "doubling",
+            "Fail",
+            json!(variables),
+            "size(variables.v40) > 0",
+        ),
+        binding("doubling"),
+        policy("replacing", "Fail", json!([]), &replaced),
+        binding("replacing"),
+        policy(
+            "ignored",
+            "Ignore",
+            json!(variables),
+            "size(variables.v40) > 0",
+        ),
+        binding("ignored"),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    for (name, status) in [("doubling", 422), ("replacing", 422), ("ignored", 201)] {
+        let created = send(
+            &server,
+            "POST",
+            LLAMAS,
+            Some(llama(name, 10.0, json!({"policy": name}))),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&created.body);
+        assert_eq!(created.status, status, "{name}: {text}");
+        if status == 422 {
+            assert!(text.contains("actual cost limit exceeded"), "{text}");
+        }
+    }
+    assert_eq!(send(&server, "GET", LLAMAS, None).await.status, 200);
+}
+
 /// Every binding and every validation is judged before the answer, as kube-apiserver's
 /// dispatcher does: the first denial answers, and a `Warn` binding after it (by name) still
 /// warns, once per failed validation.

@@ -1,17 +1,99 @@
 //! The Kubernetes CEL libraries policies use most, as k8s.io/apiserver's `pkg/cel/library`
 //! defines them: `regex` (`find`, `findAll`) and `lists` (`isSorted`, `sum`, `min`, `max`,
 //! `indexOf`, `lastIndexOf`). The standard library, the strings and lists extensions and
-//! optionals come with the cel crate.
+//! optionals come with the cel crate, but for `replace`, which is bounded here ([`charge`]).
 
-use std::cmp::Ordering;
+use std::{cell::Cell, cmp::Ordering};
 
 use cel::{
     Env, ExecutionError, Value,
     common::{
-        types::{CelInt, CelList, CelString, DYN_TYPE, LIST_TYPE},
+        types::{CelInt, CelList, CelString, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE},
         value::{CowVal, Val},
     },
 };
+
+/// The most bytes `replace` may make in one evaluation: nested, each call could multiply
+/// its input's size (`s.replace('', s)`), past any memory. kube-apiserver's cost limit
+/// bounds the same; its error text.
+const MAX_PRODUCED_BYTES: usize = 8 << 20;
+
+thread_local! {
+    /// What `replace` made in this thread's current evaluation.
+    static PRODUCED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Starts an evaluation's count of bytes made.
+pub(super) fn reset_budget() {
+    PRODUCED.with(|p| p.set(0));
+}
+
+/// Counts `bytes` made by `function`; the error once the evaluation made too many.
+fn charge(function: &str, bytes: usize) -> Result<(), ExecutionError> {
+    PRODUCED.with(|produced| {
+        let total = produced.get().saturating_add(bytes);
+        if total > MAX_PRODUCED_BYTES {
+            return Err(ExecutionError::function_error(
+                function,
+                "operation cancelled: actual cost limit exceeded",
+            ));
+        }
+        produced.set(total);
+        Ok(())
+    })
+}
+
+/// Adds `replace` to `env`, before the strings extension: its last string argument is
+/// declared `dyn`, so these overloads are other signatures than the extension's (which then
+/// still registers) and are found first.
+pub(super) fn add_bounded_replace(env: &mut Env) -> Result<(), cel::DeclarationError> {
+    env.add_member_overload(
+        "replace",
+        "string_replace_bounded",
+        STRING_TYPE,
+        vec![STRING_TYPE, DYN_TYPE],
+        replace,
+    )?;
+    env.add_member_overload(
+        "replace",
+        "string_replace_n_bounded",
+        STRING_TYPE,
+        vec![STRING_TYPE, DYN_TYPE, INT_TYPE],
+        replace,
+    )
+}
+
+/// `s.replace(from, to)` and `s.replace(from, to, n)` (at most `n` replacements; a negative
+/// `n`: all), the result's size charged before it is made.
+fn replace<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let string = |i: usize| {
+        args.get(i)
+            .and_then(|arg| arg.as_ref().downcast_ref::<CelString>())
+            .map(|s| s.inner())
+            .ok_or_else(|| ExecutionError::function_error("replace", "not a string"))
+    };
+    let (this, from, to) = (string(0)?, string(1)?, string(2)?);
+    let limit = match args.get(3) {
+        Some(n) => match n.as_ref().downcast_ref::<CelInt>() {
+            Some(n) => usize::try_from(*n.inner()).unwrap_or(usize::MAX),
+            None => return Err(ExecutionError::function_error("replace", "not an int")),
+        },
+        None => usize::MAX,
+    };
+    let found = if from.is_empty() {
+        this.chars().count() + 1
+    } else {
+        this.matches(from).count()
+    }
+    .min(limit);
+    let size = this
+        .len()
+        .saturating_add(found.saturating_mul(to.len()))
+        .saturating_sub(found.saturating_mul(from.len()));
+    charge("replace", size)?;
+    let replaced = this.replacen(from, to, found);
+    Ok(CowVal::Owned(Box::new(CelString::from(replaced))))
+}
 
 /// Adds the libraries to `env`.
 pub(super) fn add(env: &mut Env) -> Result<(), cel::DeclarationError> {
@@ -238,5 +320,27 @@ mod tests {
         assert!(run("[].min()").is_err());
         assert!(run("'a'.find('(')").is_err());
         assert!(run("[9223372036854775807, 1].sum()").is_err());
+    }
+
+    #[test]
+    fn replace_is_bounded() {
+        for source in [
+            "'abc'.replace('b', 'xx') == 'axxc'",
+            "'aaa'.replace('a', 'b', 2) == 'bba'",
+            "'aaa'.replace('a', 'b', -1) == 'bbb'",
+            "'ab'.replace('', '-') == '-a-b-'",
+        ] {
+            assert_eq!(run(source), Ok(cel::Value::Bool(true)), "{source}");
+        }
+        // Each call multiplies the size by eleven: the seventh passes the budget (a few more
+        // would pass any memory).
+        let bomb = "'0123456789'.replace('', '0123456789').replace('', '0123456789')\
+                    .replace('', '0123456789').replace('', '0123456789').replace('', '0123456789')\
+                    .replace('', '0123456789').replace('', '0123456789').size() > 0";
+        super::reset_budget();
+        assert!(
+            run(bomb).is_err_and(|e| e.contains("actual cost limit exceeded")),
+            "{bomb}"
+        );
     }
 }

@@ -9,9 +9,12 @@
 //! refused when it nests one comprehension (`all`, `exists`, `map`, `filter`) in another or
 //! nests deeper than [`MAX_NESTING`]; it is compiled and run on one of [`THREADS`] threads of
 //! its own with a large stack, never on an async worker; and a caller waits at most [`BUDGET`],
-//! past which the evaluation is an error that the caller's failure policy judges. An
-//! evaluation that runs past its budget keeps its thread until it ends (the interpreter cannot
-//! be interrupted): a cost limit inside the interpreter is what is still missing.
+//! past which the evaluation is an error that the caller's failure policy judges. What could
+//! take memory without end is bounded with kube-apiserver's "actual cost limit exceeded":
+//! `replace` (8 MiB made per evaluation, [`library`]) and a policy's variables (8 MiB each,
+//! [`within_variable_bound`]). An evaluation that runs past its budget keeps its thread until
+//! it ends (the interpreter cannot be interrupted): a cost limit inside the interpreter is what
+//! is still missing.
 
 mod library;
 mod quantity;
@@ -58,6 +61,7 @@ pub struct Expression {
 /// The environment every expression starts from.
 fn new_env() -> cel::Env {
     let mut env = cel::Env::stdlib();
+    let _ = library::add_bounded_replace(&mut env);
     let _ = env.add_extension(cel::extensions::strings);
     let _ = env.add_extension(cel::extensions::lists);
     let _ = env.add_type(AnyStruct::new(
@@ -423,6 +427,7 @@ impl Expression {
         for (name, value) in variables {
             context.add_variable_from_value(name.as_str(), value.clone());
         }
+        library::reset_budget();
         self.program.execute(&context).map_err(|e| e.to_string())
     }
 }
@@ -761,6 +766,7 @@ impl<'v> Scope<'v> {
 
     /// Runs `expression`; its result as a CEL value.
     pub fn evaluate(&self, expression: &Expression) -> Result<cel::Value, String> {
+        library::reset_budget();
         let result = if Arc::ptr_eq(&expression.env, &env()) {
             expression.program.execute(&self.context)
         } else {
@@ -872,6 +878,32 @@ pub async fn evaluate(
 fn to_json(value: &cel::Value) -> Result<Value, String> {
     let mut budget = MAX_RESULT_NODES;
     to_json_at(value, None, &mut budget, 0)
+}
+
+/// The most a policy's variable may hold, about (8 bytes a value, and its strings' bytes):
+/// variables built from variables could otherwise double at each step.
+const MAX_VARIABLE_BYTES: usize = 8 << 20;
+
+/// Whether `value` holds at most [`MAX_VARIABLE_BYTES`]; the walk stops at the bound.
+pub fn within_variable_bound(value: &cel::Value) -> bool {
+    fn walk(value: &cel::Value, left: &mut usize, depth: usize) -> bool {
+        let own = match value {
+            cel::Value::String(s) => 8 + s.len(),
+            cel::Value::Bytes(b) => 8 + b.len(),
+            _ => 8,
+        };
+        if own > *left || depth > MAX_RESULT_DEPTH {
+            return false;
+        }
+        *left -= own;
+        match value {
+            cel::Value::List(items) => items.iter().all(|item| walk(item, left, depth + 1)),
+            cel::Value::Map(map) => map.map.values().all(|item| walk(item, left, depth + 1)),
+            _ => true,
+        }
+    }
+    let mut left = MAX_VARIABLE_BYTES;
+    walk(value, &mut left, 0)
 }
 
 /// The most values a result may hold, and how deep it may nest (CEL values share their

@@ -291,6 +291,11 @@ impl Common {
         scope.set("variables", as_map(&composed));
         for (name, variable) in &self.variables {
             let value = scope.evaluate(variable)?;
+            if !cel::within_variable_bound(&value) {
+                return Err(format!(
+                    "variable {name:?} holds more than kube-apiserver's cost limit allows: operation cancelled: actual cost limit exceeded"
+                ));
+            }
             composed.insert(::cel::objects::Key::String(Arc::new(name.clone())), value);
             scope.set("variables", as_map(&composed));
         }
