@@ -244,7 +244,7 @@ fn rbac_for_an_aggregated_api_server() {
     );
     // Webhooks' Services.
     assert_eq!(pods["rules"][4]["resources"], json!(["services"]));
-    assert_eq!(pods["rules"][4]["verbs"], json!(["get"]));
+    assert_eq!(pods["rules"][4]["verbs"], json!(["list", "watch"]));
     // Policies. params, watched.
     assert_eq!(pods["rules"][5]["resources"], json!(["configmaps"]));
     assert_eq!(pods["rules"][5]["verbs"], json!(["list", "watch"]));

@@ -23,8 +23,10 @@ use hyper_util::{
     rt::TokioExecutor,
 };
 use k8s_openapi::{
-    api::admissionregistration::v1::WebhookClientConfig, apimachinery::pkg::apis::meta::v1::Status,
+    api::{admissionregistration::v1::WebhookClientConfig, core::v1::Service},
+    apimachinery::pkg::apis::meta::v1::Status,
 };
+use kube::runtime::reflector;
 use rustls_pki_types::{CertificateDer, pem::PemObject};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -119,8 +121,11 @@ pub struct Clients {
     by_roots: Mutex<HashMap<(Vec<u8>, bool), HttpsClient>>,
     /// Where Services resolved to.
     services: Resolved,
-    /// The cluster, to read Services from.
+    /// The cluster, to watch Services on.
     cluster: kube::Client,
+    /// The cluster's Services, watched from the first webhook reached through one
+    /// (kube-apiserver's service lister): a call reads them from memory.
+    watched: std::sync::OnceLock<reflector::Store<Service>>,
 }
 
 impl Clients {
@@ -130,21 +135,25 @@ impl Clients {
             by_roots: Mutex::default(),
             services: Resolved::default(),
             cluster,
+            watched: std::sync::OnceLock::new(),
         }
     }
 
     /// The addresses a Service reference reaches at `port` (kube-apiserver's ClusterIP service
     /// resolver): its ClusterIP when it has a port `port`, or its `externalName`.
     async fn resolve(&self, namespace: &str, name: &str, port: i32) -> Result<(), String> {
-        use k8s_openapi::api::core::v1::Service;
-        let api: kube::Api<Service> = kube::Api::namespaced(self.cluster.clone(), namespace);
-        let service = api.get(name).await.map_err(|e| match e {
-            kube::Error::Api(status) if status.code == 404 => {
-                format!("service \"{name}\" not found")
-            }
-            other => format!("failed to get service {namespace}/{name}: {other}"),
-        })?;
-        let spec = service.spec.unwrap_or_default();
+        let store = self
+            .watched
+            .get_or_init(|| super::watch::<Service>(self.cluster.clone()));
+        // The first calls wait for the first list (bounded by the webhook's timeout).
+        store
+            .wait_until_ready()
+            .await
+            .map_err(|e| format!("failed to get service {namespace}/{name}: {e}"))?;
+        let service = store
+            .get(&reflector::ObjectRef::new(name).within(namespace))
+            .ok_or_else(|| format!("service \"{name}\" not found"))?;
+        let spec = service.spec.clone().unwrap_or_default();
         let addresses: Vec<SocketAddr> = match spec.type_.as_deref().unwrap_or("ClusterIP") {
             "ExternalName" => {
                 let host = spec.external_name.unwrap_or_default();

@@ -143,6 +143,7 @@ impl FakeKube {
         let app = Router::new()
             .route("/api/v1/pods", get(all_pods))
             .route("/api/v1/configmaps", get(all_configmaps))
+            .route("/api/v1/services", get(all_services))
             .route("/api/v1/namespaces", get(all_namespaces))
             .route("/api/v1/namespaces/{name}", get(one_namespace))
             .route("/api/v1/namespaces/{ns}/{resource}", get(namespaced))
@@ -279,6 +280,7 @@ impl FakeKube {
                 .collect();
             let (api_version, kind) = match resource.as_str() {
                 "configmaps" => ("v1", "ConfigMapList"),
+                "services" => ("v1", "ServiceList"),
                 "namespaces" => ("v1", "NamespaceList"),
                 "validatingwebhookconfigurations" => (
                     "admissionregistration.k8s.io/v1",
@@ -381,6 +383,10 @@ async fn all_pods(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> R
 
 async fn all_configmaps(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
     fake.serve("configmaps".into(), None, q)
+}
+
+async fn all_services(State(fake): State<Arc<FakeKube>>, RawQuery(q): RawQuery) -> Response {
+    fake.serve("services".into(), None, q)
 }
 
 async fn admission_configurations(
