@@ -150,6 +150,16 @@ impl Admission {
         }
     }
 
+    /// Answers the `authorizer` checks of policies' expressions with `checker`.
+    pub fn set_authorizer(&self, checker: Arc<dyn cel::Checker>) {
+        if let Some(policies) = &self.policies {
+            policies.set_authorizer(checker.clone());
+        }
+        if let Some(policies) = &self.mutating_policies {
+            policies.set_authorizer(checker);
+        }
+    }
+
     /// Applies the MutatingAdmissionPolicies `policies` finds in the cluster.
     pub fn with_mutating_policies(self, policies: Arc<policy::MutatingPolicies>) -> Self {
         Self {

@@ -407,6 +407,77 @@ impl Authorizer {
         self.verdict(decision, user, info)
     }
 
+    /// A SubjectAccessReview of other attributes than a request's, for `user` (the CEL
+    /// `authorizer` of admission policies): allowed or not, and the reason. Cached as requests'
+    /// decisions are; `system:masters` is allowed without asking; the error when the review
+    /// could not be sent.
+    pub async fn review(
+        &self,
+        user: &UserInfo,
+        resource: Option<ResourceAttributes>,
+        non_resource: Option<NonResourceAttributes>,
+    ) -> Result<(bool, String), Error> {
+        if user.is_system_masters() {
+            return Ok((true, String::new()));
+        }
+        let Some(client) = &self.client else {
+            return Err(Error::Internal("no cluster to authorize with".into()));
+        };
+        let spec = SubjectAccessReviewSpec {
+            user: Some(user.name.clone()),
+            uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
+            groups: Some(user.groups.clone()),
+            extra: (!user.extra.is_empty()).then(|| user.extra.clone().into_iter().collect()),
+            resource_attributes: resource,
+            non_resource_attributes: non_resource,
+        };
+        // Apart from requests' keys: a request's key never starts with a NUL.
+        let key = format!(
+            "\0{}",
+            serde_json::to_string(&spec).map_err(|e| Error::Internal(e.to_string()))?
+        );
+        let cell = {
+            let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
+            let fresh = cache
+                .get(&key)
+                .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))
+                .cloned();
+            match fresh {
+                Some(cell) => cell,
+                None => {
+                    if cache.len() >= CACHE_LIMIT {
+                        cache.clear();
+                    }
+                    let cell = Arc::new(OnceCell::new());
+                    cache.insert(key, cell.clone());
+                    cell
+                }
+            }
+        };
+        let decision = cell
+            .get_or_try_init(|| async {
+                self.reviews.fetch_add(1, Ordering::Relaxed);
+                let review = SubjectAccessReview {
+                    spec,
+                    ..Default::default()
+                };
+                let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+                    .create(&PostParams::default(), &review)
+                    .await
+                    .map_err(|e| {
+                        Error::Internal(format!("authorization could not be checked: {e}"))
+                    })?;
+                let status = reviewed.status.unwrap_or_default();
+                Ok::<_, Error>(Decision {
+                    allowed: status.allowed && status.denied != Some(true),
+                    reason: status.reason.unwrap_or_default(),
+                    at: Instant::now(),
+                })
+            })
+            .await?;
+        Ok((decision.allowed, decision.reason.clone()))
+    }
+
     fn verdict(
         &self,
         decision: &Decision,

@@ -177,6 +177,10 @@ impl AppState {
         if let Some(policies) = rest.admission.mutating_policies() {
             policies.set_metrics(metrics.clone());
         }
+        if let Some(checker) = crate::admission::policy::ClusterChecker::start(options.auth.clone())
+        {
+            rest.admission.set_authorizer(checker);
+        }
         if let Some(check) = rest.admission.readiness_check() {
             health.add_readiness_check(check);
         }

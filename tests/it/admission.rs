@@ -1230,6 +1230,101 @@ async fn hostile_policies_hit_the_cost_limit() {
     assert_eq!(send(&server, "GET", LLAMAS, None).await.status, 200);
 }
 
+/// The `authorizer` variable: a policy asks the cluster (a SubjectAccessReview, here the fake
+/// kube-apiserver's) whether the writing user may do something else, here `approve` Llamas;
+/// `authorizer.requestResource` names the write's own resource. Alice may approve, Bob may
+/// not; `system:masters` may everything without a review.
+#[tokio::test]
+async fn policies_ask_the_authorizer() {
+    let configurations = [
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "approvers"},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                    "operations": ["CREATE"], "resources": ["llamas"]}]},
+                "validations": [
+                    {"expression": "authorizer.requestResource.check('approve').allowed()",
+                     "messageExpression": "'may not approve: ' + authorizer.requestResource.check('approve').reason()"},
+                    {"expression": "authorizer.group('').resource('configmaps').namespace('default').check('get').allowed()",
+                     "message": "may not read ConfigMaps"},
+                ],
+            },
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": "approvers"},
+            "spec": {"policyName": "approvers", "validationActions": ["Deny"]},
+        }),
+    ];
+    let (server, fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    fake.set_policy(move |spec| {
+        let attributes = &spec["resourceAttributes"];
+        if attributes["verb"] == "approve" {
+            seen.lock().unwrap().push(attributes.clone());
+            let alice = spec["user"] == "alice";
+            return (
+                alice,
+                if alice { "" } else { "approving is Alice's" }.to_owned(),
+            );
+        }
+        (true, String::new())
+    });
+    let write = |user: &str, name: &str| {
+        let identity = if user == "admin" {
+            server.admin_identity()
+        } else {
+            server.dev_ca().issue_client(user, &[]).unwrap()
+        };
+        let body = llama(name, 10.0, json!({}));
+        let server = &server;
+        async move {
+            server
+                .raw(Some(identity), Alpn::Http1)
+                .send(
+                    "POST",
+                    LLAMAS,
+                    &[("content-type", "application/json")],
+                    Some(body),
+                )
+                .await
+        }
+    };
+    let alice = write("alice", "alices").await;
+    assert_eq!(
+        alice.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&alice.body)
+    );
+    let bob = write("bob", "bobs").await;
+    assert_eq!(bob.status, 422, "{}", String::from_utf8_lossy(&bob.body));
+    assert!(
+        bob.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("denied request: may not approve: approving is Alice's")),
+        "{}",
+        bob.json()
+    );
+    let admin = write("admin", "admins").await;
+    assert_eq!(admin.status, 201);
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(
+        asked.len(),
+        2,
+        "a review for Alice and one for Bob: {asked:?}"
+    );
+    assert_eq!(asked[0]["group"], "farm.example.com");
+    assert_eq!(asked[0]["resource"], "llamas");
+    assert_eq!(asked[0]["namespace"], "default");
+    assert_eq!(asked[0]["name"], "alices");
+}
+
 /// Every binding and every validation is judged before the answer, as kube-apiserver's
 /// dispatcher does: the first denial answers, and a `Warn` binding after it (by name) still
 /// warns, once per failed validation.

@@ -1,6 +1,6 @@
 //! CEL for admission (webhooks' `matchConditions` and the policies): expressions compiled once
 //! per text, with the standard library, the strings and lists extensions, Kubernetes' regex
-//! and lists libraries ([`library`]), its quantity and url libraries ([`quantity`], [`url`]), and what
+//! and lists libraries ([`library`]), its quantity, url and authorizer libraries ([`quantity`], [`url`], [`authz`]), and what
 //! MutatingAdmissionPolicy adds: `Object` types to build an apply configuration with (any
 //! `Object.<field path>` an expression names), `JSONPatch` and `jsonpatch.escapeKey`.
 //!
@@ -16,6 +16,8 @@
 //! it ends (the interpreter cannot be interrupted): a cost limit inside the interpreter is what
 //! is still missing.
 
+mod authz;
+pub use authz::{Answer, Asked, Checker, authorizer, request_resource};
 mod library;
 mod quantity;
 mod url;
@@ -72,6 +74,7 @@ fn new_env() -> cel::Env {
     let _ = library::add(&mut env);
     let _ = quantity::add(&mut env);
     let _ = url::add(&mut env);
+    let _ = authz::add(&mut env);
     env
 }
 
@@ -559,7 +562,8 @@ pub fn to_cel_typed(value: &Value, numbers: Option<&Numbers>) -> cel::Value {
 /// the conversion recurse once per level).
 const INLINE_DEPTH: usize = 32;
 
-/// One variable of a [`Scope`]: a JSON value, numbers typed by `numbers` when given.
+/// One variable of a [`Scope`]: a JSON value, numbers typed by `numbers` when given, or a CEL
+/// value of its own (`authorizer`).
 pub struct Input {
     /// Its name (`object`, `request`...).
     pub name: &'static str,
@@ -567,6 +571,20 @@ pub struct Input {
     pub value: Value,
     /// Where its schema has numbers.
     pub numbers: Option<Arc<Numbers>>,
+    /// A value that is not JSON (`value` is then null).
+    pub native: Option<cel::Value>,
+}
+
+impl Input {
+    /// A variable whose value is not JSON.
+    pub fn native(name: &'static str, value: cel::Value) -> Self {
+        Self {
+            name,
+            value: Value::Null,
+            numbers: None,
+            native: Some(value),
+        }
+    }
 }
 
 /// A JSON value as CEL's own value, borrowing its strings; objects are [`LazyMap`]s.
@@ -740,7 +758,13 @@ impl<'v> Scope<'v> {
     ) -> cel::Context<'v, 'v> {
         let mut context = cel::Context::with_env(env);
         for input in inputs {
-            context.add_variable_as_val(input.name, to_val(&input.value, input.numbers.as_deref()));
+            match &input.native {
+                Some(native) => context.add_variable_from_value(input.name, native.clone()),
+                None => context.add_variable_as_val(
+                    input.name,
+                    to_val(&input.value, input.numbers.as_deref()),
+                ),
+            }
         }
         for (name, value) in later {
             context.add_variable_from_value(name.as_str(), value.clone());
@@ -1096,11 +1120,13 @@ mod tests {
                 name: "object",
                 value: object.clone(),
                 numbers: None,
+                native: None,
             },
             Input {
                 name: "oldObject",
                 value: object.clone(),
                 numbers: None,
+                native: None,
             },
         ];
         let scope = Scope::new(&inputs);

@@ -171,7 +171,8 @@ pub(crate) async fn matches(
 }
 
 /// The inputs every policy expression sees: `object`, `oldObject` (typed by the kind's
-/// schema), `request`, `params` and `namespaceObject` (`variables` comes with [`Common`]).
+/// schema), `request`, `params`, `namespaceObject`, and `authorizer` with
+/// `authorizer.requestResource` for the writing user (`variables` comes with [`Common`]).
 /// Only those `expressions` name are made (a `request` nobody reads costs nothing).
 pub(crate) async fn inputs(
     expressions: &[Arc<cel::Expression>],
@@ -180,6 +181,7 @@ pub(crate) async fn inputs(
     old: Option<&Value>,
     params: Value,
     namespaces: &Namespaces,
+    authorizer: Option<&Arc<dyn cel::Checker>>,
 ) -> Vec<cel::Input> {
     let needs = |name: &str| expressions.iter().any(|e| e.names(name));
     let namespace_object = if attributes.namespace.is_empty() || !needs("namespaceObject") {
@@ -193,11 +195,13 @@ pub(crate) async fn inputs(
         name,
         value: value.cloned().unwrap_or(Value::Null),
         numbers: attributes.numbers.clone(),
+        native: None,
     };
     let plain = |name, value| cel::Input {
         name,
         value,
         numbers: None,
+        native: None,
     };
     let mut inputs = Vec::with_capacity(5);
     if needs("object") {
@@ -215,7 +219,95 @@ pub(crate) async fn inputs(
     if needs("namespaceObject") {
         inputs.push(plain("namespaceObject", namespace_object));
     }
+    if needs("authorizer")
+        && let (Some(checker), Some(user)) = (authorizer, attributes.user)
+    {
+        let user = Arc::new(user.clone());
+        let own = cel::Asked {
+            group: attributes.group.to_owned(),
+            resource: attributes.resource.to_string(),
+            subresource: attributes.subresource.to_owned(),
+            namespace: attributes.namespace.to_owned(),
+            name: attributes.name.to_owned(),
+            ..Default::default()
+        };
+        inputs.push(cel::Input::native(
+            "authorizer",
+            cel::authorizer(checker.clone(), user.clone()),
+        ));
+        inputs.push(cel::Input::native(
+            "authorizer.requestResource",
+            cel::request_resource(checker.clone(), user, own),
+        ));
+    }
     inputs
+}
+
+/// The `authorizer` of policies: the server's SubjectAccessReviews, cached as requests' are.
+pub struct ClusterChecker {
+    auth: Arc<crate::auth::Auth>,
+    runtime: tokio::runtime::Handle,
+}
+
+/// How long a check waits for the cluster's answer.
+const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl ClusterChecker {
+    /// Checks with `auth`, reviews sent on the current runtime (None outside one).
+    pub fn start(auth: Arc<crate::auth::Auth>) -> Option<Arc<dyn cel::Checker>> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        Some(Arc::new(Self { auth, runtime }))
+    }
+}
+
+impl cel::Checker for ClusterChecker {
+    fn check(&self, user: &crate::auth::user::UserInfo, asked: &cel::Asked) -> cel::Answer {
+        use k8s_openapi::api::authorization::v1::{NonResourceAttributes, ResourceAttributes};
+        let failed = |error: String| cel::Answer {
+            error: Some(error),
+            ..Default::default()
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Expressions calling `check` run on the CEL threads; an async worker never waits.
+            return failed("authorizer checks do not run on an async worker".into());
+        }
+        let (resource, non_resource) = match &asked.path {
+            Some(path) => (
+                None,
+                Some(NonResourceAttributes {
+                    path: Some(path.clone()),
+                    verb: Some(asked.verb.clone()),
+                }),
+            ),
+            None => (
+                Some(ResourceAttributes {
+                    group: Some(asked.group.clone()),
+                    version: Some("*".into()),
+                    resource: Some(asked.resource.clone()),
+                    subresource: Some(asked.subresource.clone()),
+                    namespace: Some(asked.namespace.clone()),
+                    name: Some(asked.name.clone()),
+                    verb: Some(asked.verb.clone()),
+                    ..Default::default()
+                }),
+                None,
+            ),
+        };
+        let review = self.auth.authz.review(user, resource, non_resource);
+        // The timer is made inside the runtime (it needs its context).
+        match self
+            .runtime
+            .block_on(async { tokio::time::timeout(CHECK_WAIT, review).await })
+        {
+            Ok(Ok((allowed, reason))) => cel::Answer {
+                allowed,
+                reason,
+                error: None,
+            },
+            Ok(Err(error)) => failed(error.to_string()),
+            Err(_) => failed("authorization check timed out".into()),
+        }
+    }
 }
 
 /// Compiles `source` (once per text); the error names it, as kube-apiserver's do.

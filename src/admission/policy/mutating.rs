@@ -44,6 +44,8 @@ pub struct MutatingPolicies {
     params: Arc<Params>,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
+    /// The `authorizer` expressions see, once the server has one.
+    authorizer: std::sync::OnceLock<Arc<dyn cel::Checker>>,
 }
 
 /// A policy failure: its message, and the reason its Status carries (None: Forbidden).
@@ -61,12 +63,18 @@ impl MutatingPolicies {
             namespaces,
             params,
             metrics: std::sync::OnceLock::new(),
+            authorizer: std::sync::OnceLock::new(),
         })
     }
 
     /// Where invocations are counted (`apiserver_mutating_admission_policy_check_*`).
     pub fn set_metrics(&self, metrics: Arc<Metrics>) {
         let _ = self.metrics.set(metrics);
+    }
+
+    /// Answers the `authorizer` checks of expressions.
+    pub fn set_authorizer(&self, authorizer: Arc<dyn cel::Checker>) {
+        let _ = self.authorizer.set(authorizer);
     }
 
     /// Whether both watches have listed once.
@@ -222,6 +230,7 @@ impl MutatingPolicies {
             old,
             params.clone(),
             &self.namespaces,
+            self.authorizer.get(),
         )
         .await;
         let conditions = common.clone();
@@ -258,6 +267,7 @@ impl MutatingPolicies {
                 old,
                 params.clone(),
                 &self.namespaces,
+                self.authorizer.get(),
             )
             .await;
             let common = common.clone();

@@ -29,6 +29,8 @@ pub struct ValidatingPolicies {
     params: Arc<Params>,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
+    /// The `authorizer` expressions see, once the server has one.
+    authorizer: std::sync::OnceLock<Arc<dyn cel::Checker>>,
     /// Each policy's expressions, compiled for the resourceVersion it had then.
     compiled: std::sync::Mutex<HashMap<String, (String, Arc<Compiled>)>>,
 }
@@ -98,6 +100,7 @@ impl ValidatingPolicies {
             namespaces,
             params,
             metrics: std::sync::OnceLock::new(),
+            authorizer: std::sync::OnceLock::new(),
             compiled: std::sync::Mutex::default(),
         })
     }
@@ -127,6 +130,11 @@ impl ValidatingPolicies {
     /// Where decisions are counted (`apiserver_validating_admission_policy_check_*`).
     pub fn set_metrics(&self, metrics: Arc<Metrics>) {
         let _ = self.metrics.set(metrics);
+    }
+
+    /// Answers the `authorizer` checks of expressions.
+    pub fn set_authorizer(&self, authorizer: Arc<dyn cel::Checker>) {
+        let _ = self.authorizer.set(authorizer);
     }
 
     /// Counts one binding's decision for one param.
@@ -233,8 +241,16 @@ impl ValidatingPolicies {
                         let started = std::time::Instant::now();
                         let decision = match self.compiled(&policy, spec).await {
                             Ok(compiled) => {
-                                evaluate(compiled, attributes, object, old, param, &self.namespaces)
-                                    .await
+                                evaluate(
+                                    compiled,
+                                    attributes,
+                                    object,
+                                    old,
+                                    param,
+                                    &self.namespaces,
+                                    self.authorizer.get(),
+                                )
+                                .await
                             }
                             Err(message) => Err(message),
                         };
@@ -306,6 +322,7 @@ async fn evaluate(
     old: Option<&Value>,
     params: Value,
     namespaces: &Namespaces,
+    authorizer: Option<&Arc<dyn cel::Checker>>,
 ) -> std::result::Result<Vec<Violation>, String> {
     let inputs = inputs(
         &compiled.expressions,
@@ -314,6 +331,7 @@ async fn evaluate(
         old,
         params,
         namespaces,
+        authorizer,
     )
     .await;
     let policy = compiled.clone();
