@@ -103,6 +103,33 @@ impl<'a> Attributes<'a> {
         }
     }
 
+    /// `authorizer` and `authorizer.requestResource` as CEL sees them, for the writing user
+    /// (none for the server's own writes).
+    pub fn authorizer_variables(
+        &self,
+        checker: Option<&Arc<dyn cel::Checker>>,
+    ) -> Vec<(&'static str, ::cel::Value)> {
+        let (Some(checker), Some(user)) = (checker, self.user) else {
+            return Vec::new();
+        };
+        let user = Arc::new(user.clone());
+        let own = cel::Asked {
+            group: self.group.to_owned(),
+            resource: self.resource.to_string(),
+            subresource: self.subresource.to_owned(),
+            namespace: self.namespace.to_owned(),
+            name: self.name.to_owned(),
+            ..Default::default()
+        };
+        vec![
+            ("authorizer", cel::authorizer(checker.clone(), user.clone())),
+            (
+                "authorizer.requestResource",
+                cel::request_resource(checker.clone(), user, own),
+            ),
+        ]
+    }
+
     /// The object (or old object) written, as CEL reads it: typed by the kind's schema.
     pub fn object_to_cel(&self, object: Option<&Value>) -> ::cel::Value {
         object.map_or(::cel::Value::Null, |object| {
@@ -150,8 +177,12 @@ impl Admission {
         }
     }
 
-    /// Answers the `authorizer` checks of policies' expressions with `checker`.
+    /// Answers the `authorizer` checks of policies' expressions and webhooks'
+    /// `matchConditions` with `checker`.
     pub fn set_authorizer(&self, checker: Arc<dyn cel::Checker>) {
+        if let Some(webhooks) = &self.webhooks {
+            webhooks.set_authorizer(checker.clone());
+        }
         if let Some(policies) = &self.policies {
             policies.set_authorizer(checker.clone());
         }

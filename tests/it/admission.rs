@@ -1233,10 +1233,21 @@ async fn hostile_policies_hit_the_cost_limit() {
 /// The `authorizer` variable: a policy asks the cluster (a SubjectAccessReview, here the fake
 /// kube-apiserver's) whether the writing user may do something else, here `approve` Llamas;
 /// `authorizer.requestResource` names the write's own resource. Alice may approve, Bob may
-/// not; `system:masters` may everything without a review.
+/// not; `system:masters` may everything without a review. A webhook's matchCondition asks
+/// it too: the webhook sees only approvers' writes.
 #[tokio::test]
 async fn policies_ask_the_authorizer() {
+    let hook = Webhook::start().await;
+    hook.answer(|_| json!({"allowed": true}));
     let configurations = [
+        validating(
+            "approved",
+            json!({
+                "clientConfig": hook.client_config("/approved"),
+                "matchConditions": [{"name": "approver",
+                    "expression": "authorizer.requestResource.check('approve').allowed()"}],
+            }),
+        ),
         json!({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
             "metadata": {"name": "approvers"},
@@ -1319,6 +1330,12 @@ async fn policies_ask_the_authorizer() {
         2,
         "a review for Alice and one for Bob: {asked:?}"
     );
+    let seen: Vec<Value> = hook
+        .seen()
+        .iter()
+        .map(|review| review["request"]["userInfo"]["username"].clone())
+        .collect();
+    assert_eq!(seen, vec![json!("alice"), json!("farm-dev-admin")]);
     assert_eq!(asked[0]["group"], "farm.example.com");
     assert_eq!(asked[0]["resource"], "llamas");
     assert_eq!(asked[0]["namespace"], "default");

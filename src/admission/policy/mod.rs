@@ -219,26 +219,10 @@ pub(crate) async fn inputs(
     if needs("namespaceObject") {
         inputs.push(plain("namespaceObject", namespace_object));
     }
-    if needs("authorizer")
-        && let (Some(checker), Some(user)) = (authorizer, attributes.user)
-    {
-        let user = Arc::new(user.clone());
-        let own = cel::Asked {
-            group: attributes.group.to_owned(),
-            resource: attributes.resource.to_string(),
-            subresource: attributes.subresource.to_owned(),
-            namespace: attributes.namespace.to_owned(),
-            name: attributes.name.to_owned(),
-            ..Default::default()
-        };
-        inputs.push(cel::Input::native(
-            "authorizer",
-            cel::authorizer(checker.clone(), user.clone()),
-        ));
-        inputs.push(cel::Input::native(
-            "authorizer.requestResource",
-            cel::request_resource(checker.clone(), user, own),
-        ));
+    if needs("authorizer") {
+        for (name, value) in attributes.authorizer_variables(authorizer) {
+            inputs.push(cel::Input::native(name, value));
+        }
     }
     inputs
 }

@@ -44,6 +44,8 @@ pub struct Webhooks {
     clients: call::Clients,
     /// The server's metrics, once it has them.
     metrics: std::sync::OnceLock<Arc<Metrics>>,
+    /// The `authorizer` matchConditions see, once the server has one.
+    authorizer: std::sync::OnceLock<Arc<dyn cel::Checker>>,
     /// Set once every configuration watch has listed (for `/readyz`).
     synced: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -161,6 +163,7 @@ impl Webhooks {
             namespaces,
             clients: call::Clients::new(client),
             metrics: std::sync::OnceLock::new(),
+            authorizer: std::sync::OnceLock::new(),
             synced,
         })
     }
@@ -173,6 +176,11 @@ impl Webhooks {
     /// Where webhook calls are counted (`apiserver_admission_webhook_*`).
     pub fn set_metrics(&self, metrics: Arc<Metrics>) {
         let _ = self.metrics.set(metrics);
+    }
+
+    /// Answers the `authorizer` checks of matchConditions.
+    pub fn set_authorizer(&self, authorizer: Arc<dyn cel::Checker>) {
+        let _ = self.authorizer.set(authorizer);
     }
 
     /// Counts a call of `hook` that took `seconds` and, when it refused the write, the code.
@@ -343,7 +351,7 @@ impl Webhooks {
         Ok(true)
     }
 
-    /// `matchConditions` (CEL over `object`, `oldObject` and `request`): a false one skips the
+    /// `matchConditions` (CEL over `object`, `oldObject`, `request` and `authorizer`): a false one skips the
     /// webhook; with none false, one that fails to compile or evaluate refuses the write under
     /// `failurePolicy: Fail` (403) and skips the webhook under `Ignore`.
     async fn conditions_hold(
@@ -366,11 +374,16 @@ impl Webhooks {
             }
         }
         let request = call::request_variable(attributes);
-        let variables = vec![
+        let mut variables = vec![
             ("object".to_owned(), attributes.object_to_cel(object)),
             ("oldObject".to_owned(), attributes.object_to_cel(old)),
             ("request".to_owned(), cel::to_cel(&request)),
         ];
+        if compiled.iter().any(|e| e.names("authorizer")) {
+            for (name, value) in attributes.authorizer_variables(self.authorizer.get()) {
+                variables.push((name.to_owned(), value));
+            }
+        }
         for (name, result) in names.iter().zip(cel::evaluate(compiled, variables).await) {
             match result {
                 Ok(Value::Bool(false)) => return Ok(false),
