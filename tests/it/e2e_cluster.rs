@@ -339,6 +339,7 @@ async fn through_kube_apiserver() {
     // The webhooks listen on this host's loopback, which this server (on this host) reaches.
     webhooks_configured_with_kubectl(&cluster, ns, &step).await;
     policies_configured_with_kubectl(&cluster, ns, &step).await;
+    a_policy_asks_the_authorizer(&cluster, ns, &step).await;
     mutating_policies_configured_with_kubectl(&cluster, ns, &step).await;
     webhook_through_a_service(&cluster, ns, &step).await;
 
@@ -1368,9 +1369,16 @@ async fn policies_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
         ],
         None,
     );
-    // Params are read at each write: the change applies at once.
-    let (ok, _, err) = cluster.run(&["create", "-f", "-"], Some(&llama("over", 500.0)));
-    assert!(ok, "{err}");
+    // Params are watched: the change applies once the watch brings it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, _, err) = cluster.run(&["create", "-f", "-"], Some(&llama("over", 500.0)));
+        if ok {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     step("the policy's binding deleted: nothing is refused");
     drop(configured);
@@ -1392,6 +1400,84 @@ async fn policies_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// A ValidatingAdmissionPolicy whose `authorizer` asks kube-apiserver's RBAC (through the
+/// server's SubjectAccessReviews) whether the writing user may `approve` Llamas: a user the
+/// built-in `edit` role lets create Llamas (kube-apiserver impersonating it, `--as`) is
+/// refused for want of `approve`; `system:masters` may.
+async fn a_policy_asks_the_authorizer(cluster: &Cluster, ns: &str, step: &dyn Fn(&str)) {
+    step("a ValidatingAdmissionPolicy asks the authorizer (RBAC through SubjectAccessReviews)");
+    let suffix = std::process::id();
+    let name = format!("farm-e2e-approvers-{suffix}");
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {
+             "failurePolicy": "Fail",
+             "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"],
+                 "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["llamas"]}]},
+             "validations": [{
+                 "expression": "authorizer.requestResource.check('approve').allowed()",
+                 "messageExpression": "request.userInfo.username + ' may not approve llamas'",
+             }],
+         }},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": name},
+         "spec": {
+             "policyName": name,
+             "validationActions": ["Deny"],
+             "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+         }},
+    ]});
+    let _configured = Configured {
+        cluster,
+        names: vec![
+            ("validatingadmissionpolicybinding", name.clone()),
+            ("validatingadmissionpolicy", name.clone()),
+        ],
+    };
+    cluster.ok(
+        &[
+            "create",
+            "rolebinding",
+            "e2e-editor",
+            "-n",
+            ns,
+            "--clusterrole=edit",
+            "--user=e2e-editor",
+        ],
+        None,
+    );
+    cluster.ok(&["apply", "-f", "-"], Some(&objects.to_string()));
+    let llama = |name: &str| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"weight": 10.0, "height": 1.0}})
+        .to_string()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        let (ok, _, err) = cluster.run(
+            &["create", "-f", "-", "--as=e2e-editor"],
+            Some(&llama("unapproved")),
+        );
+        if !ok && err.contains("may not approve") {
+            break err;
+        }
+        assert!(Instant::now() < deadline, "never refused: {err}");
+        if ok {
+            cluster.ok(&["delete", "llama", "unapproved", "-n", ns], None);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        refused.contains(&format!(
+            "ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: e2e-editor may not approve llamas"
+        )),
+        "{refused}"
+    );
+    cluster.ok(&["create", "-f", "-"], Some(&llama("approved")));
 }
 
 /// A MutatingAdmissionPolicy applied with kubectl, exactly as for a built-in kind: its apply
