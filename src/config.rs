@@ -479,32 +479,12 @@ impl Args {
         // namespaceSelectors.
         let watched = cluster.clone().map(crate::namespaces::Namespaces::start);
         let namespaces = watched.clone().filter(|_| enabled("NamespaceLifecycle"));
-        let mut admission = crate::admission::Admission::default();
-        if let (Some(client), Some(namespaces)) = (&cluster, watched) {
-            // One watch per param kind serves both kinds of policy.
-            let params = crate::admission::policy::Params::new(client.clone());
-            if enabled("MutatingAdmissionPolicy") {
-                admission = admission.with_mutating_policies(
-                    crate::admission::policy::MutatingPolicies::start(
-                        params.clone(),
-                        namespaces.clone(),
-                    ),
-                );
+        let admission = match (&cluster, watched) {
+            (Some(client), Some(namespaces)) => {
+                crate::admission::Admission::for_cluster(client, namespaces, enabled)
             }
-            if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") {
-                admission = admission.with_webhooks(crate::admission::webhook::Webhooks::start(
-                    client.clone(),
-                    namespaces.clone(),
-                    enabled("MutatingAdmissionWebhook"),
-                    enabled("ValidatingAdmissionWebhook"),
-                ));
-            }
-            if enabled("ValidatingAdmissionPolicy") {
-                admission = admission.with_policies(
-                    crate::admission::policy::ValidatingPolicies::start(params, namespaces),
-                );
-            }
-        }
+            _ => crate::admission::Admission::default(),
+        };
         let mut rest = self.rest_settings();
         rest.garbage_collection = cluster.is_some();
         let (state, shutdown) = AppState::farm(

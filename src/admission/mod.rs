@@ -161,6 +161,38 @@ pub struct Admission {
 }
 
 impl Admission {
+    /// The chain k8s.io/apiserver's RecommendedOptions turn on for `client`'s cluster, each
+    /// plugin where `enabled(name)` says so (`--disable-admission-plugins`): the mutating
+    /// and validating policies (one watch per param kind shared by both) and webhooks, their
+    /// `namespaceSelector`s read from `namespaces`.
+    pub fn for_cluster(
+        client: &kube::Client,
+        namespaces: Arc<crate::namespaces::Namespaces>,
+        enabled: impl Fn(&str) -> bool,
+    ) -> Self {
+        let params = policy::Params::new(client.clone());
+        let mut admission = Self::default();
+        if enabled("MutatingAdmissionPolicy") {
+            admission = admission.with_mutating_policies(policy::MutatingPolicies::start(
+                params.clone(),
+                namespaces.clone(),
+            ));
+        }
+        if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") {
+            admission = admission.with_webhooks(webhook::Webhooks::start(
+                client.clone(),
+                namespaces.clone(),
+                enabled("MutatingAdmissionWebhook"),
+                enabled("ValidatingAdmissionWebhook"),
+            ));
+        }
+        if enabled("ValidatingAdmissionPolicy") {
+            admission =
+                admission.with_policies(policy::ValidatingPolicies::start(params, namespaces));
+        }
+        admission
+    }
+
     /// Calls the webhooks `webhooks` finds in the cluster.
     pub fn with_webhooks(self, webhooks: Arc<webhook::Webhooks>) -> Self {
         Self {

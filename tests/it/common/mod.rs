@@ -265,29 +265,11 @@ impl TestServer {
                     .filter(|_| options.namespace_lifecycle)
                     .map(farm_apiserver::namespaces::Namespaces::start),
                 admission: match (&options.cluster, options.webhooks) {
-                    (Some(client), true) => {
-                        let namespaces =
-                            farm_apiserver::namespaces::Namespaces::start(client.clone());
-                        let params = farm_apiserver::admission::policy::Params::new(client.clone());
-                        farm_apiserver::admission::Admission::default()
-                            .with_webhooks(farm_apiserver::admission::webhook::Webhooks::start(
-                                client.clone(),
-                                namespaces.clone(),
-                                true,
-                                true,
-                            ))
-                            .with_policies(
-                                farm_apiserver::admission::policy::ValidatingPolicies::start(
-                                    params.clone(),
-                                    namespaces.clone(),
-                                ),
-                            )
-                            .with_mutating_policies(
-                                farm_apiserver::admission::policy::MutatingPolicies::start(
-                                    params, namespaces,
-                                ),
-                            )
-                    }
+                    (Some(client), true) => farm_apiserver::admission::Admission::for_cluster(
+                        client,
+                        farm_apiserver::namespaces::Namespaces::start(client.clone()),
+                        |_| true,
+                    ),
                     _ => Default::default(),
                 },
             },
