@@ -26,6 +26,10 @@ const FORMAT_WRONG: &str =
     "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
 const SUFFIX: &str = "unable to parse quantity's suffix";
 
+/// The longest quantity text read: big-number arithmetic grows faster than the text, and no
+/// real quantity comes near it.
+const MAX_TEXT: usize = 1_000;
+
 /// How many digits apart two quantities' scales may be for `add` and `sub` (kube-apiserver
 /// would build the exact sum of `1e1000000000` and `1`; here that is an error).
 const MAX_ALIGN: i64 = 1_000;
@@ -55,7 +59,7 @@ impl Quantity {
     /// `resource.ParseQuantity`.
     pub fn parse(text: &str) -> Result<Self, &'static str> {
         let bytes = text.as_bytes();
-        if bytes.is_empty() {
+        if bytes.is_empty() || bytes.len() > MAX_TEXT {
             return Err(FORMAT_WRONG);
         }
         let mut pos = 0;
@@ -507,6 +511,7 @@ mod tests {
             "1Kib",
             "--1",
             "1e99999999999",
+            &"1".repeat(1_001),
         ] {
             assert!(Quantity::parse(bad).is_err(), "{bad:?}");
         }
