@@ -28,9 +28,14 @@ pub const SHALLOW: usize = 128;
 /// parsing takes microseconds.
 const SMALL_BODY: usize = 64 * 1024;
 
-/// The stack [`Work::run`] gives a deep body: serde's recursion takes a few hundred bytes a
-/// level in release builds and some kilobytes in debug builds.
-const DEEP_STACK: usize = 96 * 1024 * 1024;
+/// The stack [`Work::run`] gives a deep body: [`MAX_DEPTH`] levels of serde's recursion,
+/// which takes up to 4 KiB a level reading YAML in release builds (serde-saphyr), and up to
+/// 30 KiB in debug builds. Pages are touched only as deep as a body goes.
+const DEEP_STACK: usize = if cfg!(debug_assertions) {
+    400 * 1024 * 1024
+} else {
+    96 * 1024 * 1024
+};
 
 /// The message Go's decoder gives a body nested too deep (encoding/json's scanner).
 pub fn too_deep_message() -> String {
@@ -161,127 +166,44 @@ pub fn parse_json(body: &[u8]) -> std::result::Result<Deep, String> {
 /// go-yaml's refusal of a document nested deeper than [`MAX_DEPTH`].
 pub const YAML_TOO_DEEP: &str = "yaml: exceeded max depth of 10000";
 
-/// Parses a YAML body into a value. Aliases are expanded as they are read, so the values read
-/// are counted and a body that expands past [`MAX_YAML_VALUES`] (or 4 per byte sent) is
-/// refused, as go-yaml refuses "excessive aliasing". Flow collections nested deeper than
-/// [`MAX_DEPTH`] are refused before parsing, as go-yaml's `max_flow_level`.
+/// Parses a YAML body into a value with serde-saphyr, under its budgets: at most
+/// [`MAX_DEPTH`] levels (go-yaml's bound, refused before parsing for flow collections, as
+/// go-yaml's `max_flow_level`), and at most [`MAX_YAML_VALUES`] values, or 4 per byte sent,
+/// aliases expanded included (go-yaml's "excessive aliasing"). A key given twice keeps its
+/// last value, as a JSON object decoded by Go does.
 pub fn parse_yaml(body: &[u8]) -> std::result::Result<Deep, String> {
     if text_depth(body, MAX_DEPTH) > MAX_DEPTH {
         return Err(YAML_TOO_DEEP.to_owned());
     }
-    let budget = std::cell::Cell::new(MAX_YAML_VALUES.min(body.len().saturating_mul(4) + 64));
-    let document = yaml_serde::Deserializer::from_slice(body);
-    serde::de::DeserializeSeed::deserialize(Bounded(&budget), document)
+    let values = MAX_YAML_VALUES.min(body.len().saturating_mul(4) + 64);
+    let mut aliases = serde_saphyr::options::AliasLimits::default();
+    aliases.max_total_replayed_events = values;
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: MAX_DEPTH,
+            flow_nesting_limit: MAX_DEPTH,
+            max_nodes: values,
+            max_events: values.saturating_mul(2),
+        },
+        alias_limits: aliases,
+        duplicate_keys: serde_saphyr::options::DuplicateKeyPolicy::LastWins,
+    };
+    serde_saphyr::from_slice_with_options::<Value>(body, options)
         .map(Deep)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            let message = e.to_string();
+            if message.contains("depth") {
+                YAML_TOO_DEEP.to_owned()
+            } else if message.contains("alias") || message.contains("budget") {
+                "document contains excessive aliasing".to_owned()
+            } else {
+                message
+            }
+        })
 }
 
 /// At most this many values (scalars, lists, maps) in one YAML body.
 pub(crate) const MAX_YAML_VALUES: usize = 1 << 20;
-
-/// Reads a `Value`, counting down `budget` for each value read.
-struct Bounded<'a>(&'a std::cell::Cell<usize>);
-
-impl Bounded<'_> {
-    fn spend<E: serde::de::Error>(&self) -> std::result::Result<(), E> {
-        match self.0.get().checked_sub(1) {
-            Some(left) => {
-                self.0.set(left);
-                Ok(())
-            }
-            None => Err(E::custom("document contains excessive aliasing")),
-        }
-    }
-}
-
-impl<'de> serde::de::DeserializeSeed<'de> for Bounded<'_> {
-    type Value = Value;
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> std::result::Result<Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for Bounded<'_> {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a YAML value")
-    }
-
-    fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
-    }
-
-    fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::String(v.to_owned()))
-    }
-
-    fn visit_string<E: serde::de::Error>(self, v: String) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::String(v))
-    }
-
-    fn visit_unit<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
-        self.spend()?;
-        Ok(Value::Null)
-    }
-
-    fn visit_none<E: serde::de::Error>(self) -> std::result::Result<Value, E> {
-        self.visit_unit()
-    }
-
-    fn visit_some<D: serde::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> std::result::Result<Value, D::Error> {
-        serde::de::DeserializeSeed::deserialize(self, deserializer)
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(
-        self,
-        mut seq: A,
-    ) -> std::result::Result<Value, A::Error> {
-        self.spend()?;
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(Bounded(self.0))? {
-            items.push(item);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(
-        self,
-        mut map: A,
-    ) -> std::result::Result<Value, A::Error> {
-        self.spend()?;
-        let mut object = serde_json::Map::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let value = map.next_value_seed(Bounded(self.0))?;
-            object.insert(key, value);
-        }
-        Ok(Value::Object(object))
-    }
-}
 
 /// Where the work on request bodies runs: in place for small, shallow bodies; otherwise on
 /// the blocking pool with a deep stack, a few at a time, so that parsing, patching or

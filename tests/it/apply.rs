@@ -367,16 +367,21 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
             .await
         }
     };
-    let yaml = "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: y\nspec:\n  weight: 2\n  height: 1\n";
+    let yaml = "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: yak\nspec:\n  weight: 2\n  height: 1\n";
 
-    let missing = apply(format!("{LLAMAS}/y"), yaml, "application/apply-patch+yaml").await;
+    let missing = apply(
+        format!("{LLAMAS}/yak"),
+        yaml,
+        "application/apply-patch+yaml",
+    )
+    .await;
     assert_eq!(missing.status, 422, "{}", body(&missing));
     assert_eq!(
         missing.json()["message"],
         r#"PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch"#
     );
     let forced_merge = apply(
-        format!("{LLAMAS}/y?force=true"),
+        format!("{LLAMAS}/yak?force=true"),
         r#"{"spec":{"weight":3}}"#,
         "application/merge-patch+json",
     )
@@ -386,31 +391,47 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
         body(&forced_merge).contains("force: Forbidden: may not be specified for non-apply patch")
     );
     let cbor = apply(
-        format!("{LLAMAS}/y?fieldManager=t"),
+        format!("{LLAMAS}/yak?fieldManager=t"),
         yaml,
         "application/apply-patch+cbor",
     )
     .await;
     assert_eq!(cbor.status, 415, "{}", body(&cbor));
 
+    // YAML is read as kube-apiserver reads it (YAML 1.1): `y`, `yes`, `on` are true, so a
+    // name `y` is not a string.
+    let boolean = apply(
+        format!("{LLAMAS}/y?fieldManager=t"),
+        "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: y\nspec:\n  weight: 2\n  height: 1\n",
+        "application/apply-patch+yaml",
+    )
+    .await;
+    assert_eq!(boolean.status, 400, "{}", body(&boolean));
+    assert!(
+        body(&boolean)
+            .contains(".metadata.name: expected string, got &value.valueUnstructured{Value:true}"),
+        "{}",
+        body(&boolean)
+    );
+
     // YAML creates (201), dry run first: nothing stored.
     let dry = apply(
-        format!("{LLAMAS}/y?fieldManager=t&dryRun=All"),
+        format!("{LLAMAS}/yak?fieldManager=t&dryRun=All"),
         yaml,
         "application/apply-patch+yaml",
     )
     .await;
     assert_eq!(dry.status, 201, "{}", body(&dry));
-    assert_eq!(api.get(&format!("{LLAMAS}/y"), &[]).await.status, 404);
+    assert_eq!(api.get(&format!("{LLAMAS}/yak"), &[]).await.status, 404);
     let created = apply(
-        format!("{LLAMAS}/y?fieldManager=t"),
+        format!("{LLAMAS}/yak?fieldManager=t"),
         yaml,
         "application/apply-patch+yaml",
     )
     .await;
     assert_eq!(created.status, 201, "{}", body(&created));
     let again = apply(
-        format!("{LLAMAS}/y?fieldManager=t"),
+        format!("{LLAMAS}/yak?fieldManager=t"),
         yaml,
         "application/apply-patch+yaml",
     )
@@ -419,15 +440,15 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
 
     // Not the kind's schema, or not the URL's object: 400, nothing written.
     let undeclared = apply(
-        format!("{LLAMAS}/y?fieldManager=t"),
-        "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: y\nspec:\n  wings: 2\n",
+        format!("{LLAMAS}/yak?fieldManager=t"),
+        "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: yak\nspec:\n  wings: 2\n",
         "application/apply-patch+yaml",
     )
     .await;
     assert_eq!(undeclared.status, 400, "{}", body(&undeclared));
     assert!(body(&undeclared).contains(".spec.wings: field not declared in schema"));
     let other_name = apply(
-        format!("{LLAMAS}/y?fieldManager=t"),
+        format!("{LLAMAS}/yak?fieldManager=t"),
         "apiVersion: farm.example.com/v1alpha\nkind: Llama\nmetadata:\n  name: z\nspec:\n  weight: 2\n",
         "application/apply-patch+yaml",
     )
@@ -442,7 +463,7 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
     assert_eq!(with_uid.status, 409, "{}", body(&with_uid));
     assert!(body(&with_uid).contains("uid mismatch: the provided object specified uid 6b1f4f3c-0000-4000-8000-000000000000, and no existing object was found"));
     let not_yaml = apply(
-        format!("{LLAMAS}/y?fieldManager=t"),
+        format!("{LLAMAS}/yak?fieldManager=t"),
         "spec: [unclosed",
         "application/apply-patch+yaml",
     )
@@ -453,7 +474,7 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
     let patched = api
         .send(
             "PATCH",
-            &format!("{LLAMAS}/y"),
+            &format!("{LLAMAS}/yak"),
             &[
                 ("content-type", "application/merge-patch+json"),
                 ("user-agent", "llama-herder/1.2 (linux)"),
@@ -470,7 +491,7 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
     let reset = api
         .send(
             "PATCH",
-            &format!("{LLAMAS}/y"),
+            &format!("{LLAMAS}/yak"),
             &[("content-type", "application/merge-patch+json")],
             Some(br#"{"metadata":{"managedFields":[]}}"#.to_vec()),
         )
@@ -483,7 +504,7 @@ async fn apply_requests_are_checked_as_kube_apiserver_checks_them(storage: TestS
     );
     // The next apply starts over: before-first-apply owns what was there.
     let after = apply(
-        format!("{LLAMAS}/y?fieldManager=t&force=true"),
+        format!("{LLAMAS}/yak?fieldManager=t&force=true"),
         yaml,
         "application/apply-patch+yaml",
     )
