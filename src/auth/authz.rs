@@ -238,12 +238,19 @@ impl Authorizer {
         }
     }
 
-    fn spec(user: &UserInfo, info: &RequestInfo<'_>) -> SubjectAccessReviewSpec {
+    /// A review's user part.
+    fn user_spec(user: &UserInfo) -> SubjectAccessReviewSpec {
         SubjectAccessReviewSpec {
             user: Some(user.name.clone()),
             uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
             groups: Some(user.groups.clone()),
             extra: (!user.extra.is_empty()).then(|| user.extra.clone().into_iter().collect()),
+            ..Default::default()
+        }
+    }
+
+    fn spec(user: &UserInfo, info: &RequestInfo<'_>) -> SubjectAccessReviewSpec {
+        SubjectAccessReviewSpec {
             resource_attributes: info.is_resource_request.then(|| ResourceAttributes {
                 namespace: Some(info.namespace.to_owned()),
                 verb: Some(info.verb.to_owned()),
@@ -258,6 +265,7 @@ impl Authorizer {
                 path: Some(info.path.to_owned()),
                 verb: Some(info.verb.to_owned()),
             }),
+            ..Self::user_spec(user)
         }
     }
 
@@ -357,51 +365,14 @@ impl Authorizer {
             return Err(without_cluster(user, info));
         };
         let (key, _) = Self::cache_key(user, info);
-        let cell = {
-            let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
-            let fresh = cache
-                .get(&key)
-                .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))
-                .cloned();
-            match fresh {
-                Some(cell) => cell,
-                None => {
-                    if cache.len() >= CACHE_LIMIT {
-                        cache.clear();
-                    }
-                    let cell = Arc::new(OnceCell::new());
-                    cache.insert(key, cell.clone());
-                    cell
-                }
-            }
-        };
+        let cell = self.cell(key)?;
         // The cached decision without an await; the review itself is boxed because its future
         // (a kube client request) is kilobytes, and every request's future would otherwise be
         // that large and be copied on the way.
         let decision = match cell.get() {
             Some(decision) => decision,
             None => {
-                Box::pin(cell.get_or_try_init(|| async {
-                    self.reviews.fetch_add(1, Ordering::Relaxed);
-                    let review = SubjectAccessReview {
-                        spec: Self::spec(user, info),
-                        ..Default::default()
-                    };
-                    let reviewed = Api::<SubjectAccessReview>::all(client.clone())
-                        .create(&PostParams::default(), &review)
-                        .await
-                        .map_err(|e| {
-                            tracing::warn!(error = %e, "SubjectAccessReview failed");
-                            Error::Internal(format!("authorization could not be checked: {e}"))
-                        })?;
-                    let status = reviewed.status.unwrap_or_default();
-                    Ok::<_, Error>(Decision {
-                        allowed: status.allowed && status.denied != Some(true),
-                        reason: status.reason.unwrap_or_default(),
-                        at: Instant::now(),
-                    })
-                }))
-                .await?
+                Box::pin(cell.get_or_try_init(|| self.send(client, Self::spec(user, info)))).await?
             }
         };
         self.verdict(decision, user, info)
@@ -424,58 +395,65 @@ impl Authorizer {
             return Err(Error::Internal("no cluster to authorize with".into()));
         };
         let spec = SubjectAccessReviewSpec {
-            user: Some(user.name.clone()),
-            uid: (!user.uid.is_empty()).then(|| user.uid.clone()),
-            groups: Some(user.groups.clone()),
-            extra: (!user.extra.is_empty()).then(|| user.extra.clone().into_iter().collect()),
             resource_attributes: resource,
             non_resource_attributes: non_resource,
+            ..Self::user_spec(user)
         };
         // Apart from requests' keys: a request's key never starts with a NUL.
         let key = format!(
             "\0{}",
             serde_json::to_string(&spec).map_err(|e| Error::Internal(e.to_string()))?
         );
-        let cell = {
-            let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
-            let fresh = cache
-                .get(&key)
-                .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))
-                .cloned();
-            match fresh {
-                Some(cell) => cell,
-                None => {
-                    if cache.len() >= CACHE_LIMIT {
-                        cache.clear();
-                    }
-                    let cell = Arc::new(OnceCell::new());
-                    cache.insert(key, cell.clone());
-                    cell
-                }
-            }
-        };
-        let decision = cell
-            .get_or_try_init(|| async {
-                self.reviews.fetch_add(1, Ordering::Relaxed);
-                let review = SubjectAccessReview {
-                    spec,
-                    ..Default::default()
-                };
-                let reviewed = Api::<SubjectAccessReview>::all(client.clone())
-                    .create(&PostParams::default(), &review)
-                    .await
-                    .map_err(|e| {
-                        Error::Internal(format!("authorization could not be checked: {e}"))
-                    })?;
-                let status = reviewed.status.unwrap_or_default();
-                Ok::<_, Error>(Decision {
-                    allowed: status.allowed && status.denied != Some(true),
-                    reason: status.reason.unwrap_or_default(),
-                    at: Instant::now(),
-                })
-            })
-            .await?;
+        let cell = self.cell(key)?;
+        let decision = cell.get_or_try_init(|| self.send(client, spec)).await?;
         Ok((decision.allowed, decision.reason.clone()))
+    }
+
+    /// The cache's cell for `key`: the fresh one, or a new one in its place (the cache is
+    /// cleared when full).
+    fn cell(&self, key: String) -> Result<Arc<OnceCell<Decision>>, Error> {
+        let mut cache = self.cache.lock().map_err(|_| cache_poisoned())?;
+        let fresh = cache
+            .get(&key)
+            .filter(|cell| cell.get().is_none_or(|d| d.at.elapsed() < self.ttl(d)))
+            .cloned();
+        Ok(match fresh {
+            Some(cell) => cell,
+            None => {
+                if cache.len() >= CACHE_LIMIT {
+                    cache.clear();
+                }
+                let cell = Arc::new(OnceCell::new());
+                cache.insert(key, cell.clone());
+                cell
+            }
+        })
+    }
+
+    /// Sends one SubjectAccessReview; the error when it could not be sent.
+    async fn send(
+        &self,
+        client: &kube::Client,
+        spec: SubjectAccessReviewSpec,
+    ) -> Result<Decision, Error> {
+        self.reviews.fetch_add(1, Ordering::Relaxed);
+        let review = SubjectAccessReview {
+            spec,
+            ..Default::default()
+        };
+        let reviewed = Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %e, "SubjectAccessReview failed");
+                Error::Internal(format!("authorization could not be checked: {e}"))
+            })?;
+        let status = reviewed.status.unwrap_or_default();
+        Ok(Decision {
+            allowed: status.allowed && status.denied != Some(true),
+            reason: status.reason.unwrap_or_default(),
+            at: Instant::now(),
+        })
     }
 
     fn verdict(
