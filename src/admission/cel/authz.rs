@@ -8,11 +8,12 @@
 
 use std::sync::Arc;
 
+use super::library::answer;
 use cel::{
     Env, ExecutionError, Value,
     common::{
         types::{CelString, STRING_TYPE, Type},
-        value::{CowVal, Val},
+        value::CowVal,
     },
     objects::Opaque,
 };
@@ -216,10 +217,6 @@ pub(super) fn add(env: &mut Env) -> Result<(), cel::DeclarationError> {
         env.add_member_overload(name, id, decision(), vec![], function)?;
     }
     Ok(())
-}
-
-fn answer<'b, 'v>(value: Value) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::Owned(Box::<dyn Val>::try_from(value)?))
 }
 
 fn opaque<T: Opaque + Clone>(

@@ -183,9 +183,9 @@ fn arguments(
     }
 }
 
-fn answer<'b, 'v>(value: Value) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let value: Box<dyn Val> = Box::<dyn Val>::try_from(value)?;
-    Ok(CowVal::Owned(value))
+/// A library function's result: `value` as CEL's own.
+pub(super) fn answer<'b, 'v>(value: Value) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    Ok(CowVal::Owned(Box::<dyn Val>::try_from(value)?))
 }
 
 /// The order of two list elements (numbers of any kind with each other; strings, booleans);
@@ -296,10 +296,11 @@ fn last_index_of<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Ex
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::Expression;
 
-    fn run(source: &str) -> Result<cel::Value, String> {
+    /// Runs `source` with no variables.
+    pub(in crate::admission::cel) fn run(source: &str) -> Result<cel::Value, String> {
         Expression::compile(source)?.run(&[])
     }
 

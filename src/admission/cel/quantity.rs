@@ -7,11 +7,12 @@
 
 use std::{cmp::Ordering, sync::Arc};
 
+use super::library::answer;
 use cel::{
     Env, ExecutionError, Value,
     common::{
         types::{CelString, INT_TYPE, STRING_TYPE, Type},
-        value::{CowVal, Val},
+        value::CowVal,
     },
     objects::Opaque,
 };
@@ -329,10 +330,6 @@ pub(super) fn add(env: &mut Env) -> Result<(), cel::DeclarationError> {
     Ok(())
 }
 
-fn answer<'b, 'v>(value: Value) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::Owned(Box::<dyn Val>::try_from(value)?))
-}
-
 fn quantity_value<'b, 'v>(q: Quantity) -> Result<CowVal<'b, 'v>, ExecutionError> {
     answer(Value::Opaque(Arc::new(q)))
 }
@@ -439,11 +436,7 @@ fn sub_quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Exe
 
 #[cfg(test)]
 mod tests {
-    use super::{super::Expression, Quantity};
-
-    fn run(source: &str) -> Result<cel::Value, String> {
-        Expression::compile(source)?.run(&[])
-    }
+    use super::{super::library::tests::run, Quantity};
 
     /// kube-apiserver's own cases (`library/quantity_test.go`).
     #[test]

@@ -7,11 +7,12 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use super::library::answer;
 use cel::{
     Env, ExecutionError, Value,
     common::{
         types::{CelString, STRING_TYPE, Type},
-        value::{CowVal, Val},
+        value::CowVal,
     },
     objects::{Key, Map, Opaque},
 };
@@ -264,10 +265,6 @@ pub(super) fn add(env: &mut Env) -> Result<(), cel::DeclarationError> {
     Ok(())
 }
 
-fn answer<'b, 'v>(value: Value) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::Owned(Box::<dyn Val>::try_from(value)?))
-}
-
 fn text<'a>(function: &str, args: &'a [CowVal<'_, '_>]) -> Result<&'a str, ExecutionError> {
     args.first()
         .and_then(|arg| arg.as_ref().downcast_ref::<CelString>())
@@ -338,11 +335,7 @@ fn get_query<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execut
 
 #[cfg(test)]
 mod tests {
-    use super::super::Expression;
-
-    fn run(source: &str) -> Result<cel::Value, String> {
-        Expression::compile(source)?.run(&[])
-    }
+    use super::super::library::tests::run;
 
     /// kube-apiserver's own cases (`library/urls_test.go`, `cel/library/library_test`).
     #[test]
