@@ -357,6 +357,10 @@ impl Common {
                 }
             }
         }
+        if self.variables.is_empty() {
+            // Nothing to name: `variables.x` is an error either way.
+            return Ok(true);
+        }
         // Each variable as CEL made it (a quantity stays a quantity), seen by those after it.
         let mut composed = std::collections::HashMap::new();
         let as_map = |composed: &std::collections::HashMap<_, _>| {
