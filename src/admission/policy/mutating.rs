@@ -204,6 +204,27 @@ impl MutatingPolicies {
         }
     }
 
+    /// What `expressions` see of the write, `object` as it is now.
+    async fn inputs(
+        &self,
+        expressions: &[Arc<cel::Expression>],
+        attributes: &Attributes<'_>,
+        object: &Value,
+        old: Option<&Value>,
+        params: &Value,
+    ) -> Vec<cel::Input> {
+        inputs(
+            expressions,
+            attributes,
+            Some(object),
+            old,
+            params.clone(),
+            &self.namespaces,
+            self.authorizer.get(),
+        )
+        .await
+    }
+
     /// One policy for one param: its matchConditions, variables and mutations, in order, each
     /// seeing the object as the ones before it left it. Returns what failed.
     async fn invoke(
@@ -223,16 +244,9 @@ impl MutatingPolicies {
         // The conditions are judged once, on the object as it came: an error or a false one
         // skips every mutation.
         let expressions = common.expressions();
-        let made = inputs(
-            &expressions,
-            attributes,
-            Some(object),
-            old,
-            params.clone(),
-            &self.namespaces,
-            self.authorizer.get(),
-        )
-        .await;
+        let made = self
+            .inputs(&expressions, attributes, object, old, params)
+            .await;
         let conditions = common.clone();
         match cel::within(&expressions, made, move |scope| {
             conditions.prepare(scope, true)
@@ -260,16 +274,9 @@ impl MutatingPolicies {
             // Each mutation sees the object as the ones before it left it.
             let mut expressions = common.expressions();
             expressions.push(expression.clone());
-            let inputs = inputs(
-                &expressions,
-                attributes,
-                Some(object),
-                old,
-                params.clone(),
-                &self.namespaces,
-                self.authorizer.get(),
-            )
-            .await;
+            let inputs = self
+                .inputs(&expressions, attributes, object, old, params)
+                .await;
             let common = common.clone();
             let evaluated = cel::within(&expressions, inputs, move |scope| {
                 common.prepare(scope, false)?;
