@@ -272,7 +272,6 @@ pub(super) async fn not_found() -> Error {
 /// The listener makes one per connection, told the connection's verified client certificates
 /// ([`tls::ConnectionService`]); requests without them (tests) may carry them as an extension.
 ///
-/// Two `Arc`s: hyper-util's tower glue clones the service for every request.
 #[derive(Clone)]
 pub struct App {
     pub(super) edge: Arc<Edge>,
@@ -315,6 +314,32 @@ where
     }
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        self.respond(request)
+    }
+}
+
+/// What the listener serves: hyper calls it by reference, where hyper-util's tower glue would
+/// clone the service (its `Arc`s) and wrap each request in a `Oneshot`.
+impl<B> hyper::service::Service<axum::http::Request<B>> for App
+where
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = AppFuture;
+
+    fn call(&self, request: axum::http::Request<B>) -> Self::Future {
+        self.respond(request)
+    }
+}
+
+impl App {
+    fn respond<B>(&self, request: axum::http::Request<B>) -> AppFuture
+    where
+        B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
         use futures::future::Either;
         // A body nobody reads (an early 401, 413...) is still read, so the client sees the
         // answer (see `connection`).

@@ -23,7 +23,6 @@ use axum_server::accept::Accept;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
     server::conn::auto,
-    service::TowerToHyperService,
 };
 use tokio::sync::watch;
 
@@ -277,8 +276,7 @@ async fn serve_connection(
     let Some(Ok((stream, service))) = handshake.await else {
         return; // the handshake failed or timed out, or the server stopped
     };
-    let mut connection =
-        pin!(builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service)));
+    let mut connection = pin!(builder.serve_connection(TokioIo::new(stream), service));
     let mut draining = false;
     std::future::poll_fn(|cx| {
         match registration.poll_stop(cx.waker()) {
