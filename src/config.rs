@@ -188,6 +188,41 @@ pub struct Args {
     #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
     pub disable_admission_plugins: Vec<String>,
 
+    /// An `audit.k8s.io/v1` Policy (YAML or JSON): which requests the audit log writes, and
+    /// how much of each. Without it nothing is audited.
+    #[arg(long, env = "FARM_AUDIT_POLICY_FILE")]
+    pub audit_policy_file: Option<PathBuf>,
+
+    /// Where audit events go, one JSON line each; `-` is standard output. Without it (or
+    /// without a policy) nothing is audited.
+    #[arg(long, env = "FARM_AUDIT_LOG_PATH")]
+    pub audit_log_path: Option<PathBuf>,
+
+    /// Days a rotated audit log is kept (0: no limit).
+    #[arg(long, env = "FARM_AUDIT_LOG_MAXAGE", default_value_t = 366)]
+    pub audit_log_maxage: u64,
+
+    /// Rotated audit logs kept (0: no limit). kube-apiserver's name, singular.
+    #[arg(long, env = "FARM_AUDIT_LOG_MAXBACKUP", default_value_t = 100)]
+    pub audit_log_maxbackup: usize,
+
+    /// MiB an audit log may reach before it is rotated (0: never).
+    #[arg(long, env = "FARM_AUDIT_LOG_MAXSIZE", default_value_t = 100)]
+    pub audit_log_maxsize: u64,
+
+    /// When the audit buffer is full: `blocking` makes the request wait for room, `batch`
+    /// drops the event (counted in `apiserver_audit_error_total` and logged).
+    #[arg(long, env = "FARM_AUDIT_LOG_MODE", value_enum, default_value_t = crate::audit::Mode::Blocking)]
+    pub audit_log_mode: crate::audit::Mode,
+
+    /// Events the audit log's buffer holds before the mode decides.
+    #[arg(
+        long,
+        env = "FARM_AUDIT_LOG_BATCH_BUFFER_SIZE",
+        default_value_t = 10_000
+    )]
+    pub audit_log_batch_buffer_size: usize,
+
     /// Seconds between BOOKMARK events on watches that allow them.
     #[arg(long, env = "FARM_WATCH_BOOKMARK_INTERVAL", default_value_t = 60)]
     pub watch_bookmark_interval: u64,
@@ -275,6 +310,36 @@ pub enum Storage {
 }
 
 impl Args {
+    /// The audit log the flags ask for: none without both a policy and a log path.
+    pub fn auditor(&self) -> anyhow::Result<Option<Arc<crate::audit::Auditor>>> {
+        let (Some(policy), Some(path)) = (&self.audit_policy_file, &self.audit_log_path) else {
+            if self.audit_log_path.is_some() {
+                tracing::warn!("--audit-log-path without --audit-policy-file: nothing is audited");
+            }
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(policy)
+            .with_context(|| format!("reading the audit policy {}", policy.display()))?;
+        let policy = crate::audit::Policy::parse(&text)
+            .map_err(|e| anyhow::anyhow!("audit policy {}: {e}", policy.display()))?;
+        let sender = crate::audit::log::start(
+            crate::audit::log::LogOptions {
+                path: path.clone(),
+                max_age_days: self.audit_log_maxage,
+                max_backups: self.audit_log_maxbackup,
+                max_size_mb: self.audit_log_maxsize,
+            },
+            self.audit_log_batch_buffer_size,
+        )
+        .with_context(|| format!("opening the audit log {}", path.display()))?;
+        tracing::info!(path = %path.display(), "audit log on");
+        Ok(Some(crate::audit::Auditor::new(
+            policy,
+            sender,
+            self.audit_log_mode,
+        )))
+    }
+
     /// How to reach etcd, from the `--etcd-*` flags.
     pub fn etcd_config(&self) -> anyhow::Result<EtcdConfig> {
         let tls = match (&self.etcd_cafile, &self.etcd_certfile, &self.etcd_keyfile) {
@@ -495,6 +560,7 @@ impl Args {
                 auth,
                 namespaces,
                 admission,
+                audit: self.auditor()?,
             },
         );
         for check in etcd_checks {

@@ -17,6 +17,7 @@
 //! cached GET through the aggregator is then answered without a boxed future.
 
 pub mod admission;
+pub mod audit;
 pub mod auth;
 pub mod columns;
 pub mod conditional;

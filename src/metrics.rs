@@ -206,6 +206,17 @@ pub struct Metrics {
     pub mutation_checks: Family<MutationCheckLabels, Counter>,
     /// `apiserver_mutating_admission_policy_check_duration_seconds`.
     pub mutation_durations: Family<MutationCheckLabels, Histogram, fn() -> Histogram>,
+    /// `apiserver_audit_event_total`: audit events generated (written or not).
+    pub audit_events: Counter,
+    /// `apiserver_audit_error_total`: audit events a backend could not take, by backend.
+    pub audit_errors: Family<PluginLabels, Counter>,
+}
+
+/// The labels of `apiserver_audit_error_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PluginLabels {
+    /// The audit backend (`log`).
+    pub plugin: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -247,6 +258,18 @@ impl Metrics {
         let mutation_checks = Family::<MutationCheckLabels, Counter>::default();
         let mutation_durations: Family<MutationCheckLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(policy_histogram);
+        let audit_events = Counter::default();
+        let audit_errors = Family::<PluginLabels, Counter>::default();
+        registry.register(
+            "apiserver_audit_event",
+            "Counter of audit events generated and sent to the audit backend",
+            audit_events.clone(),
+        );
+        registry.register(
+            "apiserver_audit_error",
+            "Counter of audit events that failed to be audited properly, by backend",
+            audit_errors.clone(),
+        );
         registry.register(
             "apiserver_validating_admission_policy_check",
             "Validation admission policy check total, labeled by policy and further identified by binding and enforcement action taken",
@@ -334,6 +357,8 @@ impl Metrics {
             policy_durations,
             mutation_checks,
             mutation_durations,
+            audit_events,
+            audit_errors,
         }
     }
 

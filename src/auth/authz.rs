@@ -350,6 +350,21 @@ impl Authorizer {
         Some(self.verdict(decision, user, info))
     }
 
+    /// Why the request was decided as it was, for the audit log (kube-apiserver's
+    /// `authorization.k8s.io/reason`): the review's reason, "" when none was asked.
+    pub fn reason(&self, user: &UserInfo, info: &RequestInfo<'_>) -> String {
+        if always_allowed(info.path) || user.is_system_masters() {
+            return String::new();
+        }
+        let (key, _) = Self::cache_key(user, info);
+        let cell = match self.cache.lock() {
+            Ok(cache) => cache.get(&key).cloned(),
+            Err(_) => None,
+        };
+        cell.and_then(|cell| cell.get().map(|d| d.reason.clone()))
+            .unwrap_or_default()
+    }
+
     /// Ok when `user` may make the request `info` describes; 403 Forbidden with
     /// kube-apiserver's message otherwise, 500 when the review could not be sent (not cached:
     /// the next request tries again).

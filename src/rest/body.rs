@@ -49,7 +49,11 @@ pub(crate) async fn read(body: Body) -> Result<Bytes> {
         .collect()
         .await
     {
-        Ok(collected) => Ok(collected.to_bytes()),
+        Ok(collected) => {
+            let bytes = collected.to_bytes();
+            crate::audit::request_body(&bytes);
+            Ok(bytes)
+        }
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Error::RequestEntityTooLarge(
             format!("limit is {MAX_BODY_BYTES}"),
         )),

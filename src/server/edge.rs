@@ -14,6 +14,7 @@ use axum::{
 };
 
 use crate::{
+    audit,
     auth::{Auth, AuthStep, PeerCertificates, UserInfo, user::Groups},
     connection,
     error::{Error, ErrorReason},
@@ -38,6 +39,8 @@ pub(super) struct Edge {
     pub(super) router: Router,
     /// What a request other than a watch may take (kube-apiserver's `--request-timeout`).
     pub(super) request_timeout: Duration,
+    /// The audit log (None: no policy, and nothing of it runs).
+    pub(super) audit: Option<Arc<audit::Auditor>>,
 }
 
 /// What the edge learned of a request before it had to wait, handed to [`Edge::handle`] so
@@ -136,23 +139,26 @@ impl Edge {
                 log: RequestLog::of(&info),
             })
         };
-        let (response, user) =
-            match self
-                .auth
-                .check_sync(peer, request.headers_mut(), &info, started)
-            {
-                AuthStep::Checked(Ok(user)) => {
-                    let answered = target.as_ref().and_then(|target| {
-                        target.call_sync(request.method(), uri.query(), request.headers())
-                    });
-                    match answered {
-                        Some(response) => (response, user),
-                        None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
-                    }
+        let step = self
+            .auth
+            .check_sync(peer, request.headers_mut(), &info, started);
+        // An audited request writes its events on the way (see `audit`).
+        if self.audit.is_some() {
+            return Err(pending(step, target));
+        }
+        let (response, user) = match step {
+            AuthStep::Checked(Ok(user)) => {
+                let answered = target.as_ref().and_then(|target| {
+                    target.call_sync(request.method(), uri.query(), request.headers())
+                });
+                match answered {
+                    Some(response) => (response, user),
+                    None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
                 }
-                AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
-                step => return Err(pending(step, target)),
-            };
+            }
+            AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
+            step => return Err(pending(step, target)),
+        };
         Ok(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
     }
 
@@ -165,6 +171,12 @@ impl Edge {
             route,
             log,
         } = *pending;
+        let audit_id = self
+            .audit
+            .as_ref()
+            .map(|_| audit::Auditor::id_of(request.headers()));
+        // The request's audit record, once it is begun (read again after a timeout).
+        let record = std::sync::OnceLock::<Arc<audit::Record>>::new();
         let work = async {
             let checked = match auth {
                 AuthStep::Checked(checked) => checked,
@@ -176,6 +188,20 @@ impl Edge {
                     self.auth.check(step, request.headers_mut(), &info).await
                 }
             };
+            if let (Some(auditor), Some(id)) = (&self.audit, &audit_id)
+                && let Some(begun) = self
+                    .begin_audit(
+                        auditor,
+                        id,
+                        request.method(),
+                        request.uri(),
+                        request.headers(),
+                        &checked,
+                    )
+                    .await
+            {
+                let _ = record.set(begun);
+            }
             match checked {
                 Ok(user) => {
                     let response = match route {
@@ -186,7 +212,11 @@ impl Edge {
                             {
                                 request.extensions_mut().insert(user.clone());
                             }
-                            route.call(request).await
+                            let panicked = audit::PanicGuard::new(record.get().cloned());
+                            let response =
+                                audit::scope(record.get().cloned(), route.call(request)).await;
+                            panicked.disarm();
+                            response
                         }
                         None => match tower::Service::call(&mut self.router.clone(), request).await
                         {
@@ -211,7 +241,62 @@ impl Edge {
                 ),
             }
         };
+        let mut response = match record.get() {
+            Some(record) => audit::finish(record, response, log.verb == "watch").await,
+            None => response,
+        };
+        if let Some(value) = audit_id.as_deref().and_then(audit::id_header) {
+            response.headers_mut().insert(audit::AUDIT_ID, value);
+        }
         self.finish(&log.fields(), user.as_deref(), response, started)
+    }
+
+    /// The audit record of a request whose authentication and authorization are `checked`:
+    /// none when the policy writes nothing of it; for a failed authentication, its one event.
+    async fn begin_audit(
+        &self,
+        auditor: &Arc<audit::Auditor>,
+        id: &str,
+        method: &axum::http::Method,
+        uri: &axum::http::Uri,
+        headers: &axum::http::HeaderMap,
+        checked: &crate::auth::Checked,
+    ) -> Option<Arc<audit::Record>> {
+        let info = RequestInfo::parse(method, uri.path(), uri.query());
+        let parts = (uri, headers);
+        let user = match checked {
+            Err((error @ Error::Unauthorized(_), None)) => {
+                auditor
+                    .unauthenticated(id, &info, parts, &error.to_string())
+                    .await;
+                return None;
+            }
+            Ok(user) | Err((_, user)) => user.as_deref(),
+        };
+        let record = auditor.begin(id, user, &info, parts).await?;
+        // What authorization decided, as kube-apiserver's authorization filter notes it.
+        let decision = match checked {
+            Ok(_) => Some("allow"),
+            Err((Error::Forbidden(_), _)) => Some("forbid"),
+            Err(_) => None,
+        };
+        if let Some(decision) = decision {
+            record.annotate(
+                audit::Level::Metadata,
+                "authorization.k8s.io/decision",
+                decision.into(),
+            );
+            let reason = match checked {
+                Ok(Some(user)) | Err((_, Some(user))) => self.auth.authz.reason(user, &info),
+                _ => String::new(),
+            };
+            record.annotate(
+                audit::Level::Metadata,
+                "authorization.k8s.io/reason",
+                reason,
+            );
+        }
+        Some(record)
     }
 
     /// A request whose handler panicked: 500, counted, in the request log like any other.

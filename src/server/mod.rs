@@ -68,6 +68,8 @@ pub struct AppState {
     pub openapi: Arc<OpenApiDocuments>,
     /// What the resource handlers share: metrics, the watch shutdown token, the timeouts.
     pub rest: RestContext,
+    /// The audit log, when a policy is given.
+    pub audit: Option<Arc<crate::audit::Auditor>>,
 }
 
 /// Who is trusted, and the cluster that reviews tokens and access.
@@ -125,6 +127,8 @@ pub struct StateOptions {
     pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
     /// The cluster's admission webhooks (none by default).
     pub admission: crate::admission::Admission,
+    /// The audit log (none by default).
+    pub audit: Option<Arc<crate::audit::Auditor>>,
 }
 
 impl Default for StateOptions {
@@ -135,6 +139,7 @@ impl Default for StateOptions {
             auth: AuthOptions::default().build(),
             namespaces: None,
             admission: Default::default(),
+            audit: None,
         }
     }
 }
@@ -181,6 +186,9 @@ impl AppState {
         {
             rest.admission.set_authorizer(checker);
         }
+        if let Some(auditor) = &options.audit {
+            auditor.set_metrics(metrics.clone());
+        }
         if let Some(check) = rest.admission.readiness_check() {
             health.add_readiness_check(check);
         }
@@ -193,6 +201,7 @@ impl AppState {
             discovery: Arc::new(DiscoveryDocuments::new(&resources)),
             openapi: Arc::new(OpenApiDocuments::new(&resources)),
             rest,
+            audit: options.audit,
         };
         let shutdown = Shutdown { watches, health };
         (state, shutdown)
@@ -247,6 +256,7 @@ pub fn app(state: AppState) -> App {
             endpoints,
             router,
             request_timeout: state.rest.settings.request_timeout,
+            audit: state.audit.clone(),
         }),
         peer: None,
         activity: None,

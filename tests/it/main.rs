@@ -16,6 +16,7 @@ mod common;
 
 mod admission;
 mod apply;
+mod audit;
 mod binary;
 mod bodies;
 mod deletion;

@@ -1010,3 +1010,97 @@ fn the_node_image_is_the_dockerfiles_final_stage() {
     let passwd = tar(&["-xOf", layer.to_str().unwrap(), "etc/passwd"]);
     assert!(passwd.contains("nonroot:x:65532:65532:"), "{passwd}");
 }
+
+/// The audit component: the server is told a policy file that a ConfigMap of the policy
+/// mounts, the policy is one the server loads, and events go to standard output.
+#[tokio::test]
+async fn the_audit_component_mounts_a_policy_the_server_loads() {
+    let Some(rendered) = rendered() else { return };
+    let overlay = rendered.dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../manifests
+components:
+  - ../manifests/components/audit
+",
+    )
+    .unwrap();
+    let objects = kustomize(&overlay);
+    assert_eq!(
+        objects.len(),
+        rendered.objects.len() + 1,
+        "one ConfigMap more"
+    );
+    let config_map = only(&objects, "ConfigMap");
+    let deployment = find(&objects, "Deployment", "farm-apiserver");
+    assert_eq!(
+        config_map["metadata"]["namespace"],
+        deployment["metadata"]["namespace"]
+    );
+    let args = server_args(container(deployment));
+    let policy_file = args.audit_policy_file.expect("--audit-policy-file");
+    assert_eq!(
+        args.audit_log_path.as_deref(),
+        Some(Path::new("-")),
+        "events to standard output"
+    );
+    // The file the flag names is the ConfigMap's key, mounted where the flag says.
+    let mount = container(deployment)["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| policy_file.starts_with(m["mountPath"].as_str().unwrap()))
+        .expect("a volume mounted where the policy is");
+    let volume = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(
+        volume["configMap"]["name"], config_map["metadata"]["name"],
+        "the generated ConfigMap (its hashed name)"
+    );
+    let key = policy_file.file_name().unwrap().to_str().unwrap();
+    let text = config_map["data"][key].as_str().expect("the policy's key");
+    let policy = farm_apiserver::audit::Policy::parse(text).expect("a policy the server loads");
+    // Discovery is not written; a Llama write is, with its objects.
+    let info = |method, path| farm_apiserver::request_info::RequestInfo::parse(&method, path, None);
+    let user = farm_apiserver::auth::UserInfo::default();
+    use farm_apiserver::audit::Level;
+    use hyper::Method;
+    assert_eq!(
+        policy
+            .evaluate(Some(&user), &info(Method::GET, "/apis"))
+            .level,
+        Level::None
+    );
+    assert_eq!(
+        policy
+            .evaluate(
+                Some(&user),
+                &info(
+                    Method::POST,
+                    "/apis/farm.example.com/v1alpha/namespaces/default/llamas"
+                )
+            )
+            .level,
+        Level::RequestResponse
+    );
+    assert_eq!(
+        policy
+            .evaluate(
+                Some(&user),
+                &info(
+                    Method::GET,
+                    "/apis/farm.example.com/v1alpha/namespaces/default/llamas"
+                )
+            )
+            .level,
+        Level::Metadata
+    );
+}

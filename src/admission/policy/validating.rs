@@ -1,7 +1,7 @@
 //! ValidatingAdmissionPolicy (k8s.io/apiserver's `plugin/policy/validating`): for each binding
 //! whose policy and match resources take the write, the policy's CEL `validations`, with the
-//! binding's `validationActions`. Audit annotations and the `Audit` action wait for an audit
-//! log.
+//! binding's `validationActions`. The `Audit` action and the policy's `auditAnnotations` go to
+//! the request's audit record (kube-apiserver's keys), when it has one.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -48,6 +48,8 @@ struct Check {
 struct Compiled {
     common: Arc<Common>,
     checks: Vec<Check>,
+    /// `auditAnnotations`: each key and its value's expression.
+    audit_annotations: Vec<(String, Arc<cel::Expression>)>,
     expressions: Vec<Arc<cel::Expression>>,
 }
 
@@ -70,14 +72,23 @@ impl Compiled {
                 reason: validation.reason.clone(),
             });
         }
+        let mut audit_annotations = Vec::new();
+        for annotation in spec.audit_annotations.iter().flatten() {
+            audit_annotations.push((
+                annotation.key.clone(),
+                compile(&annotation.value_expression).await?,
+            ));
+        }
         let mut expressions = common.expressions();
         for check in &checks {
             expressions.push(check.expression.clone());
             expressions.extend(check.message_expression.clone());
         }
+        expressions.extend(audit_annotations.iter().map(|(_, e)| e.clone()));
         Ok(Self {
             common,
             checks,
+            audit_annotations,
             expressions,
         })
     }
@@ -89,7 +100,20 @@ impl Compiled {
 struct Violation {
     message: String,
     reason: String,
+    /// The validation's index (0 for the policy's failure).
+    index: usize,
 }
+
+/// What one policy found for one param: its violations, and its audit annotations (when the
+/// request is audited).
+#[derive(Default)]
+struct Evaluation {
+    violations: Vec<Violation>,
+    annotations: Vec<(String, String)>,
+}
+
+/// An audit annotation's value is cut to this many bytes (kube-apiserver's bound).
+const MAX_AUDIT_ANNOTATION_BYTES: usize = 10 * 1024;
 
 impl ValidatingPolicies {
     /// Watches `client`'s ValidatingAdmissionPolicies and bindings; namespace labels from
@@ -263,7 +287,23 @@ impl ValidatingPolicies {
                 let observe = |failure: Option<&str>, action| {
                     self.observe(policy_name, binding_name, failure, action, seconds)
                 };
-                let (violations, failed) = match decision {
+                let violations = match decision {
+                    Ok(Evaluation {
+                        violations,
+                        annotations,
+                    }) => {
+                        for (key, value) in annotations {
+                            crate::audit::annotate(
+                                crate::audit::Level::Metadata,
+                                &format!("{policy_name}/{key}"),
+                                || value,
+                            );
+                        }
+                        Ok(violations)
+                    }
+                    Err(message) => Err(message),
+                };
+                let (violations, failed) = match violations {
                     Ok(violations) if violations.is_empty() => {
                         observe(None, "allow");
                         continue;
@@ -277,6 +317,7 @@ impl ValidatingPolicies {
                         vec![Violation {
                             message,
                             reason: "Invalid".into(),
+                            index: 0,
                         }],
                         true,
                     ),
@@ -288,7 +329,29 @@ impl ValidatingPolicies {
                         observe(failure, label);
                     }
                 }
-                for Violation { message, reason } in violations {
+                for Violation {
+                    message,
+                    reason,
+                    index,
+                } in violations
+                {
+                    if actions.iter().any(|a| a == "Audit") {
+                        // kube-apiserver keeps the first failure (the key cannot change).
+                        crate::audit::annotate(
+                            crate::audit::Level::Metadata,
+                            "validation.policy.admission.k8s.io/validation_failure",
+                            || {
+                                serde_json::json!([{
+                                    "message": message,
+                                    "policy": policy_name,
+                                    "binding": binding_name,
+                                    "expressionIndex": index,
+                                    "validationActions": actions,
+                                }])
+                                .to_string()
+                            },
+                        );
+                    }
                     if actions.iter().any(|a| a == "Warn") {
                         warnings.push(format!(
                             "Validation failed for ValidatingAdmissionPolicy '{policy_name}' with binding '{binding_name}': {message}"
@@ -323,7 +386,9 @@ async fn evaluate(
     params: Value,
     namespaces: &Namespaces,
     authorizer: Option<&Arc<dyn cel::Checker>>,
-) -> std::result::Result<Vec<Violation>, String> {
+) -> std::result::Result<Evaluation, String> {
+    // Audit annotations are worked out only for a request the audit log writes.
+    let audited = crate::audit::current_level() >= crate::audit::Level::Metadata;
     let inputs = inputs(
         &compiled.expressions,
         attributes,
@@ -338,9 +403,9 @@ async fn evaluate(
     cel::within(&compiled.expressions, inputs, move |scope| {
         let mut violations = Vec::new();
         if !policy.common.prepare(scope, true)? {
-            return Ok(violations);
+            return Ok(Evaluation::default());
         }
-        for check in &policy.checks {
+        for (index, check) in policy.checks.iter().enumerate() {
             match scope.run(&check.expression)? {
                 Value::Bool(true) => continue,
                 Value::Bool(false) => {}
@@ -362,9 +427,35 @@ async fn evaluate(
                 message,
                 // kube-apiserver's default: Invalid (422).
                 reason: check.reason.clone().unwrap_or_else(|| "Invalid".into()),
+                index,
             });
         }
-        Ok(violations)
+        let mut annotations = Vec::new();
+        for (key, expression) in policy.audit_annotations.iter().filter(|_| audited) {
+            match scope.run(expression)? {
+                Value::Null => {}
+                Value::String(mut text) => {
+                    if text.len() > MAX_AUDIT_ANNOTATION_BYTES {
+                        let mut end = MAX_AUDIT_ANNOTATION_BYTES;
+                        while !text.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        text.truncate(end);
+                    }
+                    annotations.push((key.clone(), text));
+                }
+                other => {
+                    return Err(format!(
+                        "valueExpression '{}' resulted in unsupported return type: {other}. Return type must be either string or null.",
+                        expression.source()
+                    ));
+                }
+            }
+        }
+        Ok(Evaluation {
+            violations,
+            annotations,
+        })
     })
     .await?
 }

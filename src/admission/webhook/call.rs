@@ -90,6 +90,8 @@ pub struct Answer {
     pub patch: Option<json_patch::Patch>,
     /// Warnings for the client.
     pub warnings: Vec<String>,
+    /// Annotations for the audit log, keyed without the webhook's name.
+    pub audit_annotations: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]
@@ -113,6 +115,8 @@ struct ReviewResponse {
     patch_type: Option<String>,
     #[serde(default)]
     warnings: Vec<String>,
+    #[serde(default)]
+    audit_annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// HTTPS clients, one per set of trusted roots (a webhook's `caBundle`) and way of resolving
@@ -382,6 +386,7 @@ fn verify(review: Review, uid: &str, mutating: bool) -> Result<Answer, String> {
         status: response.status,
         patch,
         warnings: response.warnings,
+        audit_annotations: response.audit_annotations,
     })
 }
 

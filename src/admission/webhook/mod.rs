@@ -519,6 +519,7 @@ impl Webhooks {
             return Ok((true, false));
         };
         warnings.extend(answer.warnings.iter().cloned());
+        audit_annotations(&hook.name, &answer);
         if !answer.allowed {
             return Err(denied(&hook.name, answer.status, warnings));
         }
@@ -570,6 +571,7 @@ impl Webhooks {
             match answer {
                 Ok(Some(answer)) => {
                     warnings.extend(answer.warnings.iter().cloned());
+                    audit_annotations(&hook.name, &answer);
                     if !answer.allowed && refusal.is_none() {
                         refusal = Some((hook.name.clone(), answer.status));
                     }
@@ -582,6 +584,18 @@ impl Webhooks {
             Some((name, status)) => Err(denied(&name, status, &warnings)),
             None => Ok(warnings),
         }
+    }
+}
+
+/// A webhook's `auditAnnotations`, each as `<webhook name>/<key>` in the request's audit
+/// record (kube-apiserver's keys).
+fn audit_annotations(webhook: &str, answer: &call::Answer) {
+    for (key, value) in &answer.audit_annotations {
+        crate::audit::annotate(
+            crate::audit::Level::Metadata,
+            &format!("{webhook}/{key}"),
+            || value.clone(),
+        );
     }
 }
 

@@ -151,6 +151,8 @@ pub struct Options {
     pub garbage_collection: bool,
     /// Call the admission webhooks `cluster` configures.
     pub webhooks: bool,
+    /// The audit log.
+    pub audit: Option<Arc<farm_apiserver::audit::Auditor>>,
 }
 
 impl Default for Options {
@@ -169,6 +171,7 @@ impl Default for Options {
             namespace_lifecycle: false,
             garbage_collection: false,
             webhooks: false,
+            audit: None,
         }
     }
 }
@@ -272,6 +275,7 @@ impl TestServer {
                     ),
                     _ => Default::default(),
                 },
+                audit: options.audit.clone(),
             },
         );
         let app = server::app(state.clone());

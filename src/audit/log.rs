@@ -1,0 +1,228 @@
+//! The audit log backend (`--audit-log-path`): one JSON event per line, written by a thread of
+//! its own from a bounded buffer, so no request waits on the disk. Files rotate as
+//! kube-apiserver's (lumberjack) do: before a write would pass `maxsize` MiB the file is
+//! renamed `<name>-<UTC time><ext>` and a new one begun; backups beyond `maxbackup`, or older
+//! than `maxage` days, are removed.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use tokio::sync::mpsc;
+
+/// Where and how the log is written (kube-apiserver's `--audit-log-*` flags).
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// The file; `-` is standard output.
+    pub path: PathBuf,
+    /// Days a rotated file is kept (0: no limit).
+    pub max_age_days: u64,
+    /// Rotated files kept (0: no limit).
+    pub max_backups: usize,
+    /// MiB a file may reach before it rotates (0: never).
+    pub max_size_mb: u64,
+}
+
+/// The time format of a rotated file's name (Go's `2006-01-02T15-04-05.000`, UTC).
+const BACKUP_TIME: &str = "%Y-%m-%dT%H-%M-%S%.3f";
+
+/// Starts the writer thread; lines sent to the returned sender are written in order.
+pub fn start(options: LogOptions, buffer: usize) -> std::io::Result<mpsc::Sender<Vec<u8>>> {
+    let mut out = Output::open(options)?;
+    let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(buffer.max(1));
+    std::thread::Builder::new()
+        .name("audit-log".into())
+        .spawn(move || {
+            while let Some(line) = receiver.blocking_recv() {
+                out.write(&line);
+                // Whatever else is waiting goes in the same flush.
+                while let Ok(line) = receiver.try_recv() {
+                    out.write(&line);
+                }
+                out.flush();
+            }
+        })?;
+    Ok(sender)
+}
+
+enum Sink {
+    Stdout(std::io::Stdout),
+    File { file: BufWriter<File>, size: u64 },
+}
+
+struct Output {
+    options: LogOptions,
+    sink: Sink,
+}
+
+impl Output {
+    fn open(options: LogOptions) -> std::io::Result<Self> {
+        let sink = if options.path == Path::new("-") {
+            Sink::Stdout(std::io::stdout())
+        } else {
+            Self::open_file(&options.path)?
+        };
+        Ok(Self { options, sink })
+    }
+
+    fn open_file(path: &Path) -> std::io::Result<Sink> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut open = OpenOptions::new();
+        open.create(true).append(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+        let file = open.open(path)?;
+        let size = file.metadata()?.len();
+        Ok(Sink::File {
+            file: BufWriter::new(file),
+            size,
+        })
+    }
+
+    fn write(&mut self, line: &[u8]) {
+        let max = self.options.max_size_mb.saturating_mul(1024 * 1024);
+        if let Sink::File { size, .. } = &self.sink
+            && max > 0
+            && *size > 0
+            && *size + line.len() as u64 > max
+            && let Err(error) = self.rotate()
+        {
+            tracing::warn!(%error, path = %self.options.path.display(), "cannot rotate the audit log");
+        }
+        let result = match &mut self.sink {
+            Sink::Stdout(out) => out.lock().write_all(line),
+            Sink::File { file, size } => {
+                *size += line.len() as u64;
+                file.write_all(line)
+            }
+        };
+        if let Err(error) = result {
+            tracing::warn!(%error, "cannot write the audit log");
+        }
+    }
+
+    fn flush(&mut self) {
+        let result = match &mut self.sink {
+            Sink::Stdout(out) => out.flush(),
+            Sink::File { file, .. } => file.flush(),
+        };
+        if let Err(error) = result {
+            tracing::warn!(%error, "cannot write the audit log");
+        }
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        self.flush();
+        let path = &self.options.path;
+        let (dir, stem, ext) = parts(path);
+        let now = jiff::Timestamp::now();
+        let backup = dir.join(format!("{stem}-{}{ext}", now.strftime(BACKUP_TIME)));
+        std::fs::rename(path, &backup)?;
+        self.sink = Self::open_file(path)?;
+        self.prune(&dir, &stem, &ext, now);
+        Ok(())
+    }
+
+    /// Removes backups beyond the count or age the options allow.
+    fn prune(&self, dir: &Path, stem: &str, ext: &str, now: jiff::Timestamp) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        let prefix = format!("{stem}-");
+        let mut backups: Vec<(jiff::Timestamp, PathBuf)> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|entry| {
+                let name = entry.file_name().into_string().ok()?;
+                let time = name.strip_prefix(&prefix)?.strip_suffix(ext)?;
+                let at = jiff::civil::DateTime::strptime(BACKUP_TIME, time)
+                    .ok()?
+                    .to_zoned(jiff::tz::TimeZone::UTC)
+                    .ok()?
+                    .timestamp();
+                Some((at, entry.path()))
+            })
+            .collect();
+        backups.sort_by_key(|b| std::cmp::Reverse(b.0));
+        let max_age = Duration::from_secs(self.options.max_age_days.saturating_mul(86_400));
+        for (i, (at, path)) in backups.iter().enumerate() {
+            let too_many = self.options.max_backups > 0 && i >= self.options.max_backups;
+            let too_old =
+                self.options.max_age_days > 0 && now.duration_since(*at).unsigned_abs() > max_age;
+            if (too_many || too_old)
+                && let Err(error) = std::fs::remove_file(path)
+            {
+                tracing::warn!(%error, path = %path.display(), "cannot remove an old audit log");
+            }
+        }
+    }
+}
+
+/// The directory, the name without its extension, and the extension (with its dot).
+fn parts(path: &Path) -> (PathBuf, String, String) {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    (dir, stem, ext)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn rotates_at_max_size_and_keeps_max_backups() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let sender = start(
+            LogOptions {
+                path: path.clone(),
+                max_age_days: 0,
+                max_backups: 2,
+                max_size_mb: 1,
+            },
+            16,
+        )
+        .unwrap();
+        // 3.5 MiB in 100 KiB lines: three rotations, two backups kept.
+        let line = [vec![b'x'; 100 * 1024 - 1], vec![b'\n']].concat();
+        for _ in 0..36 {
+            sender.send(line.clone()).await.unwrap();
+            // Distinct backup names (millisecond times).
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        drop(sender);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 3, "{names:?}");
+        assert_eq!(names[2], "audit.log");
+        for backup in &names[..2] {
+            assert!(
+                backup.starts_with("audit-") && backup.ends_with(".log"),
+                "{backup}"
+            );
+            let size = std::fs::metadata(dir.path().join(backup)).unwrap().len();
+            assert!(size <= 1024 * 1024, "{backup}: {size}");
+            assert!(size > 1024 * 1024 - 100 * 1024, "{backup}: {size}");
+        }
+        let current = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(current % (100 * 1024), 0);
+    }
+}

@@ -1,0 +1,674 @@
+//! The audit log (k8s.io/apiserver's `audit`): a policy ([`policy`]) picks how much of each
+//! request is written, and `audit.k8s.io/v1` Events go to the log backend ([`log`]) at the
+//! request's stages (RequestReceived, ResponseStarted for a watch, ResponseComplete; one
+//! ResponseStarted for a failed authentication). The ID is the request's `Audit-ID` header when
+//! it has one (kube-apiserver's aggregator sends its own, so one request has one ID in both
+//! logs), a new UUID otherwise; it is answered in `Audit-Id`.
+//!
+//! What the request's handlers add (the request object, admission's annotations) reaches its
+//! [`Record`] through a task-local set around the handler ([`scope`]), as k8s.io/apiserver's
+//! handlers reach theirs through the request context. With no policy there is no auditor, and
+//! nothing here runs.
+
+pub mod log;
+pub mod policy;
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, OnceLock},
+};
+
+use axum::{
+    body::{Body, Bytes},
+    http::{HeaderMap, HeaderName, HeaderValue, Uri},
+    response::Response,
+};
+use serde::Serialize;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+pub use policy::{Level, Policy, RequestConfig, Stage};
+
+use crate::{auth::UserInfo, metrics::Metrics, request_info::RequestInfo};
+
+/// The header that carries a request's audit ID, both ways.
+pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
+
+/// What happens when the backend's buffer is full (`--audit-log-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// The request waits for room (kube-apiserver's default for the log).
+    Blocking,
+    /// The event is dropped, counted in `apiserver_audit_error_total` and logged.
+    Batch,
+}
+
+/// The policy and where its events go.
+pub struct Auditor {
+    policy: Policy,
+    sender: mpsc::Sender<Vec<u8>>,
+    mode: Mode,
+    metrics: OnceLock<Arc<Metrics>>,
+}
+
+impl std::fmt::Debug for Auditor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auditor").finish_non_exhaustive()
+    }
+}
+
+impl Auditor {
+    /// Events of the requests `policy` picks go to `sender` (a backend's buffer).
+    pub fn new(policy: Policy, sender: mpsc::Sender<Vec<u8>>, mode: Mode) -> Arc<Self> {
+        Arc::new(Self {
+            policy,
+            sender,
+            mode,
+            metrics: OnceLock::new(),
+        })
+    }
+
+    /// The server's metrics, once it has them.
+    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// The request's audit ID: its own `Audit-ID`, or a new one.
+    pub fn id_of(headers: &HeaderMap) -> String {
+        headers
+            .get(&AUDIT_ID)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+    }
+
+    /// The record of a request by `user` (None when authentication failed), or None when the
+    /// policy writes nothing of it. Its RequestReceived event is written here.
+    pub async fn begin(
+        self: &Arc<Self>,
+        id: &str,
+        user: Option<&UserInfo>,
+        info: &RequestInfo<'_>,
+        request: (&Uri, &HeaderMap),
+    ) -> Option<Arc<Record>> {
+        let config = self.policy.evaluate(user, info);
+        if config.level == Level::None {
+            return None;
+        }
+        let record = Arc::new(Record {
+            auditor: self.clone(),
+            event: Mutex::new(Event::of(config.level, id, user, info, request)),
+            config,
+        });
+        record.emit(Stage::RequestReceived).await;
+        Some(record)
+    }
+
+    /// kube-apiserver's one event for a request whose authentication failed: ResponseStarted,
+    /// no user, the 401 and its message.
+    pub async fn unauthenticated(
+        self: &Arc<Self>,
+        id: &str,
+        info: &RequestInfo<'_>,
+        request: (&Uri, &HeaderMap),
+        message: &str,
+    ) {
+        let config = self.policy.evaluate(None, info);
+        if !config.writes(Stage::ResponseStarted) {
+            return;
+        }
+        let mut event = Event::of(config.level, id, None, info, request);
+        event.response_status = Some(ResponseStatus {
+            message: Some(message.into()),
+            ..ResponseStatus::code(401)
+        });
+        let record = Record {
+            auditor: self.clone(),
+            config,
+            event: Mutex::new(event),
+        };
+        record.emit(Stage::ResponseStarted).await;
+    }
+
+    /// Sends one line: waits for room (blocking) or drops it when the buffer is full (batch).
+    async fn send(&self, line: Vec<u8>) {
+        self.count_event();
+        match self.mode {
+            Mode::Blocking => {
+                if self.sender.send(line).await.is_err() {
+                    self.count_error("the audit log writer stopped");
+                }
+            }
+            Mode::Batch => self.try_send(line),
+        }
+    }
+
+    /// Sends one line without waiting (from a drop): dropped when the buffer is full.
+    fn send_now(&self, line: Vec<u8>) {
+        self.count_event();
+        self.try_send(line);
+    }
+
+    fn try_send(&self, line: Vec<u8>) {
+        if self.sender.try_send(line).is_err() {
+            self.count_error("audit buffer queue blocked: an event was dropped");
+        }
+    }
+
+    fn count_event(&self) {
+        if let Some(metrics) = self.metrics.get() {
+            metrics.audit_events.inc();
+        }
+    }
+
+    fn count_error(&self, message: &'static str) {
+        if let Some(metrics) = self.metrics.get() {
+            let dropped = metrics
+                .audit_errors
+                .get_or_create(&crate::metrics::PluginLabels { plugin: "log" })
+                .inc();
+            // Logged the first time and then once per thousand.
+            if dropped % 1000 == 0 {
+                tracing::warn!(dropped = dropped + 1, "{message}");
+            }
+        } else {
+            tracing::warn!("{message}");
+        }
+    }
+}
+
+/// One request's audit event as it grows, and what the policy says of it.
+#[derive(Debug)]
+pub struct Record {
+    auditor: Arc<Auditor>,
+    config: RequestConfig,
+    event: Mutex<Event>,
+}
+
+impl Record {
+    /// How much of the request is written.
+    pub fn level(&self) -> Level {
+        self.config.level
+    }
+
+    /// Adds an annotation to the events still to come, if the record's level is at least
+    /// `level`; a key keeps its first value (kube-apiserver refuses to change one).
+    pub fn annotate(&self, level: Level, key: &str, value: String) {
+        if self.config.level < level {
+            return;
+        }
+        if let Ok(mut event) = self.event.lock() {
+            event.annotations.entry(key.to_owned()).or_insert(value);
+        }
+    }
+
+    /// The request's body as its object, at Request level and above, when it is JSON shallow
+    /// enough to write (a create's name fills `objectRef.name`, as kube-apiserver's does).
+    pub fn request_body(&self, body: &[u8]) {
+        let Some(mut object) = shallow_json(body) else {
+            return;
+        };
+        let Ok(mut event) = self.event.lock() else {
+            return;
+        };
+        if let Some(reference) = &mut event.object_ref {
+            let meta = object.get("metadata");
+            let field = |name: &str| {
+                meta.and_then(|m| m.get(name))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            if reference.name.is_empty() {
+                reference.name = field("name");
+            }
+            if reference.namespace.is_empty() {
+                reference.namespace = field("namespace");
+            }
+        }
+        if self.config.level >= Level::Request {
+            if self.config.omit_managed_fields {
+                omit_managed_fields(&mut object);
+            }
+            event.request_object = Some(object);
+        }
+    }
+
+    /// The answer: its code, its Status when it is one (Metadata and above), and its body
+    /// as the response object at RequestResponse.
+    pub fn response(&self, code: u16, body: Option<&[u8]>) {
+        let object = body.and_then(shallow_json);
+        let Ok(mut event) = self.event.lock() else {
+            return;
+        };
+        let status = object
+            .as_ref()
+            .filter(|o| o.get("kind").and_then(Value::as_str) == Some("Status"));
+        let field = |name: &str| status.and_then(|s| s.get(name)).cloned();
+        event.response_status = Some(ResponseStatus {
+            status: field("status"),
+            message: field("message"),
+            reason: field("reason"),
+            details: field("details"),
+            ..ResponseStatus::code(code)
+        });
+        if self.config.level >= Level::RequestResponse
+            && let Some(mut object) = object
+        {
+            if self.config.omit_managed_fields {
+                omit_managed_fields(&mut object);
+            }
+            event.response_object = Some(object);
+        }
+    }
+
+    /// Writes the event at `stage`, unless the policy omits it.
+    pub async fn emit(&self, stage: Stage) {
+        if let Some(line) = self.line(stage) {
+            self.auditor.send(line).await;
+        }
+    }
+
+    /// [`Record::emit`] without waiting (the end of a watch, from a drop).
+    pub fn emit_now(&self, stage: Stage) {
+        if let Some(line) = self.line(stage) {
+            self.auditor.send_now(line);
+        }
+    }
+
+    fn line(&self, stage: Stage) -> Option<Vec<u8>> {
+        if !self.config.writes(stage) {
+            return None;
+        }
+        let mut event = self.event.lock().ok()?;
+        event.stage = stage;
+        if stage != Stage::RequestReceived {
+            event.stage_timestamp = micro_time(jiff::Timestamp::now());
+        }
+        let mut line = serde_json::to_vec(&*event).ok()?;
+        drop(event);
+        escape_html(&mut line);
+        line.push(b'\n');
+        Some(line)
+    }
+}
+
+/// How large an answer's body may be to be read for the event (a Status, or the response
+/// object at RequestResponse); larger ones are written without it.
+const MAX_LOGGED_BODY: u64 = 3 * 1024 * 1024;
+
+/// Writes `record`'s last events for `response` and gives the response back: ResponseComplete
+/// now, or for a watch's stream ResponseStarted now and ResponseComplete when it ends.
+pub async fn finish(record: &Arc<Record>, response: Response, watch: bool) -> Response {
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+    let code = response.status().as_u16();
+    if watch && code < 300 {
+        record.response(code, None);
+        record.emit(Stage::ResponseStarted).await;
+        let record = Some(record.clone());
+        return response.map(|body| Body::new(Completing { body, record }));
+    }
+    let wanted = code >= 400 || record.level() >= Level::RequestResponse;
+    if wanted
+        && response
+            .body()
+            .size_hint()
+            .exact()
+            .is_some_and(|n| n <= MAX_LOGGED_BODY)
+    {
+        let (parts, body) = response.into_parts();
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(_) => Bytes::new(),
+        };
+        record.response(code, Some(&bytes));
+        record.emit(Stage::ResponseComplete).await;
+        return Response::from_parts(parts, Body::from(bytes));
+    }
+    record.response(code, None);
+    record.emit(Stage::ResponseComplete).await;
+    response
+}
+
+/// A watch's body: the record's ResponseComplete when the stream ends (or its client goes).
+struct Completing {
+    body: Body,
+    record: Option<Arc<Record>>,
+}
+
+impl http_body::Body for Completing {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Completing {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            record.emit_now(Stage::ResponseComplete);
+        }
+    }
+}
+
+/// Writes the record's Panic event if the handler panics while it is held (kube-apiserver's
+/// 500 "APIServer panic'd"); [`PanicGuard::disarm`] once the handler has answered.
+pub struct PanicGuard(Option<Arc<Record>>);
+
+impl PanicGuard {
+    /// Guards `record`'s request (nothing without one).
+    pub fn new(record: Option<Arc<Record>>) -> Self {
+        Self(record)
+    }
+
+    /// The handler answered.
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for PanicGuard {
+    fn drop(&mut self) {
+        if let Some(record) = self.0.take()
+            && std::thread::panicking()
+        {
+            if let Ok(mut event) = record.event.lock() {
+                event.response_status = Some(ResponseStatus {
+                    status: Some("Failure".into()),
+                    message: Some("APIServer panic'd".into()),
+                    reason: Some("InternalError".into()),
+                    ..ResponseStatus::code(500)
+                });
+            }
+            record.emit_now(Stage::Panic);
+        }
+    }
+}
+
+tokio::task_local! {
+    static CURRENT: Arc<Record>;
+}
+
+/// Runs `work` with `record` as the request's record (for [`annotate`] and [`request_body`]).
+pub async fn scope<F: Future>(record: Option<Arc<Record>>, work: F) -> F::Output {
+    match record {
+        Some(record) => CURRENT.scope(record, work).await,
+        None => work.await,
+    }
+}
+
+/// Adds an annotation to the current request's record at `level` (see [`Record::annotate`]);
+/// nothing without one.
+pub fn annotate(level: Level, key: &str, value: impl FnOnce() -> String) {
+    let _ = CURRENT.try_with(|record| {
+        if record.level() >= level {
+            record.annotate(level, key, value());
+        }
+    });
+}
+
+/// How much of the current request is written (None without a record).
+pub fn current_level() -> Level {
+    CURRENT
+        .try_with(|record| record.level())
+        .unwrap_or(Level::None)
+}
+
+/// The current request's body (see [`Record::request_body`]); nothing without a record.
+pub fn request_body(body: &[u8]) {
+    let _ = CURRENT.try_with(|record| record.request_body(body));
+}
+
+/// A body parsed as JSON when it is a JSON object or array. serde_json's own bound (128
+/// levels) refuses deeper ones without recursing further, so what is kept can be written
+/// and dropped by recursion.
+fn shallow_json(body: &[u8]) -> Option<Value> {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+    if !matches!(first, b'{' | b'[') {
+        return None;
+    }
+    serde_json::from_slice(body).ok()
+}
+
+/// Without `metadata.managedFields`, on the object, each item of a list and each row's
+/// object of a Table.
+fn omit_managed_fields(object: &mut Value) {
+    fn strip(object: &mut Value) {
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
+    }
+    strip(object);
+    if let Some(items) = object.get_mut("items").and_then(Value::as_array_mut) {
+        items.iter_mut().for_each(strip);
+    }
+    if let Some(rows) = object.get_mut("rows").and_then(Value::as_array_mut) {
+        for row in rows {
+            if let Some(inner) = row.get_mut("object") {
+                strip(inner);
+            }
+        }
+    }
+}
+
+/// Go's encoder escapes `<`, `>` and `&` in strings; they appear nowhere else in JSON.
+fn escape_html(line: &mut Vec<u8>) {
+    if !line.iter().any(|b| matches!(b, b'<' | b'>' | b'&')) {
+        return;
+    }
+    let mut out = Vec::with_capacity(line.len() + 16);
+    for &b in line.iter() {
+        match b {
+            b'<' => out.extend_from_slice(b"\\u003c"),
+            b'>' => out.extend_from_slice(b"\\u003e"),
+            b'&' => out.extend_from_slice(b"\\u0026"),
+            _ => out.push(b),
+        }
+    }
+    *line = out;
+}
+
+/// `metav1.MicroTime` as JSON writes it: UTC, microseconds.
+fn micro_time(at: jiff::Timestamp) -> String {
+    at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+}
+
+/// The client's addresses as k8s.io/apiserver reads them: `X-Forwarded-For`, then
+/// `X-Real-Ip` when not already named.
+fn source_ips(headers: &HeaderMap) -> Vec<String> {
+    let mut ips: Vec<String> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+        .map(str::to_owned)
+        .collect();
+    if let Some(real) = headers
+        .get("x-real-ip")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+        && !ips.iter().any(|ip| ip == real)
+    {
+        ips.push(real.to_owned());
+    }
+    ips
+}
+
+/// User agents past 1024 bytes are cut, as kube-apiserver cuts them.
+fn truncate_agent(agent: &str) -> String {
+    const MAX: usize = 1024;
+    if agent.len() <= MAX {
+        return agent.to_owned();
+    }
+    let mut end = MAX;
+    while !agent.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...TRUNCATED", &agent[..end])
+}
+
+/// The answer's `Audit-Id` header.
+pub fn id_header(id: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(id).ok()
+}
+
+/// `audit.k8s.io/v1` Event, its fields in kube-apiserver's order.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Event {
+    kind: &'static str,
+    api_version: &'static str,
+    level: Level,
+    #[serde(rename = "auditID")]
+    audit_id: String,
+    stage: Stage,
+    #[serde(rename = "requestURI")]
+    request_uri: String,
+    verb: &'static str,
+    user: EventUser,
+    #[serde(rename = "sourceIPs", skip_serializing_if = "Vec::is_empty")]
+    source_ips: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    user_agent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    object_ref: Option<ObjectRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_status: Option<ResponseStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_object: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_object: Option<Value>,
+    request_received_timestamp: String,
+    stage_timestamp: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    annotations: BTreeMap<String, String>,
+}
+
+impl Event {
+    /// A request's event as it is received.
+    fn of(
+        level: Level,
+        id: &str,
+        user: Option<&UserInfo>,
+        info: &RequestInfo<'_>,
+        (uri, headers): (&Uri, &HeaderMap),
+    ) -> Self {
+        let now = micro_time(jiff::Timestamp::now());
+        Self {
+            kind: "Event",
+            api_version: "audit.k8s.io/v1",
+            level,
+            audit_id: id.to_owned(),
+            stage: Stage::RequestReceived,
+            request_uri: uri
+                .path_and_query()
+                .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
+            verb: info.verb,
+            user: user.map(EventUser::of).unwrap_or_default(),
+            source_ips: source_ips(headers),
+            user_agent: headers
+                .get(axum::http::header::USER_AGENT)
+                .map(|v| truncate_agent(&String::from_utf8_lossy(v.as_bytes()))),
+            object_ref: info.is_resource_request.then(|| ObjectRef {
+                resource: info.resource.to_owned(),
+                namespace: info.namespace.to_owned(),
+                name: info.name.to_owned(),
+                api_group: info.api_group.to_owned(),
+                api_version: info.api_version.to_owned(),
+                subresource: info.subresource.to_owned(),
+            }),
+            response_status: None,
+            request_object: None,
+            response_object: None,
+            request_received_timestamp: now.clone(),
+            stage_timestamp: now,
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
+/// An event's `responseStatus`: the part of a `meta/v1` Status kube-apiserver keeps, in its
+/// order (its empty `metadata` included).
+#[derive(Debug, Clone, Serialize)]
+struct ResponseStatus {
+    metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    details: Option<Value>,
+    code: u16,
+}
+
+impl ResponseStatus {
+    fn code(code: u16) -> Self {
+        Self {
+            metadata: BTreeMap::new(),
+            status: None,
+            message: None,
+            reason: None,
+            details: None,
+            code,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+struct EventUser {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    username: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    uid: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    groups: Vec<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    extra: BTreeMap<String, Vec<String>>,
+}
+
+impl EventUser {
+    fn of(user: &UserInfo) -> Self {
+        Self {
+            username: user.name.clone(),
+            uid: user.uid.clone(),
+            groups: user.groups.clone(),
+            extra: user.extra.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ObjectRef {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    resource: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    namespace: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    api_group: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    api_version: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    subresource: String,
+}

@@ -1,0 +1,351 @@
+//! The audit log (#31, and #28's audit annotations): a policy file's rules, `audit.k8s.io/v1`
+//! events in a log file written by the server's real TLS listener path, the `Audit-ID` a
+//! request brings kept (kube-apiserver's aggregator sends its own), admission's annotations,
+//! and a full buffer that never holds a request.
+
+use crate::common;
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
+use farm_apiserver::audit::{Auditor, Mode, Policy, log};
+use serde_json::{Value, json};
+
+const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+
+const POLICY: &str = r#"
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: []
+rules:
+- level: None
+  nonResourceURLs: ["/version"]
+- level: RequestResponse
+  verbs: ["create"]
+- level: Metadata
+"#;
+
+/// An auditor of `policy` writing to `path`.
+fn auditor(policy: &str, path: &Path) -> Arc<Auditor> {
+    let sender = log::start(
+        log::LogOptions {
+            path: path.to_owned(),
+            max_age_days: 0,
+            max_backups: 0,
+            max_size_mb: 0,
+        },
+        100,
+    )
+    .unwrap();
+    Auditor::new(Policy::parse(policy).unwrap(), sender, Mode::Blocking)
+}
+
+/// The events written so far for `id` (waiting up to 5 s for `count` of them).
+async fn events(path: &Path, id: &str, count: usize) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let found: Vec<Value> = text
+            .lines()
+            .map(|line| serde_json::from_str::<Value>(line).expect("one JSON event per line"))
+            .filter(|event| event["auditID"] == id)
+            .collect();
+        if found.len() >= count || tokio::time::Instant::now() > deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn stages(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["stage"].as_str().unwrap())
+        .collect()
+}
+
+/// A create at RequestResponse level with the aggregator's `Audit-ID`: its two events carry
+/// that ID, the user, verb, objectRef, 201, both objects and the authorization annotations;
+/// a GET at Metadata level gets an ID of its own, answered in `Audit-Id`, and no objects; a
+/// 404 records kube-apiserver's Status; `/version` (level None) writes nothing; a watch
+/// writes ResponseStarted and, when it ends, ResponseComplete; a failed authentication
+/// writes one ResponseStarted with no user.
+#[tokio::test]
+async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit").join("audit.log");
+    let server = TestServer::start_with(Options {
+        audit: Some(auditor(POLICY, &path)),
+        ..Default::default()
+    })
+    .await;
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
+
+    let id = "6f9619ff-8b86-d011-b42d-00cf4fc964ff";
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "audited"}, "spec": {"weight": 10.0, "height": 1.0}});
+    let created = admin
+        .send(
+            "POST",
+            LLAMAS,
+            &[
+                ("content-type", "application/json"),
+                ("audit-id", id),
+                ("user-agent", "kubectl/v1.36.0"),
+                ("x-forwarded-for", "10.0.0.7"),
+            ],
+            Some(body.to_string().into_bytes()),
+        )
+        .await;
+    assert_eq!(created.status, 201);
+    assert_eq!(created.header("audit-id"), Some(id));
+    let written = events(&path, id, 2).await;
+    assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
+    let (received, complete) = (&written[0], &written[1]);
+    for event in &written {
+        assert_eq!(event["kind"], "Event");
+        assert_eq!(event["apiVersion"], "audit.k8s.io/v1");
+        assert_eq!(event["level"], "RequestResponse");
+        assert_eq!(event["verb"], "create");
+        assert_eq!(event["requestURI"], LLAMAS);
+        assert_eq!(event["user"]["username"], "farm-dev-admin");
+        assert_eq!(event["userAgent"], "kubectl/v1.36.0");
+        assert_eq!(event["sourceIPs"], json!(["10.0.0.7"]));
+        let reference = &event["objectRef"];
+        assert_eq!(reference["resource"], "llamas");
+        assert_eq!(reference["namespace"], "default");
+        assert_eq!(reference["apiGroup"], "farm.example.com");
+        assert_eq!(reference["apiVersion"], "v1alpha");
+        // MicroTime: UTC with microseconds.
+        let stamp = event["stageTimestamp"].as_str().unwrap();
+        assert_eq!(stamp.len(), "2026-11-26T12:00:00.000000Z".len(), "{stamp}");
+        assert!(stamp.ends_with('Z'));
+    }
+    // The name is known once the body is read, as in kube-apiserver's events.
+    assert!(received["objectRef"].get("name").is_none());
+    assert_eq!(complete["objectRef"]["name"], "audited");
+    assert!(received.get("responseStatus").is_none());
+    assert!(received.get("annotations").is_none(), "{received}");
+    assert_eq!(
+        complete["responseStatus"],
+        json!({"metadata": {}, "code": 201})
+    );
+    assert_eq!(complete["requestObject"]["metadata"]["name"], "audited");
+    assert_eq!(complete["responseObject"]["metadata"]["name"], "audited");
+    assert!(complete["responseObject"]["metadata"]["uid"].is_string());
+    assert_eq!(
+        complete["annotations"]["authorization.k8s.io/decision"],
+        "allow"
+    );
+    assert!(complete["annotations"]["authorization.k8s.io/reason"].is_string());
+    assert_eq!(
+        complete["requestReceivedTimestamp"],
+        received["requestReceivedTimestamp"]
+    );
+
+    // A read: Metadata, a fresh ID, no objects.
+    let read = admin.get(&format!("{LLAMAS}/audited"), &[]).await;
+    assert_eq!(read.status, 200);
+    let own = read
+        .header("audit-id")
+        .expect("Audit-Id answered")
+        .to_owned();
+    assert!(uuid::Uuid::parse_str(&own).is_ok(), "{own}");
+    let written = events(&path, &own, 2).await;
+    assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
+    assert_eq!(written[1]["level"], "Metadata");
+    assert_eq!(written[1]["verb"], "get");
+    assert_eq!(
+        written[1]["responseStatus"],
+        json!({"metadata": {}, "code": 200})
+    );
+    assert!(written[1].get("requestObject").is_none());
+    assert!(written[1].get("responseObject").is_none());
+
+    // An error: kube-apiserver's Status fields.
+    let missing = admin
+        .get(&format!("{LLAMAS}/nobody"), &[("audit-id", "missing-1")])
+        .await;
+    assert_eq!(missing.status, 404);
+    let written = events(&path, "missing-1", 2).await;
+    let status = &written[1]["responseStatus"];
+    assert_eq!(status["code"], 404);
+    assert_eq!(status["reason"], "NotFound");
+    assert_eq!(status["status"], "Failure");
+    assert_eq!(status["metadata"], json!({}));
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"nobody\" not found")
+    );
+
+    // Level None: nothing, but the ID is still answered.
+    let version = admin.get("/version", &[("audit-id", "version-1")]).await;
+    assert_eq!(version.status, 200);
+    assert_eq!(version.header("audit-id"), Some("version-1"));
+
+    // A watch that ends by itself.
+    let watched = admin
+        .get(
+            &format!("{LLAMAS}?watch=true&timeoutSeconds=1"),
+            &[("audit-id", "watch-1")],
+        )
+        .await;
+    assert_eq!(watched.status, 200);
+    let written = events(&path, "watch-1", 3).await;
+    assert_eq!(
+        stages(&written),
+        ["RequestReceived", "ResponseStarted", "ResponseComplete"]
+    );
+    assert_eq!(written[0]["verb"], "watch");
+
+    // No identity: one event, no user, the 401.
+    let anonymous = server.raw(None, Alpn::Http1);
+    let refused = anonymous.get(LLAMAS, &[("audit-id", "anon-1")]).await;
+    assert_eq!(refused.status, 401);
+    let written = events(&path, "anon-1", 1).await;
+    assert_eq!(stages(&written), ["ResponseStarted"]);
+    assert_eq!(written[0]["user"], json!({}));
+    assert_eq!(written[0]["responseStatus"]["code"], 401);
+
+    // The policy's None: nothing for /version, in a log where everything above is.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(events(&path, "version-1", 0).await.is_empty());
+    // Every line is one event, Go's HTML escaping included.
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.ends_with('\n'));
+    assert!(!text.contains('<') && !text.contains('>') && !text.contains('&'));
+    // kube-apiserver's field order, down to the Status's empty metadata.
+    assert!(
+        text.contains(r#""responseStatus":{"metadata":{},"code":201}"#),
+        "{text}"
+    );
+}
+
+/// Batch mode: a buffer nobody drains fills, and then events are dropped, counted in
+/// `apiserver_audit_error_total` while every request is answered at once.
+#[tokio::test]
+async fn a_full_buffer_drops_events_and_never_holds_a_request() {
+    let (sender, _undrained) = tokio::sync::mpsc::channel(2);
+    let auditor = Auditor::new(
+        Policy::parse(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules: [{level: RequestResponse}]",
+        )
+        .unwrap(),
+        sender,
+        Mode::Batch,
+    );
+    let server = TestServer::start_with(Options {
+        audit: Some(auditor),
+        ..Default::default()
+    })
+    .await;
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        assert_eq!(admin.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 200);
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let metrics = admin.get("/metrics", &[]).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    let dropped: f64 = text
+        .lines()
+        .find(|l| l.starts_with("apiserver_audit_error_total{plugin=\"log\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("apiserver_audit_error_total");
+    // 20 GETs and the metrics request: two events each, two fit.
+    assert!(dropped >= 38.0, "{dropped}");
+    let generated: f64 = text
+        .lines()
+        .find(|l| l.starts_with("apiserver_audit_event_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("apiserver_audit_event_total");
+    assert!(generated >= 40.0, "{generated}");
+}
+
+/// Admission's annotations reach the write's ResponseComplete event: a ValidatingAdmissionPolicy
+/// bound with `Audit` (its failure, as kube-apiserver's JSON list), its `auditAnnotations`
+/// (`<policy>/<key>`), and a validating webhook's `auditAnnotations` (`<webhook>/<key>`).
+#[tokio::test]
+async fn admission_annotations_are_audited() {
+    let webhook = crate::admission::Webhook::start().await;
+    webhook.answer(|_| json!({"allowed": true, "auditAnnotations": {"checked-by": "tests"}}));
+    let fake = FakeKube::start().await;
+    fake.add(common::fake_kube::namespace("default", false));
+    fake.add(crate::admission::validating(
+        "audited",
+        json!({"clientConfig": webhook.client_config("/validate")}),
+    ));
+    fake.add(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "weights"},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"],
+                "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["llamas"]}]},
+            "validations": [
+                {"expression": "object.spec.height < 100.0", "message": "too tall"},
+                {"expression": "object.spec.weight < 100.0", "message": "too heavy"},
+            ],
+            "auditAnnotations": [
+                {"key": "weight", "valueExpression": "string(object.spec.weight)"},
+                {"key": "skipped", "valueExpression": "null"},
+            ],
+        },
+    }));
+    fake.add(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "audit-weights"},
+        "spec": {"policyName": "weights", "validationActions": ["Audit", "Warn"]},
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.log");
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        webhooks: true,
+        audit: Some(auditor(POLICY, &path)),
+        ..Default::default()
+    })
+    .await;
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "heavy"}, "spec": {"weight": 500.0, "height": 1.0}});
+    let created = server
+        .raw(Some(server.admin_identity()), Alpn::Http1)
+        .send(
+            "POST",
+            LLAMAS,
+            &[
+                ("content-type", "application/json"),
+                ("audit-id", "admitted-1"),
+            ],
+            Some(body.to_string().into_bytes()),
+        )
+        .await;
+    // Audit and Warn only: the write goes through, with the warning.
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(webhook.seen().len(), 1);
+    let written = events(&path, "admitted-1", 2).await;
+    assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
+    let annotations = &written[1]["annotations"];
+    assert_eq!(annotations["audited.farm.example.com/checked-by"], "tests");
+    assert_eq!(annotations["weights/weight"], "500");
+    assert!(annotations.get("weights/skipped").is_none());
+    let failure: Value = serde_json::from_str(
+        annotations["validation.policy.admission.k8s.io/validation_failure"]
+            .as_str()
+            .expect("the Audit action's annotation"),
+    )
+    .unwrap();
+    assert_eq!(
+        failure,
+        json!([{"message": "too heavy", "policy": "weights", "binding": "audit-weights",
+                "expressionIndex": 1, "validationActions": ["Audit", "Warn"]}])
+    );
+}
