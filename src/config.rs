@@ -188,6 +188,19 @@ pub struct Args {
     #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
     pub disable_admission_plugins: Vec<String>,
 
+    /// Read-only requests (get, list) served at once; past it, 429 with `Retry-After: 1`
+    /// (0: no limit). Watches are not counted, and `system:masters` is never refused.
+    #[arg(long, env = "FARM_MAX_REQUESTS_INFLIGHT", default_value_t = 400)]
+    pub max_requests_inflight: usize,
+
+    /// Mutating requests (every other verb) served at once; past it, 429 (0: no limit).
+    #[arg(
+        long,
+        env = "FARM_MAX_MUTATING_REQUESTS_INFLIGHT",
+        default_value_t = 200
+    )]
+    pub max_mutating_requests_inflight: usize,
+
     /// An `audit.k8s.io/v1` Policy (YAML or JSON): which requests the audit log writes, and
     /// how much of each. Without it nothing is audited.
     #[arg(long, env = "FARM_AUDIT_POLICY_FILE")]
@@ -561,6 +574,10 @@ impl Args {
                 namespaces,
                 admission,
                 audit: self.auditor()?,
+                inflight: crate::server::InflightLimits {
+                    read_only: self.max_requests_inflight,
+                    mutating: self.max_mutating_requests_inflight,
+                },
             },
         );
         for check in etcd_checks {

@@ -478,22 +478,20 @@ pub const DRAIN_TIME: Duration = Duration::from_secs(10);
 
 /// A response body that keeps its connection counted as busy until it is sent or dropped
 /// (a watch, a streamed list).
-pub struct Holding<B> {
+/// (Or anything else held while a body is sent: a place among the requests in flight.)
+pub struct Holding<B, G = InFlight> {
     inner: B,
-    _in_flight: InFlight,
+    _held: G,
 }
 
-impl<B> Holding<B> {
-    /// `inner`, keeping `in_flight` until the body is sent or dropped.
-    pub fn new(inner: B, in_flight: InFlight) -> Self {
-        Self {
-            inner,
-            _in_flight: in_flight,
-        }
+impl<B, G> Holding<B, G> {
+    /// `inner`, keeping `held` until the body is sent or dropped.
+    pub fn new(inner: B, held: G) -> Self {
+        Self { inner, _held: held }
     }
 }
 
-impl<B: Body + Unpin> Body for Holding<B> {
+impl<B: Body + Unpin, G: Unpin> Body for Holding<B, G> {
     type Data = B::Data;
     type Error = B::Error;
 

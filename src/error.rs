@@ -128,6 +128,11 @@ pub enum Error {
     #[error("Timeout: {0}")]
     TooLargeResourceVersion(String),
 
+    /// 429 `TooManyRequests` with `Retry-After: 1`: the requests in flight are at their limit
+    /// (`--max-requests-inflight`, `--max-mutating-requests-inflight`).
+    #[error("Too many requests, please try again later.")]
+    TooManyRequests,
+
     /// 504 `Timeout`: the request took longer than it may.
     #[error("Timeout: {0}")]
     Timeout(String),
@@ -224,6 +229,7 @@ impl Error {
             Error::RequestEntityTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Error::Expired(_) => StatusCode::GONE,
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Error::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             Error::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Error::Forbidden(_) | Error::NamespaceTerminating { .. } => StatusCode::FORBIDDEN,
             Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -251,6 +257,7 @@ impl Error {
             Error::RequestEntityTooLarge(_) => "RequestEntityTooLarge",
             Error::Expired(_) => "Expired",
             Error::TooLargeResourceVersion(_) | Error::Timeout(_) => "Timeout",
+            Error::TooManyRequests => "TooManyRequests",
             Error::Unauthorized(_) => "Unauthorized",
             Error::Forbidden(_) | Error::NamespaceTerminating { .. } => "Forbidden",
             Error::ServiceUnavailable(_) => "ServiceUnavailable",
@@ -298,6 +305,12 @@ impl Error {
                         message: Some("Too large resource version".into()),
                         field: None,
                     }]),
+                    retry_after_seconds: Some(1),
+                    ..Default::default()
+                });
+            }
+            Error::TooManyRequests => {
+                return Some(StatusDetails {
                     retry_after_seconds: Some(1),
                     ..Default::default()
                 });
@@ -354,7 +367,10 @@ impl IntoResponse for Error {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if matches!(self, Error::TooLargeResourceVersion(_)) {
+        if matches!(
+            self,
+            Error::TooLargeResourceVersion(_) | Error::TooManyRequests
+        ) {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));

@@ -206,10 +206,19 @@ pub struct Metrics {
     pub mutation_checks: Family<MutationCheckLabels, Counter>,
     /// `apiserver_mutating_admission_policy_check_duration_seconds`.
     pub mutation_durations: Family<MutationCheckLabels, Histogram, fn() -> Histogram>,
+    /// `apiserver_current_inflight_requests`: requests counted against the in-flight limits.
+    pub inflight: Family<InflightLabels, Gauge>,
     /// `apiserver_audit_event_total`: audit events generated (written or not).
     pub audit_events: Counter,
     /// `apiserver_audit_error_total`: audit events a backend could not take, by backend.
     pub audit_errors: Family<PluginLabels, Counter>,
+}
+
+/// The labels of `apiserver_current_inflight_requests`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InflightLabels {
+    /// `readOnly` or `mutating`.
+    pub request_kind: &'static str,
 }
 
 /// The labels of `apiserver_audit_error_total`.
@@ -258,6 +267,12 @@ impl Metrics {
         let mutation_checks = Family::<MutationCheckLabels, Counter>::default();
         let mutation_durations: Family<MutationCheckLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(policy_histogram);
+        let inflight = Family::<InflightLabels, Gauge>::default();
+        registry.register(
+            "apiserver_current_inflight_requests",
+            "Maximal number of currently used inflight request limit of this apiserver per request kind in last second.",
+            inflight.clone(),
+        );
         let audit_events = Counter::default();
         let audit_errors = Family::<PluginLabels, Counter>::default();
         registry.register(
@@ -357,6 +372,7 @@ impl Metrics {
             policy_durations,
             mutation_checks,
             mutation_durations,
+            inflight,
             audit_events,
             audit_errors,
         }

@@ -41,6 +41,8 @@ pub(super) struct Edge {
     pub(super) request_timeout: Duration,
     /// The audit log (None: no policy, and nothing of it runs).
     pub(super) audit: Option<Arc<audit::Auditor>>,
+    /// The bound on requests in flight.
+    pub(super) inflight: Arc<super::inflight::Inflight>,
 }
 
 /// What the edge learned of a request before it had to wait, handed to [`Edge::handle`] so
@@ -148,9 +150,19 @@ impl Edge {
         }
         let (response, user) = match step {
             AuthStep::Checked(Ok(user)) => {
+                let masters = user.as_deref().is_some_and(UserInfo::is_system_masters);
+                let slot = match self.inflight.admit(info.verb, masters) {
+                    Ok(slot) => slot,
+                    Err(refused) => {
+                        let fields = LogFields::of(&info);
+                        let refused = refused.into_response();
+                        return Ok(self.finish(&fields, user.as_deref(), refused, started));
+                    }
+                };
                 let answered = target.as_ref().and_then(|target| {
                     target.call_sync(request.method(), uri.query(), request.headers())
                 });
+                drop(slot);
                 match answered {
                     Some(response) => (response, user),
                     None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
@@ -204,6 +216,11 @@ impl Edge {
             }
             match checked {
                 Ok(user) => {
+                    let masters = user.as_deref().is_some_and(UserInfo::is_system_masters);
+                    let slot = match self.inflight.admit_owned(log.verb, masters) {
+                        Ok(slot) => slot,
+                        Err(refused) => return (refused.into_response(), user),
+                    };
                     let response = match route {
                         Some(route) => {
                             // Writes name their user to admission (webhooks see who wrote).
@@ -223,6 +240,19 @@ impl Edge {
                             Ok(response) => response,
                             Err(never) => match never {},
                         },
+                    };
+                    // A streamed body (a large list) keeps its place until it is sent.
+                    let response = match slot {
+                        Some(slot)
+                            if http_body::Body::size_hint(response.body())
+                                .exact()
+                                .is_none() =>
+                        {
+                            response.map(|body| {
+                                axum::body::Body::new(connection::Holding::new(body, slot))
+                            })
+                        }
+                        _ => response,
                     };
                     (response, user)
                 }

@@ -13,7 +13,9 @@ use axum::{
 use tokio_util::sync::CancellationToken;
 
 mod edge;
+mod inflight;
 mod listen;
+pub use inflight::InflightLimits;
 
 pub use edge::App;
 use edge::{Edge, not_found};
@@ -70,6 +72,8 @@ pub struct AppState {
     pub rest: RestContext,
     /// The audit log, when a policy is given.
     pub audit: Option<Arc<crate::audit::Auditor>>,
+    /// The requests in flight, against their limits.
+    pub inflight: Arc<inflight::Inflight>,
 }
 
 /// Who is trusted, and the cluster that reviews tokens and access.
@@ -129,6 +133,8 @@ pub struct StateOptions {
     pub admission: crate::admission::Admission,
     /// The audit log (none by default).
     pub audit: Option<Arc<crate::audit::Auditor>>,
+    /// The bounds on requests in flight (kube-apiserver's defaults).
+    pub inflight: InflightLimits,
 }
 
 impl Default for StateOptions {
@@ -140,6 +146,7 @@ impl Default for StateOptions {
             namespaces: None,
             admission: Default::default(),
             audit: None,
+            inflight: InflightLimits::default(),
         }
     }
 }
@@ -193,6 +200,7 @@ impl AppState {
             health.add_readiness_check(check);
         }
         let (resources, endpoints) = group.endpoints(&rest);
+        let inflight = Arc::new(inflight::Inflight::new(options.inflight, &metrics));
         let state = Self {
             endpoints: Arc::new(endpoints),
             auth: options.auth,
@@ -202,6 +210,7 @@ impl AppState {
             openapi: Arc::new(OpenApiDocuments::new(&resources)),
             rest,
             audit: options.audit,
+            inflight,
         };
         let shutdown = Shutdown { watches, health };
         (state, shutdown)
@@ -227,6 +236,7 @@ async fn version() -> Response {
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> Response {
+    state.inflight.report();
     for (resource, stats) in state.endpoints.stored_objects().await {
         state.metrics.set_stored(&resource, &stats);
     }
@@ -257,6 +267,7 @@ pub fn app(state: AppState) -> App {
             router,
             request_timeout: state.rest.settings.request_timeout,
             audit: state.audit.clone(),
+            inflight: state.inflight.clone(),
         }),
         peer: None,
         activity: None,

@@ -94,6 +94,11 @@ impl Webhook {
         *self.answer.lock().unwrap() = Box::new(answer);
     }
 
+    /// It answers this much later.
+    pub(crate) fn set_delay(&self, delay: Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+
     pub(crate) fn seen(&self) -> Vec<Value> {
         self.seen.lock().unwrap().clone()
     }

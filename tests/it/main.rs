@@ -26,6 +26,7 @@ mod e2e_tls;
 mod etcd;
 mod farmpods;
 mod hardening;
+mod inflight;
 mod manifests;
 mod openapi_snapshot;
 mod properties;

@@ -153,6 +153,8 @@ pub struct Options {
     pub webhooks: bool,
     /// The audit log.
     pub audit: Option<Arc<farm_apiserver::audit::Auditor>>,
+    /// The bounds on requests in flight.
+    pub inflight: farm_apiserver::server::InflightLimits,
 }
 
 impl Default for Options {
@@ -172,6 +174,7 @@ impl Default for Options {
             garbage_collection: false,
             webhooks: false,
             audit: None,
+            inflight: Default::default(),
         }
     }
 }
@@ -276,6 +279,7 @@ impl TestServer {
                     _ => Default::default(),
                 },
                 audit: options.audit.clone(),
+                inflight: options.inflight,
             },
         );
         let app = server::app(state.clone());
@@ -618,6 +622,18 @@ impl RawConnection {
 }
 
 impl RawConnection {
+    /// A GET whose body is not read: the caller holds it (a client that stopped reading).
+    pub async fn get_and_hold(mut self, path: &str) -> (u16, hyper::body::Incoming) {
+        let request = Request::builder()
+            .method("GET")
+            .uri(path)
+            .header("Host", format!("localhost:{}", self.port))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let response = self.sender.send_request(request).await.expect("response");
+        (response.status().as_u16(), response.into_body())
+    }
+
     /// A GET whose body is read only up to `bytes` and then dropped, with the connection: a
     /// client that goes away in the middle of a response.
     pub async fn get_and_hang_up(mut self, path: &str, bytes: usize) -> (u16, usize) {

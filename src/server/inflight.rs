@@ -1,0 +1,159 @@
+//! The bound on requests in flight (k8s.io/apiserver's `WithMaxInFlightLimit`):
+//! `--max-requests-inflight` read-only and `--max-mutating-requests-inflight` mutating requests
+//! at once; past them a request is answered 429 `Too many requests, please try again later.`
+//! with `Retry-After: 1`, which client-go and kubectl wait for and retry. Watches (long-running)
+//! are not counted, `system:masters` is never refused (a super-user always gets an answer), and
+//! the probes never come here.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicUsize, Ordering},
+};
+
+use prometheus_client::metrics::{family::Family, gauge::Gauge};
+
+use crate::{
+    error::Error,
+    metrics::{InflightLabels, Metrics},
+};
+
+/// The limits (0: none), kube-apiserver's defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct InflightLimits {
+    /// `--max-requests-inflight`: get and list.
+    pub read_only: usize,
+    /// `--max-mutating-requests-inflight`: every other verb.
+    pub mutating: usize,
+}
+
+impl Default for InflightLimits {
+    fn default() -> Self {
+        Self {
+            read_only: 400,
+            mutating: 200,
+        }
+    }
+}
+
+/// One kind of request's count.
+#[derive(Debug, Default)]
+struct Limiter {
+    limit: usize,
+    current: AtomicUsize,
+}
+
+impl Limiter {
+    fn enter(&self) -> Result<(), Error> {
+        let before = self.current.fetch_add(1, Ordering::AcqRel);
+        if self.limit > 0 && before >= self.limit {
+            self.current.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::TooManyRequests);
+        }
+        Ok(())
+    }
+
+    fn leave(&self) {
+        self.current.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Both counts.
+#[derive(Debug)]
+pub struct Inflight {
+    read_only: Limiter,
+    mutating: Limiter,
+    gauges: Family<InflightLabels, Gauge>,
+}
+
+impl Inflight {
+    /// Reported in `metrics`' `apiserver_current_inflight_requests`.
+    pub fn new(limits: InflightLimits, metrics: &Metrics) -> Self {
+        Self {
+            read_only: Limiter {
+                limit: limits.read_only,
+                ..Default::default()
+            },
+            mutating: Limiter {
+                limit: limits.mutating,
+                ..Default::default()
+            },
+            gauges: metrics.inflight.clone(),
+        }
+    }
+
+    /// The limiter that counts a request of `verb` by a user in `system:masters` or not; None
+    /// when it is not counted.
+    fn limiter(&self, verb: &str, masters: bool) -> Option<&Limiter> {
+        if masters || verb == "watch" {
+            return None;
+        }
+        Some(match verb {
+            "get" | "list" => &self.read_only,
+            _ => &self.mutating,
+        })
+    }
+
+    /// A place for a request of `verb` (as [`crate::request_info::RequestInfo`] names it)
+    /// while the caller answers it at once; the 429 when there is none.
+    pub fn admit(&self, verb: &str, masters: bool) -> Result<Slot<'_>, Error> {
+        match self.limiter(verb, masters) {
+            Some(limiter) => limiter.enter().map(|()| Slot(Some(limiter))),
+            None => Ok(Slot(None)),
+        }
+    }
+
+    /// [`Inflight::admit`] for a request that is answered later (its place may go with a
+    /// streamed body).
+    pub fn admit_owned(
+        self: &Arc<Self>,
+        verb: &str,
+        masters: bool,
+    ) -> Result<Option<OwnedSlot>, Error> {
+        let Some(limiter) = self.limiter(verb, masters) else {
+            return Ok(None);
+        };
+        limiter.enter()?;
+        Ok(Some(OwnedSlot {
+            inflight: self.clone(),
+            mutating: std::ptr::eq(limiter, &self.mutating),
+        }))
+    }
+
+    /// The counts into `apiserver_current_inflight_requests` (read when scraped).
+    pub fn report(&self) {
+        for (kind, limiter) in [("readOnly", &self.read_only), ("mutating", &self.mutating)] {
+            let now = limiter.current.load(Ordering::Acquire);
+            self.gauges
+                .get_or_create(&InflightLabels { request_kind: kind })
+                .set(i64::try_from(now).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// A request answered at once, counted until this is dropped.
+#[derive(Debug)]
+pub struct Slot<'a>(Option<&'a Limiter>);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(limiter) = self.0 {
+            limiter.leave();
+        }
+    }
+}
+
+/// A request counted until this is dropped (with its response, or with its streamed body).
+#[derive(Debug)]
+pub struct OwnedSlot {
+    inflight: Arc<Inflight>,
+    mutating: bool,
+}
+
+impl Drop for OwnedSlot {
+    fn drop(&mut self) {
+        match self.mutating {
+            true => self.inflight.mutating.leave(),
+            false => self.inflight.read_only.leave(),
+        }
+    }
+}

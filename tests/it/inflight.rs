@@ -1,0 +1,242 @@
+//! The bound on requests in flight (#31): past `--max-requests-inflight` and
+//! `--max-mutating-requests-inflight` a request is answered kube-apiserver's 429, while a watch
+//! opened before keeps streaming, the probes answer and `system:masters` is served.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
+use farm_apiserver::{server::InflightLimits, store::Store as _};
+use serde_json::json;
+
+const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+
+fn llama(name: &str) -> Vec<u8> {
+    json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+           "metadata": {"name": name}, "spec": {"weight": 1.0, "height": 1.0}})
+    .to_string()
+    .into_bytes()
+}
+
+/// A kubeconfig for the test server as the client certificate `identity` (cert, key PEM).
+fn identity_kubeconfig(server: &TestServer, identity: &(String, String)) -> std::path::PathBuf {
+    use base64::Engine;
+    let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    let admin = std::fs::read_to_string(server.kubeconfig()).unwrap();
+    let text: String = admin
+        .lines()
+        .map(|line| {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            match line.trim_start().split_once(": ") {
+                Some(("client-certificate-data", _)) => {
+                    format!("{indent}client-certificate-data: {}", encode(&identity.0))
+                }
+                Some(("client-key-data", _)) => {
+                    format!("{indent}client-key-data: {}", encode(&identity.1))
+                }
+                _ => line.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = server.dir.path().join("alice.kubeconfig");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Requests for `resource` ("": not a resource) answered 429 so far, as `/metrics` counts
+/// them.
+async fn count_429(admin: &common::RawClient, resource: &str) -> f64 {
+    let metrics = admin.get("/metrics", &[]).await;
+    let label = format!("resource=\"{resource}\",code=\"429\"");
+    String::from_utf8_lossy(&metrics.body)
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn counter(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not() {
+    // A cluster that authorizes everyone, and a validating webhook that takes its time: a
+    // create holds its place for as long.
+    let fake = FakeKube::start().await;
+    fake.add(common::fake_kube::namespace("default", false));
+    fake.set_policy(|_| (true, "allowed by the test".into()));
+    let webhook = crate::admission::Webhook::start().await;
+    fake.add(crate::admission::validating(
+        "slow",
+        json!({"clientConfig": webhook.client_config("/validate")}),
+    ));
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        webhooks: true,
+        inflight: InflightLimits {
+            read_only: 1,
+            mutating: 1,
+        },
+        ..Default::default()
+    })
+    .await;
+    let writes = server.llamas.writable().unwrap();
+    for i in 0..40_000 {
+        writes
+            .create(farm_apiserver::resources::llama::synthetic(i), false)
+            .await
+            .unwrap();
+    }
+    let alice_identity = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
+    let alice = server.raw(Some(alice_identity.clone()), Alpn::Http1);
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
+
+    // A watch opened before the burst: not counted, and it keeps streaming.
+    let watcher = alice.clone();
+    let watch = tokio::spawn(async move {
+        watcher
+            .get(&format!("{LLAMAS}?watch=true&timeoutSeconds=4"), &[])
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Mutating: a create waiting for its webhook holds the one place.
+    webhook.answer(|_| json!({"allowed": true}));
+    webhook.set_delay(Duration::from_millis(1500));
+    let slow_client = alice.clone();
+    let slow = tokio::spawn(async move {
+        slow_client
+            .send(
+                "POST",
+                LLAMAS,
+                &[("content-type", "application/json")],
+                Some(llama("slow")),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let refused = alice
+        .send(
+            "POST",
+            LLAMAS,
+            &[("content-type", "application/json")],
+            Some(llama("refused")),
+        )
+        .await;
+    assert_eq!(refused.status, 429);
+    // Reads have their own limit.
+    assert_eq!(alice.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 200);
+    assert_eq!(slow.await.unwrap().status, 201);
+    webhook.set_delay(Duration::ZERO);
+    let retried = alice
+        .send(
+            "POST",
+            LLAMAS,
+            &[("content-type", "application/json")],
+            Some(llama("retried")),
+        )
+        .await;
+    assert_eq!(retried.status, 201);
+
+    // Read-only: a list of 40,000 Llamas whose client stops reading holds the one place.
+    let (status, held_list) = alice
+        .connect()
+        .await
+        .unwrap()
+        .get_and_hold("/apis/farm.example.com/v1alpha/llamas")
+        .await;
+    assert_eq!(status, 200);
+    let refused = alice.get(&format!("{LLAMAS}/dolly"), &[]).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    let status = refused.json();
+    assert_eq!(status["reason"], "TooManyRequests");
+    assert_eq!(
+        status["message"],
+        "Too many requests, please try again later."
+    );
+    assert_eq!(status["details"]["retryAfterSeconds"], 1);
+    assert_eq!(status["code"], 429);
+    // Masters are served; the probes answer.
+    assert_eq!(admin.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 200);
+    assert_eq!(alice.get("/readyz", &[]).await.status, 200);
+    // kubectl and kube-rs, refused while the list holds the place, wait as Retry-After says
+    // and retry; the list ends (its client goes) and they are served.
+    let refused_before = count_429(&admin, "").await;
+    let kubeconfig = identity_kubeconfig(&server, &alice_identity);
+    let cache = server.dir.path().join("alice-kubectl-cache");
+    let kubectl = common::kubectl(&kubeconfig, &cache).map(|mut cmd| {
+        cmd.args(["get", "llama", "dolly", "-o", "name"]);
+        tokio::spawn(common::run(cmd, None))
+    });
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    let llamas: kube::Api<farm_apiserver::resources::Llama> =
+        kube::Api::default_namespaced(kube::Client::try_from(config).unwrap());
+    let kube_rs = tokio::spawn(async move { llamas.get("dolly").await });
+    // Both have been refused at least once (kubectl takes a while to start): kube-rs on the
+    // Llama, kubectl on its discovery first.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while count_429(&admin, "llamas").await < 2.0
+        || (kubectl.is_some() && count_429(&admin, "").await < refused_before + 1.0)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no 429 for the clients"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(held_list);
+    let got = tokio::time::timeout(Duration::from_secs(20), kube_rs)
+        .await
+        .expect("kube-rs retried in time")
+        .unwrap()
+        .expect("kube-rs served after retrying");
+    assert_eq!(got.metadata.name.as_deref(), Some("dolly"));
+    if let Some(kubectl) = kubectl {
+        let (ok, out, err) = kubectl.await.unwrap();
+        assert!(ok, "{err}");
+        // Its discovery met the 429 (the only non-resource requests that could), and it
+        // retried.
+        assert_eq!(out.trim(), "llama.farm.example.com/dolly");
+    }
+    assert_eq!(alice.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 200);
+
+    // The watch saw the writes made during the burst.
+    let watched = watch.await.unwrap();
+    assert_eq!(watched.status, 200);
+    let text = String::from_utf8_lossy(&watched.body);
+    assert!(text.contains("\"slow\""), "{text}");
+    assert!(text.contains("\"retried\""), "{text}");
+    assert!(!text.contains("\"refused\""), "{text}");
+
+    // Refusals are counted as kube-apiserver counts them.
+    let metrics = admin.get("/metrics", &[]).await;
+    let metrics = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        counter(
+            &metrics,
+            "apiserver_request_total{verb=\"GET\",resource=\"llamas\",code=\"429\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(
+        counter(
+            &metrics,
+            "apiserver_request_total{verb=\"POST\",resource=\"llamas\",code=\"429\"}"
+        ) >= 1.0,
+        "{metrics}"
+    );
+    assert!(metrics.contains("apiserver_current_inflight_requests{request_kind=\"readOnly\"}"));
+}
