@@ -188,6 +188,12 @@ pub struct Args {
     #[arg(long, env = "FARM_DISABLE_ADMISSION_PLUGINS", value_delimiter = ',')]
     pub disable_admission_plugins: Vec<String>,
 
+    /// An `apiserver.config.k8s.io` TracingConfiguration (`endpoint`, `samplingRatePerMillion`):
+    /// spans of each request, under the caller's `traceparent`, sent over OTLP/gRPC. Without it
+    /// nothing is traced.
+    #[arg(long, env = "FARM_TRACING_CONFIG_FILE")]
+    pub tracing_config_file: Option<PathBuf>,
+
     /// Read-only requests (get, list) served at once; past it, 429 with `Retry-After: 1`
     /// (0: no limit). Watches are not counted, and `system:masters` is never refused.
     #[arg(long, env = "FARM_MAX_REQUESTS_INFLIGHT", default_value_t = 400)]
@@ -509,6 +515,7 @@ impl Args {
                 .clone()
                 .reload_loop(Duration::from_secs(self.cert_reload_interval.max(1))),
         );
+        let tracing_provider = self.start_tracing()?;
         let cluster = self.cluster_client(addr).await?;
         let farmpods = match (self.synthetic_pods, &cluster) {
             (Some(count), _) => PodCache::synthetic(count),
@@ -590,7 +597,7 @@ impl Args {
             write_stall: seconds(self.write_timeout),
         };
         let bound = server::bind(listener, serving.config.clone(), limits)?;
-        server::serve(
+        let served = server::serve(
             bound,
             app,
             shutdown,
@@ -600,7 +607,32 @@ impl Args {
             },
             started,
         )
-        .await
+        .await;
+        // The last spans go out before the process ends.
+        if let Some(provider) = tracing_provider
+            && let Err(error) = provider.shutdown()
+        {
+            tracing::warn!(%error, "sending the last spans");
+        }
+        served
+    }
+
+    /// Starts the traces `--tracing-config-file` asks for (none without it).
+    fn start_tracing(&self) -> anyhow::Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>> {
+        let Some(path) = &self.tracing_config_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the tracing configuration {}", path.display()))?;
+        let config = crate::telemetry::TracingConfiguration::parse(&text)
+            .map_err(|e| anyhow::anyhow!("tracing configuration {}: {e}", path.display()))?;
+        let provider = crate::telemetry::start(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        tracing::info!(
+            endpoint = config.endpoint.as_deref().unwrap_or("localhost:4317"),
+            sampling_rate_per_million = config.sampling_rate_per_million.unwrap_or(0),
+            "tracing on"
+        );
+        Ok(Some(provider))
     }
 }
 

@@ -43,6 +43,7 @@ pub mod selector;
 pub mod server;
 pub mod store;
 pub mod table;
+pub mod telemetry;
 pub mod tls;
 pub mod validation;
 pub mod watch;

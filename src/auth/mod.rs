@@ -54,14 +54,19 @@ impl Auth {
         info: &RequestInfo<'_>,
         now: std::time::Instant,
     ) -> AuthStep {
-        let Authenticated::User(user) = self.authn.authenticate_sync(peer, headers) else {
+        let Authenticated::User(user) = crate::telemetry::in_span("authentication", || {
+            self.authn.authenticate_sync(peer, headers)
+        }) else {
             return AuthStep::ReviewToken;
         };
         let Some(user) = user else {
             return AuthStep::Checked(anonymous(info).map_err(|e| (e, None)));
         };
         let memo = peer.map(|p| &p.decisions);
-        match self.authz.authorize_sync(&user, info, now, memo) {
+        let decided = crate::telemetry::in_span("authorization", || {
+            self.authz.authorize_sync(&user, info, now, memo)
+        });
+        match decided {
             Some(Ok(())) => AuthStep::Checked(Ok(Some(user))),
             Some(Err(error)) => AuthStep::Checked(Err((error, Some(user)))),
             None => AuthStep::Authorize(user),
@@ -80,18 +85,25 @@ impl Auth {
             AuthStep::Checked(checked) => return checked,
             AuthStep::Authorize(user) => user,
             AuthStep::ReviewToken => {
-                match self
-                    .authn
-                    .review_token(headers)
-                    .await
-                    .map_err(|e| (e, None))?
-                {
+                let reviewed = crate::telemetry::in_span_async(
+                    "authentication",
+                    None,
+                    self.authn.review_token(headers),
+                )
+                .await;
+                match reviewed.map_err(|e| (e, None))? {
                     Some(user) => user,
                     None => return anonymous(info).map_err(|e| (e, None)),
                 }
             }
         };
-        match self.authz.authorize(&user, info).await {
+        let decided = crate::telemetry::in_span_async(
+            "authorization",
+            None,
+            self.authz.authorize(&user, info),
+        )
+        .await;
+        match decided {
             Ok(()) => Ok(Some(user)),
             Err(error) => Err((error, Some(user))),
         }

@@ -113,6 +113,20 @@ pub(crate) async fn mutate<K: ServedResource>(
     object: &mut K,
     old: Option<&K>,
 ) -> Result<(Vec<String>, bool)> {
+    crate::telemetry::in_span_async(
+        "admission",
+        Some(("admission.phase", "mutating")),
+        mutate_untraced(api, attributes, object, old),
+    )
+    .await
+}
+
+async fn mutate_untraced<K: ServedResource>(
+    api: &KindApi<K>,
+    attributes: &Attributes<'_>,
+    object: &mut K,
+    old: Option<&K>,
+) -> Result<(Vec<String>, bool)> {
     let admission = &api.ctx.admission;
     let policies = match admission.mutating_policies() {
         Some(policies) if policies.any(attributes).await? => Some(policies),
@@ -185,6 +199,19 @@ pub(crate) async fn delete<K: ServedResource>(
     attributes: &Attributes<'_>,
     old: &K,
 ) -> Result<Vec<String>> {
+    crate::telemetry::in_span_async(
+        "admission",
+        Some(("admission.phase", "delete")),
+        delete_untraced(api, attributes, old),
+    )
+    .await
+}
+
+async fn delete_untraced<K: ServedResource>(
+    api: &KindApi<K>,
+    attributes: &Attributes<'_>,
+    old: &K,
+) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     if let Some(webhooks) = api.ctx.admission.webhooks()
         && webhooks.any_mutating(attributes).await?
@@ -204,6 +231,20 @@ pub(crate) async fn delete<K: ServedResource>(
 /// Validating admission: `object` is None on a delete (`old` is the object deleted). Returns
 /// the webhooks' warnings.
 pub(crate) async fn validate<K: ServedResource>(
+    api: &KindApi<K>,
+    attributes: &Attributes<'_>,
+    object: Option<&K>,
+    old: Option<&K>,
+) -> Result<Vec<String>> {
+    crate::telemetry::in_span_async(
+        "admission",
+        Some(("admission.phase", "validating")),
+        validate_untraced(api, attributes, object, old),
+    )
+    .await
+}
+
+async fn validate_untraced<K: ServedResource>(
     api: &KindApi<K>,
     attributes: &Attributes<'_>,
     object: Option<&K>,

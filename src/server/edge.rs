@@ -49,6 +49,8 @@ pub(super) struct Edge {
 /// nothing is parsed, routed or checked twice.
 struct Pending {
     started: Instant,
+    /// The request's span, when requests are traced.
+    trace: Option<opentelemetry::Context>,
     auth: AuthStep,
     /// The resource endpoint, or None for the router (discovery, OpenAPI, ...).
     route: Option<rest::Route>,
@@ -133,20 +135,25 @@ impl Edge {
             None => RequestInfo::parse(request.method(), uri.path(), uri.query()),
         };
         // Boxed: the answer at once stays small to return.
-        let pending = |auth, target: Option<rest::Target<'_>>| {
+        let pending = |auth, target: Option<rest::Target<'_>>, trace| {
             Box::new(Pending {
                 started,
+                trace,
                 auth,
                 route: target.map(|t| t.route()),
                 log: RequestLog::of(&info),
             })
         };
-        let step = self
-            .auth
-            .check_sync(peer, request.headers_mut(), &info, started);
-        // An audited request writes its events on the way (see `audit`).
-        if self.audit.is_some() {
-            return Err(pending(step, target));
+        let trace = crate::telemetry::server_span(request.headers(), request.method(), uri.path());
+        let step = {
+            // Authentication's and authorization's spans go under the request's.
+            let _current = trace.as_ref().map(|cx| cx.clone().attach());
+            self.auth
+                .check_sync(peer, request.headers_mut(), &info, started)
+        };
+        // An audited or traced request writes its events or spans on the way.
+        if self.audit.is_some() || trace.is_some() {
+            return Err(pending(step, target, trace));
         }
         let (response, user) = match step {
             AuthStep::Checked(Ok(user)) => {
@@ -165,11 +172,11 @@ impl Edge {
                 drop(slot);
                 match answered {
                     Some(response) => (response, user),
-                    None => return Err(pending(AuthStep::Checked(Ok(user)), target)),
+                    None => return Err(pending(AuthStep::Checked(Ok(user)), target, None)),
                 }
             }
             AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
-            step => return Err(pending(step, target)),
+            step => return Err(pending(step, target, None)),
         };
         Ok(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
     }
@@ -179,6 +186,7 @@ impl Edge {
     async fn handle(self: Arc<Self>, mut request: Request, pending: Box<Pending>) -> Response {
         let Pending {
             started,
+            trace,
             auth,
             route,
             log,
@@ -259,6 +267,7 @@ impl Edge {
                 Err((error, user)) => (error.into_response(), user),
             }
         };
+        let work = crate::telemetry::scope(trace.clone(), work);
         let (response, user) = if log.verb == "watch" {
             work.await
         } else {
@@ -277,6 +286,9 @@ impl Edge {
         };
         if let Some(value) = audit_id.as_deref().and_then(audit::id_header) {
             response.headers_mut().insert(audit::AUDIT_ID, value);
+        }
+        if let Some(cx) = &trace {
+            crate::telemetry::end_server_span(cx, response.status().as_u16());
         }
         self.finish(&log.fields(), user.as_deref(), response, started)
     }

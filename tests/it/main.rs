@@ -34,3 +34,4 @@ mod router;
 mod security;
 mod store_conformance;
 mod third_kind;
+mod traces;

@@ -581,6 +581,20 @@ impl EtcdClient {
         request: &impl prost::Message,
         idempotent: bool,
     ) -> Result<T, EtcdError> {
+        crate::telemetry::in_span_async(
+            "etcd",
+            Some(("rpc.method", path)),
+            self.unary_within(path, request, idempotent),
+        )
+        .await
+    }
+
+    async fn unary_within<T: prost::Message + Default>(
+        &self,
+        path: &str,
+        request: &impl prost::Message,
+        idempotent: bool,
+    ) -> Result<T, EtcdError> {
         let message = grpc::frame(request);
         let mut last = None;
         for _ in 0..self.endpoints.len() {

@@ -1,0 +1,255 @@
+//! Traces (#31): the shipped binary with `--tracing-config-file`, a local OTLP/gRPC collector,
+//! and requests carrying kube-apiserver's W3C `traceparent`: the server's spans join that
+//! trace (its `KubernetesAPI` span under the caller's, authentication, authorization and
+//! admission under it); a request without a sampled parent is not traced at rate 0.
+
+use crate::common;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use common::{Alpn, RawClient, process::Running};
+use opentelemetry_proto::tonic::{
+    collector::trace::v1::{
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+        trace_service_server::{TraceService, TraceServiceServer},
+    },
+    common::v1::any_value::Value as AnyValue,
+    trace::v1::Span,
+};
+
+/// Every span received, with its service's name.
+#[derive(Clone, Default)]
+struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().unwrap();
+        for resource in request.into_inner().resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|a| a.key == "service.name")
+                .and_then(|a| a.value.as_ref()?.value.as_ref())
+                .map(|v| match v {
+                    AnyValue::StringValue(s) => s.clone(),
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default();
+            for scope in resource.scope_spans {
+                for span in scope.spans {
+                    spans.push((service.clone(), span));
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|a| a.key == key)
+        .and_then(|a| a.value.as_ref()?.value.as_ref())
+        .map(|v| match v {
+            AnyValue::StringValue(s) => s.clone(),
+            AnyValue::IntValue(i) => i.to_string(),
+            other => format!("{other:?}"),
+        })
+}
+
+#[tokio::test]
+async fn spans_join_the_callers_trace() {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let serving = collector.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(serving))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tracing.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{port}\nsamplingRatePerMillion: 0\n"
+        ),
+    )
+    .unwrap();
+    let certs = dir.path().join("certs");
+    // Llamas on etcd, when there is one: its calls are spans too.
+    let etcd = common::etcd::Etcd::start().await;
+    let mut args = vec![
+        "--cert-dir".to_owned(),
+        certs.display().to_string(),
+        "--tracing-config-file".to_owned(),
+        config.display().to_string(),
+    ];
+    if let Some(etcd) = &etcd {
+        args.extend([
+            "--storage=etcd".to_owned(),
+            format!("--etcd-servers={}", etcd.endpoint()),
+        ]);
+    }
+    let server = Running::start_with_env(
+        args,
+        // Batches go out at once rather than every 5 s.
+        &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
+    );
+    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
+    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
+        .unwrap()
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .unwrap();
+    let client = RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+
+    // kube-apiserver's span, sampled.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_id = "00f067aa0ba902b7";
+    let traceparent = format!("00-{trace_id}-{parent_id}-01");
+    let llamas = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
+    if etcd.is_some() {
+        // An etcd-backed server starts empty.
+        let seeded = client
+            .send(
+                "POST",
+                llamas,
+                &[("content-type", "application/json")],
+                Some(
+                    serde_json::json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                        "metadata": {"name": "dolly"}, "spec": {"weight": 1.0, "height": 1.0}})
+                    .to_string()
+                    .into_bytes(),
+                ),
+            )
+            .await;
+        assert_eq!(seeded.status, 201);
+    }
+    let got = client
+        .get(&format!("{llamas}/dolly"), &[("traceparent", &traceparent)])
+        .await;
+    assert_eq!(got.status, 200);
+    let created = client
+        .send(
+            "POST",
+            llamas,
+            &[
+                ("traceparent", &traceparent),
+                ("content-type", "application/json"),
+            ],
+            Some(
+                serde_json::json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                    "metadata": {"name": "traced"}, "spec": {"weight": 1.0, "height": 1.0}})
+                .to_string()
+                .into_bytes(),
+            ),
+        )
+        .await;
+    assert_eq!(created.status, 201);
+    // No parent, rate 0: not traced.
+    assert_eq!(client.get("/version", &[]).await.status, 200);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let spans = loop {
+        let spans = collector.0.lock().unwrap().clone();
+        let servers = spans
+            .iter()
+            .filter(|(_, s)| s.name == "KubernetesAPI")
+            .count();
+        let admissions = spans.iter().filter(|(_, s)| s.name == "admission").count();
+        if servers >= 2 && admissions >= 2 {
+            break spans;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "spans received: {:?}",
+            spans.iter().map(|(_, s)| &s.name).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    for (service, span) in &spans {
+        assert_eq!(service, "farm-apiserver");
+        assert_eq!(hex(&span.trace_id), trace_id, "{}: one trace", span.name);
+    }
+    let servers: Vec<&Span> = spans
+        .iter()
+        .map(|(_, s)| s)
+        .filter(|s| s.name == "KubernetesAPI")
+        .collect();
+    assert_eq!(servers.len(), 2, "the two traced requests; /version is not");
+    for server_span in &servers {
+        assert_eq!(
+            hex(&server_span.parent_span_id),
+            parent_id,
+            "under the caller's span"
+        );
+        // SPAN_KIND_SERVER
+        assert_eq!(server_span.kind, 2);
+        assert!(server_span.end_time_unix_nano >= server_span.start_time_unix_nano);
+    }
+    let get = servers
+        .iter()
+        .find(|s| attribute(s, "http.request.method").as_deref() == Some("GET"))
+        .unwrap();
+    assert_eq!(
+        attribute(get, "url.path").as_deref(),
+        Some(&*format!("{llamas}/dolly"))
+    );
+    assert_eq!(
+        attribute(get, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    let post = servers
+        .iter()
+        .find(|s| attribute(s, "http.request.method").as_deref() == Some("POST"))
+        .unwrap();
+    assert_eq!(
+        attribute(post, "http.response.status_code").as_deref(),
+        Some("201")
+    );
+    // Under each request's span: authentication and authorization; under the write's, its
+    // admission (mutating and validating).
+    for (request, expected) in [
+        (get, &["authentication", "authorization"][..]),
+        (
+            post,
+            &["admission", "admission", "authentication", "authorization"][..],
+        ),
+    ] {
+        let mut children: Vec<&str> = spans
+            .iter()
+            .map(|(_, s)| s)
+            .filter(|s| s.parent_span_id == request.span_id && s.name != "etcd")
+            .map(|s| s.name.as_str())
+            .collect();
+        children.sort_unstable();
+        assert_eq!(children, expected);
+    }
+    // The create's etcd calls (its transaction) under its span, with their method.
+    if etcd.is_some() {
+        let calls: Vec<String> = spans
+            .iter()
+            .map(|(_, s)| s)
+            .filter(|s| s.parent_span_id == post.span_id && s.name == "etcd")
+            .filter_map(|s| attribute(s, "rpc.method"))
+            .collect();
+        assert!(
+            calls.iter().any(|m| m == "/etcdserverpb.KV/Txn"),
+            "{calls:?}"
+        );
+    }
+    drop(server);
+}
