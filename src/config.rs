@@ -516,6 +516,7 @@ impl Args {
                 .reload_loop(Duration::from_secs(self.cert_reload_interval.max(1))),
         );
         let tracing_provider = self.start_tracing()?;
+        let auditor = self.auditor()?;
         let cluster = self.cluster_client(addr).await?;
         let farmpods = match (self.synthetic_pods, &cluster) {
             (Some(count), _) => PodCache::synthetic(count),
@@ -580,7 +581,7 @@ impl Args {
                 auth,
                 namespaces,
                 admission,
-                audit: self.auditor()?,
+                audit: auditor.clone(),
                 inflight: crate::server::InflightLimits {
                     read_only: self.max_requests_inflight,
                     mutating: self.max_mutating_requests_inflight,
@@ -608,7 +609,14 @@ impl Args {
             started,
         )
         .await;
-        // The last spans go out before the process ends.
+        // The last events and spans go out before the process ends.
+        if let Some(auditor) = &auditor
+            && tokio::time::timeout(Duration::from_secs(10), auditor.flush())
+                .await
+                .is_err()
+        {
+            tracing::warn!("the audit log could not be written to its end in 10 s");
+        }
         if let Some(provider) = tracing_provider
             && let Err(error) = provider.shutdown()
         {

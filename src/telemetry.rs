@@ -9,10 +9,12 @@
 use std::{future::Future, sync::OnceLock, time::SystemTime};
 
 use axum::http::{HeaderMap, Method};
+use futures::future::Either;
 use opentelemetry::{
     Context, KeyValue,
+    context::FutureExt as _,
     propagation::{Extractor, TextMapPropagator},
-    trace::{FutureExt as _, Span as _, SpanKind, TraceContextExt as _, Tracer as _},
+    trace::{Span as _, SpanKind, TraceContextExt as _, Tracer as _, WithContext},
 };
 use opentelemetry_sdk::{
     propagation::TraceContextPropagator,
@@ -170,18 +172,19 @@ pub fn in_span<T>(name: &'static str, work: impl FnOnce() -> T) -> T {
 }
 
 /// `work` as a span `name` (with an attribute, if given) under the current one, which its own
-/// spans are under; as it is when tracing is off.
-pub async fn in_span_async<F: Future>(
+/// spans are under; the span ends when `work` is done with (dropped). As it is, and no larger,
+/// when tracing is off.
+pub fn in_span_async<F: Future>(
     name: &'static str,
     attribute: Option<(&'static str, &str)>,
     work: F,
-) -> F::Output {
+) -> Either<WithContext<F>, F> {
     let Some(tracer) = TRACER.get() else {
-        return work.await;
+        return Either::Right(work);
     };
     let parent = Context::current();
     if !parent.has_active_span() {
-        return work.await;
+        return Either::Right(work);
     }
     let span = tracer
         .span_builder(name)
@@ -192,16 +195,13 @@ pub async fn in_span_async<F: Future>(
                 .collect::<Vec<_>>(),
         )
         .start_with_context(tracer, &parent);
-    let cx = parent.with_span(span);
-    let output = work.with_context(cx.clone()).await;
-    cx.span().end();
-    output
+    Either::Left(work.with_context(parent.with_span(span)))
 }
 
-/// Runs `work` with `cx` (the request's span) as the current context, if there is one.
-pub async fn scope<F: Future>(cx: Option<Context>, work: F) -> F::Output {
+/// `work` with `cx` (the request's span) as the current context, if there is one.
+pub fn scope<F: Future>(cx: Option<Context>, work: F) -> Either<WithContext<F>, F> {
     match cx {
-        Some(cx) => work.with_context(cx).await,
-        None => work.await,
+        Some(cx) => Either::Left(work.with_context(cx)),
+        None => Either::Right(work),
     }
 }

@@ -8,10 +8,11 @@ use std::{
     fs::{File, OpenOptions},
     io::{BufWriter, Write},
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 /// Where and how the log is written (kube-apiserver's `--audit-log-*` flags).
 #[derive(Debug, Clone)]
@@ -29,48 +30,138 @@ pub struct LogOptions {
 /// The time format of a rotated file's name (Go's `2006-01-02T15-04-05.000`, UTC).
 const BACKUP_TIME: &str = "%Y-%m-%dT%H-%M-%S%.3f";
 
-/// Starts the writer thread; lines sent to the returned sender are written in order.
-pub fn start(options: LogOptions, buffer: usize) -> std::io::Result<mpsc::Sender<Vec<u8>>> {
+/// What the buffer may hold in all, whatever the count of events: an event can carry a 3 MiB
+/// request and its response.
+pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
+
+/// What the writer is sent.
+#[derive(Debug)]
+pub enum Message {
+    /// An event's line, and its share of the bytes the buffer may hold.
+    Line(Vec<u8>, OwnedSemaphorePermit),
+    /// Everything sent before is written: say so.
+    Flush(oneshot::Sender<()>),
+}
+
+/// The buffer in front of a writer: at most so many events and [`MAX_QUEUED_BYTES`].
+#[derive(Debug, Clone)]
+pub struct Sink {
+    sender: mpsc::Sender<Message>,
+    bytes: Arc<Semaphore>,
+}
+
+/// The buffer is full (or its writer is gone).
+#[derive(Debug)]
+pub struct Full;
+
+impl Sink {
+    /// A buffer of `events` and the end the writer reads (tests read it themselves).
+    pub fn channel(events: usize) -> (Self, mpsc::Receiver<Message>) {
+        let (sender, receiver) = mpsc::channel(events.max(1));
+        let sink = Self {
+            sender,
+            bytes: Arc::new(Semaphore::new(MAX_QUEUED_BYTES)),
+        };
+        (sink, receiver)
+    }
+
+    fn share(line: &[u8]) -> u32 {
+        u32::try_from(line.len().clamp(1, MAX_QUEUED_BYTES)).unwrap_or(u32::MAX)
+    }
+
+    /// Queues `line`, waiting for room.
+    pub async fn send(&self, line: Vec<u8>) -> Result<(), Full> {
+        let permit = self
+            .bytes
+            .clone()
+            .acquire_many_owned(Self::share(&line))
+            .await
+            .map_err(|_| Full)?;
+        self.sender
+            .send(Message::Line(line, permit))
+            .await
+            .map_err(|_| Full)
+    }
+
+    /// Queues `line` if there is room now.
+    pub fn try_send(&self, line: Vec<u8>) -> Result<(), Full> {
+        let permit = self
+            .bytes
+            .clone()
+            .try_acquire_many_owned(Self::share(&line))
+            .map_err(|_| Full)?;
+        self.sender
+            .try_send(Message::Line(line, permit))
+            .map_err(|_| Full)
+    }
+
+    /// Waits until everything queued so far is written.
+    pub async fn flush(&self) {
+        let (done, written) = oneshot::channel();
+        if self.sender.send(Message::Flush(done)).await.is_ok() {
+            let _ = written.await;
+        }
+    }
+}
+
+/// Starts the writer thread; lines sent to the returned sink are written in order.
+pub fn start(options: LogOptions, buffer: usize) -> std::io::Result<Sink> {
     let mut out = Output::open(options)?;
-    let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(buffer.max(1));
+    let (sink, mut receiver) = Sink::channel(buffer);
     std::thread::Builder::new()
         .name("audit-log".into())
         .spawn(move || {
-            while let Some(line) = receiver.blocking_recv() {
-                out.write(&line);
+            while let Some(message) = receiver.blocking_recv() {
+                let mut flushed = Vec::new();
+                let mut take = |message| match message {
+                    // The line's bytes are free again once it is written.
+                    Message::Line(line, _permit) => out.write(&line),
+                    Message::Flush(done) => flushed.push(done),
+                };
+                take(message);
                 // Whatever else is waiting goes in the same flush.
-                while let Ok(line) = receiver.try_recv() {
-                    out.write(&line);
+                while let Ok(message) = receiver.try_recv() {
+                    take(message);
                 }
                 out.flush();
+                for done in flushed {
+                    let _ = done.send(());
+                }
             }
         })?;
-    Ok(sender)
+    Ok(sink)
 }
 
-enum Sink {
+enum Target {
     Stdout(std::io::Stdout),
     File { file: BufWriter<File>, size: u64 },
 }
 
 struct Output {
     options: LogOptions,
-    sink: Sink,
+    target: Target,
 }
 
 impl Output {
     fn open(options: LogOptions) -> std::io::Result<Self> {
-        let sink = if options.path == Path::new("-") {
-            Sink::Stdout(std::io::stdout())
+        let target = if options.path == Path::new("-") {
+            Target::Stdout(std::io::stdout())
         } else {
             Self::open_file(&options.path)?
         };
-        Ok(Self { options, sink })
+        Ok(Self { options, target })
     }
 
-    fn open_file(path: &Path) -> std::io::Result<Sink> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
+    fn open_file(path: &Path) -> std::io::Result<Target> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && !dir.exists()
+        {
+            // As kube-apiserver's: the directory private to the server.
+            let mut create = std::fs::DirBuilder::new();
+            create.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut create, 0o700);
+            create.create(dir)?;
         }
         let mut open = OpenOptions::new();
         open.create(true).append(true);
@@ -78,7 +169,7 @@ impl Output {
         std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
         let file = open.open(path)?;
         let size = file.metadata()?.len();
-        Ok(Sink::File {
+        Ok(Target::File {
             file: BufWriter::new(file),
             size,
         })
@@ -86,7 +177,7 @@ impl Output {
 
     fn write(&mut self, line: &[u8]) {
         let max = self.options.max_size_mb.saturating_mul(1024 * 1024);
-        if let Sink::File { size, .. } = &self.sink
+        if let Target::File { size, .. } = &self.target
             && max > 0
             && *size > 0
             && *size + line.len() as u64 > max
@@ -94,9 +185,9 @@ impl Output {
         {
             tracing::warn!(%error, path = %self.options.path.display(), "cannot rotate the audit log");
         }
-        let result = match &mut self.sink {
-            Sink::Stdout(out) => out.lock().write_all(line),
-            Sink::File { file, size } => {
+        let result = match &mut self.target {
+            Target::Stdout(out) => out.lock().write_all(line),
+            Target::File { file, size } => {
                 *size += line.len() as u64;
                 file.write_all(line)
             }
@@ -107,9 +198,9 @@ impl Output {
     }
 
     fn flush(&mut self) {
-        let result = match &mut self.sink {
-            Sink::Stdout(out) => out.flush(),
-            Sink::File { file, .. } => file.flush(),
+        let result = match &mut self.target {
+            Target::Stdout(out) => out.flush(),
+            Target::File { file, .. } => file.flush(),
         };
         if let Err(error) = result {
             tracing::warn!(%error, "cannot write the audit log");
@@ -123,7 +214,7 @@ impl Output {
         let now = jiff::Timestamp::now();
         let backup = dir.join(format!("{stem}-{}{ext}", now.strftime(BACKUP_TIME)));
         std::fs::rename(path, &backup)?;
-        self.sink = Self::open_file(path)?;
+        self.target = Self::open_file(path)?;
         self.prune(&dir, &stem, &ext, now);
         Ok(())
     }
@@ -187,7 +278,7 @@ mod tests {
     async fn rotates_at_max_size_and_keeps_max_backups() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("audit.log");
-        let sender = start(
+        let sink = start(
             LogOptions {
                 path: path.clone(),
                 max_age_days: 0,
@@ -200,12 +291,11 @@ mod tests {
         // 3.5 MiB in 100 KiB lines: three rotations, two backups kept.
         let line = [vec![b'x'; 100 * 1024 - 1], vec![b'\n']].concat();
         for _ in 0..36 {
-            sender.send(line.clone()).await.unwrap();
+            sink.send(line.clone()).await.unwrap();
             // Distinct backup names (millisecond times).
             tokio::time::sleep(Duration::from_millis(3)).await;
         }
-        drop(sender);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        sink.flush().await;
         let mut names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())

@@ -25,7 +25,6 @@ use axum::{
 };
 use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::mpsc;
 
 pub use policy::{Level, Policy, RequestConfig, Stage};
 
@@ -46,7 +45,7 @@ pub enum Mode {
 /// The policy and where its events go.
 pub struct Auditor {
     policy: Policy,
-    sender: mpsc::Sender<Vec<u8>>,
+    sink: log::Sink,
     mode: Mode,
     metrics: OnceLock<Arc<Metrics>>,
 }
@@ -58,11 +57,11 @@ impl std::fmt::Debug for Auditor {
 }
 
 impl Auditor {
-    /// Events of the requests `policy` picks go to `sender` (a backend's buffer).
-    pub fn new(policy: Policy, sender: mpsc::Sender<Vec<u8>>, mode: Mode) -> Arc<Self> {
+    /// Events of the requests `policy` picks go to `sink` (a backend's buffer).
+    pub fn new(policy: Policy, sink: log::Sink, mode: Mode) -> Arc<Self> {
         Arc::new(Self {
             policy,
-            sender,
+            sink,
             mode,
             metrics: OnceLock::new(),
         })
@@ -130,27 +129,40 @@ impl Auditor {
         record.emit(Stage::ResponseStarted).await;
     }
 
+    /// Waits until every event sent so far is written (at exit).
+    pub async fn flush(&self) {
+        self.sink.flush().await;
+    }
+
     /// Sends one line: waits for room (blocking) or drops it when the buffer is full (batch).
     async fn send(&self, line: Vec<u8>) {
         self.count_event();
         match self.mode {
             Mode::Blocking => {
-                if self.sender.send(line).await.is_err() {
-                    self.count_error("the audit log writer stopped");
+                if self.sink.send(line).await.is_err() {
+                    self.count_error("the audit log writer stopped: an event was dropped");
                 }
             }
             Mode::Batch => self.try_send(line),
         }
     }
 
-    /// Sends one line without waiting (from a drop): dropped when the buffer is full.
-    fn send_now(&self, line: Vec<u8>) {
+    /// Sends one line from where nothing can wait (a drop): in blocking mode a task waits for
+    /// room; in batch mode it is dropped when the buffer is full.
+    fn send_now(self: &Arc<Self>, line: Vec<u8>) {
+        if self.mode == Mode::Blocking
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let auditor = self.clone();
+            runtime.spawn(async move { auditor.send(line).await });
+            return;
+        }
         self.count_event();
         self.try_send(line);
     }
 
     fn try_send(&self, line: Vec<u8>) {
-        if self.sender.try_send(line).is_err() {
+        if self.sink.try_send(line).is_err() {
             self.count_error("audit buffer queue blocked: an event was dropped");
         }
     }
@@ -270,7 +282,7 @@ impl Record {
     }
 
     /// [`Record::emit`] without waiting (the end of a watch, from a drop).
-    pub fn emit_now(&self, stage: Stage) {
+    pub fn emit_now(self: &Arc<Self>, stage: Stage) {
         if let Some(line) = self.line(stage) {
             self.auditor.send_now(line);
         }
@@ -280,13 +292,22 @@ impl Record {
         if !self.config.writes(stage) {
             return None;
         }
-        let mut event = self.event.lock().ok()?;
+        let Ok(mut event) = self.event.lock() else {
+            self.auditor
+                .count_error("an audit event could not be written");
+            return None;
+        };
         event.stage = stage;
         if stage != Stage::RequestReceived {
             event.stage_timestamp = micro_time(jiff::Timestamp::now());
         }
-        let mut line = serde_json::to_vec(&*event).ok()?;
+        let serialized = serde_json::to_vec(&*event);
         drop(event);
+        let Ok(mut line) = serialized else {
+            self.auditor
+                .count_error("an audit event could not be written");
+            return None;
+        };
         escape_html(&mut line);
         line.push(b'\n');
         Some(line)
@@ -318,13 +339,22 @@ pub async fn finish(record: &Arc<Record>, response: Response, watch: bool) -> Re
             .is_some_and(|n| n <= MAX_LOGGED_BODY)
     {
         let (parts, body) = response.into_parts();
-        let bytes = match body.collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(_) => Bytes::new(),
+        let response = match body.collect().await {
+            Ok(collected) => {
+                let bytes = collected.to_bytes();
+                record.response(code, Some(&bytes));
+                Response::from_parts(parts, Body::from(bytes))
+            }
+            Err(error) => {
+                let failed =
+                    crate::error::Error::Internal(format!("writing the response: {error}"));
+                let failed = axum::response::IntoResponse::into_response(failed);
+                record.response(failed.status().as_u16(), None);
+                failed
+            }
         };
-        record.response(code, Some(&bytes));
         record.emit(Stage::ResponseComplete).await;
-        return Response::from_parts(parts, Body::from(bytes));
+        return response;
     }
     record.response(code, None);
     record.emit(Stage::ResponseComplete).await;
@@ -365,37 +395,59 @@ impl Drop for Completing {
     }
 }
 
-/// Writes the record's Panic event if the handler panics while it is held (kube-apiserver's
-/// 500 "APIServer panic'd"); [`PanicGuard::disarm`] once the handler has answered.
-pub struct PanicGuard(Option<Arc<Record>>);
+/// A begun record until its last event is written ([`Open::finish`]). Dropped before, with
+/// the request's future (its client went, the server stopped, a handler panicked), it writes
+/// the last event itself, as kube-apiserver always does: Panic (500 "APIServer panic'd"), or
+/// ResponseComplete ("Connection closed early", kube-apiserver's words for a handler that
+/// wrote nothing).
+#[derive(Debug)]
+pub struct Open(Option<Arc<Record>>);
 
-impl PanicGuard {
-    /// Guards `record`'s request (nothing without one).
-    pub fn new(record: Option<Arc<Record>>) -> Self {
-        Self(record)
+impl Open {
+    /// Holds `record` until it is finished.
+    pub fn new(record: Arc<Record>) -> Self {
+        Self(Some(record))
     }
 
-    /// The handler answered.
-    pub fn disarm(mut self) {
-        self.0 = None;
+    /// The record, for the handler ([`scope`]).
+    pub fn record(&self) -> Option<Arc<Record>> {
+        self.0.clone()
+    }
+
+    /// Writes the last events for `response` (see [`finish`]).
+    pub async fn finish(mut self, response: Response, watch: bool) -> Response {
+        match self.0.take() {
+            Some(record) => finish(&record, response, watch).await,
+            None => response,
+        }
     }
 }
 
-impl Drop for PanicGuard {
+impl Drop for Open {
     fn drop(&mut self) {
-        if let Some(record) = self.0.take()
-            && std::thread::panicking()
-        {
-            if let Ok(mut event) = record.event.lock() {
-                event.response_status = Some(ResponseStatus {
-                    status: Some("Failure".into()),
-                    message: Some("APIServer panic'd".into()),
-                    reason: Some("InternalError".into()),
-                    ..ResponseStatus::code(500)
-                });
-            }
-            record.emit_now(Stage::Panic);
+        let Some(record) = self.0.take() else {
+            return;
+        };
+        let (stage, status) = if std::thread::panicking() {
+            let status = ResponseStatus {
+                status: Some("Failure".into()),
+                message: Some("APIServer panic'd".into()),
+                reason: Some("InternalError".into()),
+                ..ResponseStatus::code(500)
+            };
+            (Stage::Panic, status)
+        } else {
+            let status = ResponseStatus {
+                status: Some("Success".into()),
+                message: Some("Connection closed early".into()),
+                ..ResponseStatus::code(200)
+            };
+            (Stage::ResponseComplete, status)
+        };
+        if let Ok(mut event) = record.event.lock() {
+            event.response_status = Some(status);
         }
+        record.emit_now(stage);
     }
 }
 
@@ -403,11 +455,16 @@ tokio::task_local! {
     static CURRENT: Arc<Record>;
 }
 
-/// Runs `work` with `record` as the request's record (for [`annotate`] and [`request_body`]).
-pub async fn scope<F: Future>(record: Option<Arc<Record>>, work: F) -> F::Output {
+/// `work` with `record` as the request's record (for [`annotate`] and [`request_body`]); as
+/// it is without one (no larger a future).
+pub fn scope<F: Future>(
+    record: Option<Arc<Record>>,
+    work: F,
+) -> futures::future::Either<tokio::task::futures::TaskLocalFuture<Arc<Record>, F>, F> {
+    use futures::future::Either;
     match record {
-        Some(record) => CURRENT.scope(record, work).await,
-        None => work.await,
+        Some(record) => Either::Left(CURRENT.scope(record, work)),
+        None => Either::Right(work),
     }
 }
 

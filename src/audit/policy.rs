@@ -106,8 +106,21 @@ pub struct Policy {
 impl Policy {
     /// Reads a policy from YAML or JSON; the error names what is wrong, as kube-apiserver's.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let file: PolicyFile =
+        let value: serde_json::Value =
             serde_saphyr::from_str(text).map_err(|e| format!("failed decoding: {e}"))?;
+        // kube-apiserver decodes strictly, then leniently with a warning: a misspelt field
+        // widens a rule, so say so.
+        let mut unknown = Vec::new();
+        let file: PolicyFile = serde_ignored::deserialize(value, |path| {
+            unknown.push(path.to_string());
+        })
+        .map_err(|e| format!("failed decoding: {e}"))?;
+        if !unknown.is_empty() {
+            tracing::warn!(
+                fields = %unknown.join(", "),
+                "Audit policy contains errors, falling back to lenient decoding: unknown fields"
+            );
+        }
         match (file.api_version.as_deref(), file.kind.as_deref()) {
             (Some("audit.k8s.io/v1"), Some("Policy")) => {}
             (version, kind) => {

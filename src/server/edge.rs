@@ -195,8 +195,9 @@ impl Edge {
             .audit
             .as_ref()
             .map(|_| audit::Auditor::id_of(request.headers()));
-        // The request's audit record, once it is begun (read again after a timeout).
-        let record = std::sync::OnceLock::<Arc<audit::Record>>::new();
+        // The request's audit record, once it is begun (finished after a timeout too; dropped
+        // unfinished with this future, it writes its last event itself).
+        let mut open = std::sync::OnceLock::<audit::Open>::new();
         let work = async {
             let checked = match auth {
                 AuthStep::Checked(checked) => checked,
@@ -209,18 +210,17 @@ impl Edge {
                 }
             };
             if let (Some(auditor), Some(id)) = (&self.audit, &audit_id)
-                && let Some(begun) = self
-                    .begin_audit(
-                        auditor,
-                        id,
-                        request.method(),
-                        request.uri(),
-                        request.headers(),
-                        &checked,
-                    )
-                    .await
+                && let Some(begun) = Box::pin(self.begin_audit(
+                    auditor,
+                    id,
+                    request.method(),
+                    request.uri(),
+                    request.headers(),
+                    &checked,
+                ))
+                .await
             {
-                let _ = record.set(begun);
+                let _ = open.set(audit::Open::new(begun));
             }
             match checked {
                 Ok(user) => {
@@ -237,11 +237,8 @@ impl Edge {
                             {
                                 request.extensions_mut().insert(user.clone());
                             }
-                            let panicked = audit::PanicGuard::new(record.get().cloned());
-                            let response =
-                                audit::scope(record.get().cloned(), route.call(request)).await;
-                            panicked.disarm();
-                            response
+                            let record = open.get().and_then(audit::Open::record);
+                            audit::scope(record, route.call(request)).await
                         }
                         None => match tower::Service::call(&mut self.router.clone(), request).await
                         {
@@ -280,8 +277,8 @@ impl Edge {
                 ),
             }
         };
-        let mut response = match record.get() {
-            Some(record) => audit::finish(record, response, log.verb == "watch").await,
+        let mut response = match open.take() {
+            Some(open) => open.finish(response, log.verb == "watch").await,
             None => response,
         };
         if let Some(value) = audit_id.as_deref().and_then(audit::id_header) {
@@ -307,10 +304,14 @@ impl Edge {
         let info = RequestInfo::parse(method, uri.path(), uri.query());
         let parts = (uri, headers);
         let user = match checked {
-            Err((error @ Error::Unauthorized(_), None)) => {
-                auditor
-                    .unauthenticated(id, &info, parts, &error.to_string())
-                    .await;
+            Err((Error::Unauthorized(_), None)) => {
+                // kube-apiserver's words for the audit log.
+                let message = if headers.contains_key(axum::http::header::AUTHORIZATION) {
+                    "Authentication failed, attempted: bearer"
+                } else {
+                    "Authentication failed, no credentials provided"
+                };
+                auditor.unauthenticated(id, &info, parts, message).await;
                 return None;
             }
             Ok(user) | Err((_, user)) => user.as_deref(),

@@ -22,12 +22,15 @@ rules:
   nonResourceURLs: ["/version"]
 - level: RequestResponse
   verbs: ["create"]
+  omitManagedFields: true
+- level: Request
+  verbs: ["patch"]
 - level: Metadata
 "#;
 
 /// An auditor of `policy` writing to `path`.
 fn auditor(policy: &str, path: &Path) -> Arc<Auditor> {
-    let sender = log::start(
+    let sink = log::start(
         log::LogOptions {
             path: path.to_owned(),
             max_age_days: 0,
@@ -37,7 +40,7 @@ fn auditor(policy: &str, path: &Path) -> Arc<Auditor> {
         100,
     )
     .unwrap();
-    Auditor::new(Policy::parse(policy).unwrap(), sender, Mode::Blocking)
+    Auditor::new(Policy::parse(policy).unwrap(), sink, Mode::Blocking)
 }
 
 /// The events written so far for `id` (waiting up to 5 s for `count` of them).
@@ -45,7 +48,9 @@ async fn events(path: &Path, id: &str, count: usize) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
-        let found: Vec<Value> = text
+        // Complete lines only (the writer may be in the middle of one).
+        let complete = &text[..text.rfind('\n').map_or(0, |end| end + 1)];
+        let found: Vec<Value> = complete
             .lines()
             .map(|line| serde_json::from_str::<Value>(line).expect("one JSON event per line"))
             .filter(|event| event["auditID"] == id)
@@ -91,7 +96,7 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
             &[
                 ("content-type", "application/json"),
                 ("audit-id", id),
-                ("user-agent", "kubectl/v1.36.0"),
+                ("user-agent", "kubectl/v1.36.0 <&>"),
                 ("x-forwarded-for", "10.0.0.7"),
             ],
             Some(body.to_string().into_bytes()),
@@ -109,7 +114,7 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
         assert_eq!(event["verb"], "create");
         assert_eq!(event["requestURI"], LLAMAS);
         assert_eq!(event["user"]["username"], "farm-dev-admin");
-        assert_eq!(event["userAgent"], "kubectl/v1.36.0");
+        assert_eq!(event["userAgent"], "kubectl/v1.36.0 <&>");
         assert_eq!(event["sourceIPs"], json!(["10.0.0.7"]));
         let reference = &event["objectRef"];
         assert_eq!(reference["resource"], "llamas");
@@ -133,6 +138,13 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
     assert_eq!(complete["requestObject"]["metadata"]["name"], "audited");
     assert_eq!(complete["responseObject"]["metadata"]["name"], "audited");
     assert!(complete["responseObject"]["metadata"]["uid"].is_string());
+    // omitManagedFields: the stored object has them, the event does not.
+    assert!(created.json()["metadata"]["managedFields"].is_array());
+    assert!(
+        complete["responseObject"]["metadata"]
+            .get("managedFields")
+            .is_none()
+    );
     assert_eq!(
         complete["annotations"]["authorization.k8s.io/decision"],
         "allow"
@@ -142,6 +154,28 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
         complete["requestReceivedTimestamp"],
         received["requestReceivedTimestamp"]
     );
+
+    // Request level: the patch as sent, no response object.
+    let patched = admin
+        .send(
+            "PATCH",
+            &format!("{LLAMAS}/audited"),
+            &[
+                ("content-type", "application/merge-patch+json"),
+                ("audit-id", "patch-1"),
+            ],
+            Some(br#"{"spec":{"weight":11.0}}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(patched.status, 200);
+    let written = events(&path, "patch-1", 2).await;
+    assert_eq!(written[1]["level"], "Request");
+    assert_eq!(
+        written[1]["requestObject"],
+        json!({"spec": {"weight": 11.0}})
+    );
+    assert!(written[1].get("responseObject").is_none());
+    assert_eq!(written[1]["responseStatus"]["code"], 200);
 
     // A read: Metadata, a fresh ID, no objects.
     let read = admin.get(&format!("{LLAMAS}/audited"), &[]).await;
@@ -208,6 +242,10 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
     assert_eq!(stages(&written), ["ResponseStarted"]);
     assert_eq!(written[0]["user"], json!({}));
     assert_eq!(written[0]["responseStatus"]["code"], 401);
+    assert_eq!(
+        written[0]["responseStatus"]["message"],
+        "Authentication failed, no credentials provided"
+    );
 
     // The policy's None: nothing for /version, in a log where everything above is.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -216,6 +254,7 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.ends_with('\n'));
     assert!(!text.contains('<') && !text.contains('>') && !text.contains('&'));
+    assert!(text.contains(r#""userAgent":"kubectl/v1.36.0 \u003c\u0026\u003e""#));
     // kube-apiserver's field order, down to the Status's empty metadata.
     assert!(
         text.contains(r#""responseStatus":{"metadata":{},"code":201}"#),
@@ -227,13 +266,13 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
 /// `apiserver_audit_error_total` while every request is answered at once.
 #[tokio::test]
 async fn a_full_buffer_drops_events_and_never_holds_a_request() {
-    let (sender, _undrained) = tokio::sync::mpsc::channel(2);
+    let (sink, _undrained) = log::Sink::channel(2);
     let auditor = Auditor::new(
         Policy::parse(
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules: [{level: RequestResponse}]",
         )
         .unwrap(),
-        sender,
+        sink,
         Mode::Batch,
     );
     let server = TestServer::start_with(Options {
@@ -275,6 +314,14 @@ async fn admission_annotations_are_audited() {
     webhook.answer(|_| json!({"allowed": true, "auditAnnotations": {"checked-by": "tests"}}));
     let fake = FakeKube::start().await;
     fake.add(common::fake_kube::namespace("default", false));
+    // alice may, with RBAC's kind of reason; bob may not.
+    fake.set_policy(|spec| match spec["user"].as_str() {
+        Some("alice") => (
+            true,
+            "RBAC: allowed by ClusterRoleBinding \"farmers\"".into(),
+        ),
+        _ => (false, "no RBAC policy matched".into()),
+    });
     fake.add(crate::admission::validating(
         "audited",
         json!({"clientConfig": webhook.client_config("/validate")}),
@@ -311,8 +358,11 @@ async fn admission_annotations_are_audited() {
     .await;
     let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
         "metadata": {"name": "heavy"}, "spec": {"weight": 500.0, "height": 1.0}});
-    let created = server
-        .raw(Some(server.admin_identity()), Alpn::Http1)
+    let alice = server.raw(
+        Some(server.dev_ca().issue_client("alice", &["farmers"]).unwrap()),
+        Alpn::Http2,
+    );
+    let created = alice
         .send(
             "POST",
             LLAMAS,
@@ -347,5 +397,58 @@ async fn admission_annotations_are_audited() {
         failure,
         json!([{"message": "too heavy", "policy": "weights", "binding": "audit-weights",
                 "expressionIndex": 1, "validationActions": ["Audit", "Warn"]}])
+    );
+    // Authorization's decision and the review's reason.
+    assert_eq!(annotations["authorization.k8s.io/decision"], "allow");
+    assert_eq!(
+        annotations["authorization.k8s.io/reason"],
+        "RBAC: allowed by ClusterRoleBinding \"farmers\""
+    );
+    let bob = server.raw(
+        Some(server.dev_ca().issue_client("bob", &["others"]).unwrap()),
+        Alpn::Http1,
+    );
+    let refused = bob
+        .get(&format!("{LLAMAS}/heavy"), &[("audit-id", "bob-1")])
+        .await;
+    assert_eq!(refused.status, 403);
+    let written = events(&path, "bob-1", 2).await;
+    assert_eq!(
+        written[1]["annotations"]["authorization.k8s.io/decision"],
+        "forbid"
+    );
+    assert_eq!(
+        written[1]["annotations"]["authorization.k8s.io/reason"],
+        "no RBAC policy matched"
+    );
+    assert_eq!(written[1]["responseStatus"]["reason"], "Forbidden");
+
+    // A client that gives up while its write waits for a webhook (an HTTP/2 stream reset):
+    // the request still ends in the log, as kube-apiserver's always do.
+    webhook.set_delay(Duration::from_secs(2));
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(400),
+        alice.send(
+            "POST",
+            LLAMAS,
+            &[
+                ("content-type", "application/json"),
+                ("audit-id", "gave-up-1"),
+            ],
+            Some(
+                json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                    "metadata": {"name": "impatient"}, "spec": {"weight": 1.0, "height": 1.0}})
+                .to_string()
+                .into_bytes(),
+            ),
+        ),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the webhook holds the write");
+    let written = events(&path, "gave-up-1", 2).await;
+    assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
+    assert_eq!(
+        written[1]["responseStatus"]["message"],
+        "Connection closed early"
     );
 }

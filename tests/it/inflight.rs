@@ -156,6 +156,8 @@ async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not(
     let refused = alice.get(&format!("{LLAMAS}/dolly"), &[]).await;
     assert_eq!(refused.status, 429);
     assert_eq!(refused.header("retry-after"), Some("1"));
+    // No audit policy: no audit ID is made or answered (nothing of the audit log runs).
+    assert!(refused.header("audit-id").is_none());
     let status = refused.json();
     assert_eq!(status["reason"], "TooManyRequests");
     assert_eq!(
