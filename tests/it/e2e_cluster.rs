@@ -267,7 +267,20 @@ async fn through_kube_apiserver() {
         ),
         _ => None,
     };
+    // An audit log of every request (its policy file beside it).
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit_policy = audit_dir.path().join("policy.yaml");
+    let audit_log = audit_dir.path().join("audit.log");
+    std::fs::write(
+        &audit_policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+    )
+    .unwrap();
     let mut args: Vec<std::ffi::OsString> = vec![
+        "--audit-policy-file".into(),
+        audit_policy.clone().into(),
+        "--audit-log-path".into(),
+        audit_log.clone().into(),
         "--tls-cert-file".into(),
         certs.join("tls.crt").into(),
         "--tls-private-key-file".into(),
@@ -336,6 +349,7 @@ async fn through_kube_apiserver() {
         Nodes::Real
     };
     suite(&cluster, ns, &step, nodes).await;
+    audit_ids_join(&cluster, ns, &step, &audit_log).await;
     // The webhooks listen on this host's loopback, which this server (on this host) reaches.
     webhooks_configured_with_kubectl(&cluster, ns, &step).await;
     policies_configured_with_kubectl(&cluster, ns, &step).await;
@@ -349,6 +363,67 @@ async fn through_kube_apiserver() {
     assert!(out.is_empty(), "APIService removed: {out}");
     drop(server);
     step("done");
+}
+
+/// One `kubectl create` through kube-apiserver: the `Audit-Id` kube-apiserver answers (its own
+/// audit ID, which its aggregator sends on) is the ID of this server's events for that write,
+/// with the user kube-apiserver authenticated, the verb, the Llama and the 201.
+async fn audit_ids_join(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), log: &std::path::Path) {
+    step("audit: kube-apiserver's audit ID is this server's");
+    let whoami = cluster.ok(
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
+        None,
+    );
+    let llama = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "audited", "namespace": ns}, "spec": {"weight": 2.0, "height": 1.0}});
+    // -v=8: kubectl prints each response's headers.
+    let (ok, _, err) = cluster.run(&["create", "-f", "-", "-v=8"], Some(&llama.to_string()));
+    assert!(ok, "{err}");
+    let ids: Vec<String> = err
+        .lines()
+        .filter_map(|line| line.split("Audit-Id: ").nth(1))
+        .map(|id| id.trim().to_owned())
+        .collect();
+    assert!(!ids.is_empty(), "kube-apiserver answers Audit-Id: {err}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let event = loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|e| {
+                e["verb"] == "create"
+                    && e["objectRef"]["name"] == "audited"
+                    && e["stage"] == "ResponseComplete"
+            });
+        if let Some(event) = found {
+            break event;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no event for the create in {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let id = event["auditID"].as_str().unwrap().to_owned();
+    assert!(
+        ids.contains(&id),
+        "the event's auditID {id} is one kube-apiserver answered: {ids:?}"
+    );
+    assert_eq!(event["user"]["username"].as_str(), Some(whoami.trim()));
+    assert_eq!(event["objectRef"]["namespace"], ns);
+    assert_eq!(event["objectRef"]["resource"], "llamas");
+    assert_eq!(event["responseStatus"]["code"], 201);
+    assert_eq!(
+        event["annotations"]["authorization.k8s.io/decision"],
+        "allow"
+    );
+    cluster.ok(&["delete", "llama", "audited", "-n", ns], None);
 }
 
 /// Whether the cluster runs Pods: FarmPods then show them Running, on their node.
