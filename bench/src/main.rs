@@ -84,7 +84,7 @@ struct RunArgs {
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     output: PathBuf,
-    /// Only these scenarios (1-14); default all.
+    /// Only these scenarios (1-15); default all.
     #[arg(long, value_delimiter = ',')]
     only: Vec<u32>,
     /// The closed-loop load generator: `raw` (wrk-like: one single-threaded runtime per thread,
@@ -1010,6 +1010,58 @@ async fn run(args: RunArgs) -> Result<()> {
             );
         }
     }
+    if wants(&args, 15) {
+        println!(
+            "15. GET one Llama with an audit log at Metadata level (one event a request to a file), 64 keep-alive connections"
+        );
+        let dir = tempfile::tempdir()?;
+        let policy = dir.path().join("policy.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )?;
+        let log = dir.path().join("audit.log");
+        let (audited, _) = start_server(
+            &args,
+            &pki,
+            &[
+                "--audit-policy-file",
+                &policy.display().to_string(),
+                "--audit-log-path",
+                &log.display().to_string(),
+            ],
+        )
+        .await?;
+        let audited_t = target(&pki, audited.addr)?;
+        for &proto in &args.protocols {
+            let cmp = compare(
+                &args,
+                &mut report,
+                "15-audited-get",
+                &format!("audited GET llama {}", proto.name()),
+                (&audited_t, audited.pid()),
+                c,
+                proto,
+                64,
+                "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly",
+                &[("accept", "application/json")],
+            )
+            .await?;
+            report.metric(
+                "15-audited-get",
+                &format!("{} rps ratio", proto.name()),
+                cmp.rps_ratio,
+                "×ceiling",
+                "≥ 0.85",
+                Some(cmp.rps_ratio >= 0.85),
+            );
+        }
+        let written = std::fs::read_to_string(&log)
+            .map(|text| text.lines().count())
+            .unwrap_or(0);
+        println!("  audit events written: {written}");
+    }
+
     drop(server);
     drop(ceiling);
 

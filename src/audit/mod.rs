@@ -81,6 +81,17 @@ impl Auditor {
             .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
     }
 
+    /// Whether the policy writes anything of a request whose authentication went as far as
+    /// `step` (true when that is not known yet: the request is then judged later).
+    pub fn writes(&self, step: &crate::auth::AuthStep, info: &RequestInfo<'_>) -> bool {
+        use crate::auth::AuthStep;
+        let user = match step {
+            AuthStep::Checked(Ok(user)) | AuthStep::Checked(Err((_, user))) => user.as_deref(),
+            _ => return true,
+        };
+        self.policy.evaluate(user, info).level > Level::None
+    }
+
     /// The record of a request by `user` (None when authentication failed), or None when the
     /// policy writes nothing of it. Its RequestReceived event is written here.
     pub async fn begin(

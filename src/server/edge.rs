@@ -151,8 +151,9 @@ impl Edge {
             self.auth
                 .check_sync(peer, request.headers_mut(), &info, started)
         };
-        // An audited or traced request writes its events or spans on the way.
-        if self.audit.is_some() || trace.is_some() {
+        // A traced request, or one the audit policy writes, has its spans or events written
+        // on the way; one the policy leaves out is answered here like any other.
+        if trace.is_some() || self.audit.as_ref().is_some_and(|a| a.writes(&step, &info)) {
             return Err(pending(step, target, trace));
         }
         let (response, user) = match step {
@@ -178,6 +179,12 @@ impl Edge {
             AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
             step => return Err(pending(step, target, None)),
         };
+        let mut response = response;
+        if self.audit.is_some()
+            && let Some(id) = audit::id_header(&audit::Auditor::id_of(request.headers()))
+        {
+            response.headers_mut().insert(audit::AUDIT_ID, id);
+        }
         Ok(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
     }
 
