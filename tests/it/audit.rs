@@ -326,6 +326,17 @@ async fn admission_annotations_are_audited() {
         "audited",
         json!({"clientConfig": webhook.client_config("/validate")}),
     ));
+    // A mutating webhook that labels what it sees.
+    let labeller = crate::admission::Webhook::start().await;
+    labeller.answer(|_| {
+        crate::admission::patch(json!([
+            {"op": "add", "path": "/metadata/labels", "value": {"seen": "yes"}}
+        ]))
+    });
+    fake.add(crate::admission::mutating(
+        "labeller",
+        json!({"clientConfig": labeller.client_config("/mutate")}),
+    ));
     fake.add(json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": "weights"},
@@ -385,6 +396,29 @@ async fn admission_annotations_are_audited() {
     assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
     let annotations = &written[1]["annotations"];
     assert_eq!(annotations["audited.farm.example.com/checked-by"], "tests");
+    // The mutating webhook: called and mutated (Metadata), and its patch (Request and above).
+    let mutation: Value = serde_json::from_str(
+        annotations["mutation.webhook.admission.k8s.io/round_0_index_0"]
+            .as_str()
+            .expect("the mutation annotation"),
+    )
+    .unwrap();
+    assert_eq!(
+        mutation,
+        json!({"configuration": "labeller", "webhook": "labeller.farm.example.com", "mutated": true})
+    );
+    let patch: Value = serde_json::from_str(
+        annotations["patch.webhook.admission.k8s.io/round_0_index_0"]
+            .as_str()
+            .expect("the patch annotation"),
+    )
+    .unwrap();
+    assert_eq!(patch["patchType"], "JSONPatch");
+    assert_eq!(patch["patch"][0]["path"], "/metadata/labels");
+    assert_eq!(
+        written[1]["responseObject"]["metadata"]["labels"]["seen"],
+        "yes"
+    );
     assert_eq!(annotations["weights/weight"], "500");
     assert!(annotations.get("weights/skipped").is_none());
     let failure: Value = serde_json::from_str(

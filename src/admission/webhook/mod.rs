@@ -65,6 +65,8 @@ struct Hook {
     match_conditions: Vec<MatchCondition>,
     /// `reinvocationPolicy: IfNeeded`.
     reinvoke: bool,
+    /// The configuration it is listed in (for the audit log's annotations).
+    configuration: String,
 }
 
 impl Hook {
@@ -94,6 +96,7 @@ impl Hook {
             review_versions: review_versions.to_vec(),
             match_conditions: match_conditions.clone().unwrap_or_default(),
             reinvoke: false,
+            configuration: String::new(),
         }
     }
 }
@@ -247,9 +250,10 @@ impl Webhooks {
         configurations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         configurations
             .iter()
-            .flat_map(|c| c.webhooks.iter().flatten())
-            .map(|w| Hook {
+            .flat_map(|c| c.webhooks.iter().flatten().map(move |w| (c, w)))
+            .map(|(c, w)| Hook {
                 reinvoke: w.reinvocation_policy.as_deref() == Some("IfNeeded"),
+                configuration: c.metadata.name.clone().unwrap_or_default(),
                 ..Hook::new(
                     &w.name,
                     &w.client_config,
@@ -478,7 +482,15 @@ impl Webhooks {
         let mut reinvoke: Vec<usize> = Vec::new();
         for (index, hook) in hooks.iter().enumerate() {
             let (called, changed) = self
-                .mutate_once(hook, attributes, object, old, apply, &mut warnings)
+                .mutate_once(
+                    hook,
+                    (0, index),
+                    attributes,
+                    object,
+                    old,
+                    apply,
+                    &mut warnings,
+                )
                 .await?;
             if changed {
                 for earlier in &ran_reinvocable {
@@ -494,17 +506,28 @@ impl Webhooks {
         }
         reinvoke.sort_unstable();
         for index in reinvoke {
-            self.mutate_once(&hooks[index], attributes, object, old, apply, &mut warnings)
-                .await?;
+            let hook = &hooks[index];
+            self.mutate_once(
+                hook,
+                (1, index),
+                attributes,
+                object,
+                old,
+                apply,
+                &mut warnings,
+            )
+            .await?;
         }
         Ok(warnings)
     }
 
     /// One mutating webhook on `object`, if it should be called: whether it was called (its
     /// failure ignored counts), and whether it changed the object.
+    #[allow(clippy::too_many_arguments)]
     async fn mutate_once(
         &self,
         hook: &Hook,
+        round_and_index: (usize, usize),
         attributes: &Attributes<'_>,
         object: &mut Value,
         old: Option<&Value>,
@@ -520,11 +543,49 @@ impl Webhooks {
         };
         warnings.extend(answer.warnings.iter().cloned());
         audit_annotations(&hook.name, &answer);
+        let changed = self.apply_answer(
+            hook,
+            attributes,
+            object,
+            apply,
+            answer,
+            warnings,
+            round_and_index,
+        );
+        // kube-apiserver's note of every mutating webhook called, and whether it mutated.
+        let (round, index) = round_and_index;
+        crate::audit::annotate(
+            crate::audit::Level::Metadata,
+            &format!("mutation.webhook.admission.k8s.io/round_{round}_index_{index}"),
+            || {
+                serde_json::json!({
+                    "configuration": hook.configuration,
+                    "webhook": hook.name,
+                    "mutated": matches!(changed, Ok(true)),
+                })
+                .to_string()
+            },
+        );
+        Ok((true, changed?))
+    }
+
+    /// A mutating webhook's answer on `object`: whether it changed it.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_answer(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        apply: &Patcher,
+        answer: call::Answer,
+        warnings: &[String],
+        (round, index): (usize, usize),
+    ) -> Result<bool> {
         if !answer.allowed {
             return Err(denied(&hook.name, answer.status, warnings));
         }
         let Some(patch) = answer.patch.filter(|p| !p.0.is_empty()) else {
-            return Ok((true, false));
+            return Ok(false);
         };
         if attributes.operation == Operation::Delete {
             return Err(Error::Internal(format!(
@@ -532,6 +593,20 @@ impl Webhooks {
                 hook.name
             )));
         }
+        // The patch itself, at Request level and above (kube-apiserver's).
+        crate::audit::annotate(
+            crate::audit::Level::Request,
+            &format!("patch.webhook.admission.k8s.io/round_{round}_index_{index}"),
+            || {
+                serde_json::json!({
+                    "configuration": hook.configuration,
+                    "webhook": hook.name,
+                    "patch": patch,
+                    "patchType": "JSONPatch",
+                })
+                .to_string()
+            },
+        );
         let mut patched = object.clone();
         apply(&mut patched, &patch).map_err(|e| {
             Error::Internal(format!(
@@ -541,7 +616,7 @@ impl Webhooks {
         })?;
         let changed = patched != *object;
         *object = patched;
-        Ok((true, changed))
+        Ok(changed)
     }
 
     /// The validating webhooks that match, called in parallel; the first refusal (in their
