@@ -30,6 +30,9 @@ pub struct LogOptions {
 /// The time format of a rotated file's name (Go's `2006-01-02T15-04-05.000`, UTC).
 const BACKUP_TIME: &str = "%Y-%m-%dT%H-%M-%S%.3f";
 
+/// How long the writer lets events gather between writes.
+const BATCH_WAIT: Duration = Duration::from_millis(10);
+
 /// What the buffer may hold in all, whatever the count of events: an event can carry a 3 MiB
 /// request and its response.
 pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
@@ -124,8 +127,14 @@ pub fn start(options: LogOptions, buffer: usize) -> std::io::Result<Sink> {
                     take(message);
                 }
                 out.flush();
+                let waited = !flushed.is_empty();
                 for done in flushed {
                     let _ = done.send(());
+                }
+                // Events gather for a moment before the next write: waking this thread for
+                // each one costs a request more than writing it does.
+                if !waited {
+                    std::thread::sleep(BATCH_WAIT);
                 }
             }
         })?;
