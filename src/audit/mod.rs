@@ -535,7 +535,7 @@ fn omit_managed_fields(object: &mut Value) {
 
 /// Go's encoder escapes `<`, `>` and `&` in strings; they appear nowhere else in JSON.
 fn escape_html(line: &mut Vec<u8>) {
-    if !line.iter().any(|b| matches!(b, b'<' | b'>' | b'&')) {
+    if memchr::memchr3(b'<', b'>', b'&', line).is_none() {
         return;
     }
     let mut out = Vec::with_capacity(line.len() + 16);
@@ -550,9 +550,31 @@ fn escape_html(line: &mut Vec<u8>) {
     *line = out;
 }
 
-/// `metav1.MicroTime` as JSON writes it: UTC, microseconds.
+/// `metav1.MicroTime` as JSON writes it: UTC, microseconds (`2006-01-02T15:04:05.000000Z`).
+/// Written digit by digit: `strftime` cost more than the rest of an event's metadata.
 fn micro_time(at: jiff::Timestamp) -> String {
-    at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    let time = jiff::tz::TimeZone::UTC.to_datetime(at);
+    let mut out = String::with_capacity(27);
+    let parts = [
+        (i64::from(time.year()), 4, '-'),
+        (time.month().into(), 2, '-'),
+        (time.day().into(), 2, 'T'),
+        (time.hour().into(), 2, ':'),
+        (time.minute().into(), 2, ':'),
+        (time.second().into(), 2, '.'),
+        ((time.subsec_nanosecond() / 1000).into(), 6, 'Z'),
+    ];
+    for (value, width, after) in parts {
+        let mut buffer = [b'0'; 6];
+        let mut rest = i64::unsigned_abs(value);
+        for slot in buffer[..width].iter_mut().rev() {
+            *slot = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        out.extend(buffer[..width].iter().map(|&b| char::from(b)));
+        out.push(after);
+    }
+    out
 }
 
 /// The client's addresses as k8s.io/apiserver reads them: `X-Forwarded-For`, then
@@ -739,4 +761,38 @@ struct ObjectRef {
     api_version: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     subresource: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micro_times_are_go_micro_times() {
+        for (text, expected) in [
+            (
+                "2026-11-26T14:05:09.123456789Z",
+                "2026-11-26T14:05:09.123456Z",
+            ),
+            ("0999-01-02T03:04:05Z", "0999-01-02T03:04:05.000000Z"),
+            ("2024-02-29T23:59:59.000001Z", "2024-02-29T23:59:59.000001Z"),
+        ] {
+            let at: jiff::Timestamp = text.parse().unwrap();
+            assert_eq!(micro_time(at), expected);
+            assert_eq!(
+                micro_time(at),
+                at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+            );
+        }
+    }
+
+    #[test]
+    fn html_is_escaped_as_go_escapes_it() {
+        let mut line = br#"{"a":"<b> & c"}"#.to_vec();
+        escape_html(&mut line);
+        assert_eq!(line, br#"{"a":"\u003cb\u003e \u0026 c"}"#.to_vec());
+        let mut plain = br#"{"a":"b"}"#.to_vec();
+        escape_html(&mut plain);
+        assert_eq!(plain, br#"{"a":"b"}"#.to_vec());
+    }
 }
