@@ -248,6 +248,9 @@ impl Record {
             if reference.namespace.is_empty() {
                 reference.namespace = field("namespace");
             }
+            // An update's body names the version it replaces, as kube-apiserver logs it.
+            reference.uid = field("uid");
+            reference.resource_version = field("resourceVersion");
         }
         if self.config.level >= Level::Request {
             if self.config.omit_managed_fields {
@@ -680,8 +683,10 @@ impl Event {
                 resource: info.resource.to_owned(),
                 namespace: info.namespace.to_owned(),
                 name: info.name.to_owned(),
+                uid: String::new(),
                 api_group: info.api_group.to_owned(),
                 api_version: info.api_version.to_owned(),
+                resource_version: String::new(),
                 subresource: info.subresource.to_owned(),
             }),
             response_status: None,
@@ -756,9 +761,13 @@ struct ObjectRef {
     #[serde(skip_serializing_if = "String::is_empty")]
     name: String,
     #[serde(skip_serializing_if = "String::is_empty")]
+    uid: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     api_group: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     api_version: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    resource_version: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     subresource: String,
 }

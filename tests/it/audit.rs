@@ -177,6 +177,26 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
     assert!(written[1].get("responseObject").is_none());
     assert_eq!(written[1]["responseStatus"]["code"], 200);
 
+    // An update: its body's uid and resourceVersion in objectRef, as kube-apiserver logs them.
+    let mut current = admin.get(&format!("{LLAMAS}/audited"), &[]).await.json();
+    current["spec"]["height"] = json!(2.0);
+    let replaced = admin
+        .send(
+            "PUT",
+            &format!("{LLAMAS}/audited"),
+            &[("content-type", "application/json"), ("audit-id", "put-1")],
+            Some(current.to_string().into_bytes()),
+        )
+        .await;
+    assert_eq!(replaced.status, 200);
+    let written = events(&path, "put-1", 2).await;
+    assert_eq!(written[1]["verb"], "update");
+    assert_eq!(
+        written[1]["objectRef"]["resourceVersion"],
+        current["metadata"]["resourceVersion"]
+    );
+    assert_eq!(written[1]["objectRef"]["uid"], current["metadata"]["uid"]);
+
     // A read: Metadata, a fresh ID, no objects.
     let read = admin.get(&format!("{LLAMAS}/audited"), &[]).await;
     assert_eq!(read.status, 200);
