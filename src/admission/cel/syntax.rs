@@ -198,3 +198,24 @@ pub(super) fn bracket_depth(source: &str) -> usize {
     }
     deepest
 }
+
+/// The fields selected on the identifier `name` (`variables.a` → `a`); None when `name` is
+/// also used otherwise (indexed, passed whole), so any of its fields may be read.
+pub(super) fn fields_of(root: &IdedExpr, name: &str) -> Option<Vec<String>> {
+    let is_name = |e: &IdedExpr| matches!(&e.expr, Expr::Ident(n) if n == name);
+    let all = nodes(root);
+    let mut fields: Vec<String> = Vec::new();
+    let mut selected = 0;
+    for node in &all {
+        if let Expr::Select(select) = &node.expr
+            && is_name(&select.operand)
+        {
+            selected += 1;
+            if !fields.contains(&select.field) {
+                fields.push(select.field.clone());
+            }
+        }
+    }
+    let used = all.iter().filter(|n| is_name(n)).count();
+    (used == selected).then_some(fields)
+}

@@ -337,12 +337,15 @@ impl Common {
             .collect()
     }
 
-    /// In `scope`: whether every matchCondition holds (when `conditions`), then `variables`,
-    /// each seeing those before it. The error is the policy's failure.
+    /// In `scope`: whether every matchCondition holds (when `conditions`), then the
+    /// `variables` that `users` read (directly or through other variables), each seeing those
+    /// before it. As kube-apiserver's are lazy, a variable nobody reads is not evaluated (its
+    /// error is nobody's). The error is the policy's failure.
     pub(crate) fn prepare(
         &self,
         scope: &mut cel::Scope<'_>,
         conditions: bool,
+        users: &[Arc<cel::Expression>],
     ) -> std::result::Result<bool, String> {
         if conditions {
             for (name, condition) in &self.conditions {
@@ -357,9 +360,19 @@ impl Common {
                 }
             }
         }
-        if self.variables.is_empty() {
+        if self.variables.is_empty() || !users.iter().any(|u| u.names("variables")) {
             // Nothing to name: `variables.x` is an error either way.
             return Ok(true);
+        }
+        // A variable reads only those before it: walked from the last, what is read is known.
+        let mut needed = vec![false; self.variables.len()];
+        for index in (0..self.variables.len()).rev() {
+            let name = &self.variables[index].0;
+            needed[index] = users.iter().any(|u| u.reads_variable(name))
+                || self.variables[index + 1..]
+                    .iter()
+                    .zip(&needed[index + 1..])
+                    .any(|((_, later), needed)| *needed && later.reads_variable(name));
         }
         // Each variable as CEL made it (a quantity stays a quantity), seen by those after it.
         let mut composed = std::collections::HashMap::new();
@@ -369,7 +382,7 @@ impl Common {
             })
         };
         scope.set("variables", as_map(&composed));
-        for (name, variable) in &self.variables {
+        for ((name, variable), _) in self.variables.iter().zip(&needed).filter(|(_, n)| **n) {
             let value = scope.evaluate(variable)?;
             if !cel::within_variable_bound(&value) {
                 return Err(format!(
@@ -380,5 +393,64 @@ impl Common {
             scope.set("variables", as_map(&composed));
         }
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn variable(name: &str, expression: &str) -> Variable {
+        Variable {
+            name: name.into(),
+            expression: expression.into(),
+        }
+    }
+
+    /// kube-apiserver's variables are lazy: one nobody reads is not evaluated, so its error
+    /// (or its cost) is nobody's; one read through another is.
+    #[tokio::test]
+    async fn only_the_variables_read_are_evaluated() {
+        let variables = vec![
+            variable("broken", "object.nothing.here"),
+            variable("name", "object.metadata.name"),
+            variable("upper", "variables.name.upperAscii()"),
+            variable("costly", "object.items.map(x, object.items).size()"),
+        ];
+        let common = Common::compile(None, Some(&variables)).await.unwrap();
+        let object =
+            json!({"metadata": {"name": "dolly"}, "items": (0..20_000).collect::<Vec<_>>()});
+        let run = |source: &'static str| {
+            let common = common.clone();
+            let object = object.clone();
+            async move {
+                let user = compile(source).await.unwrap();
+                let mut expressions = common.expressions();
+                expressions.push(user.clone());
+                let inputs = vec![cel::Input {
+                    name: "object",
+                    value: object,
+                    numbers: None,
+                    native: None,
+                }];
+                cel::within(&expressions, inputs, move |scope| {
+                    common.prepare(scope, false, std::slice::from_ref(&user))?;
+                    scope.run(&user)
+                })
+                .await
+                .and_then(|r| r)
+            }
+        };
+        assert_eq!(run("variables.upper == 'DOLLY'").await, Ok(json!(true)));
+        assert_eq!(
+            run("object.metadata.name == 'dolly'").await,
+            Ok(json!(true))
+        );
+        let broken = run("variables.broken == 1").await.unwrap_err();
+        assert!(broken.contains("object.nothing.here"), "{broken}");
+        let costly = run("variables.costly > 0").await.unwrap_err();
+        assert!(costly.contains("actual cost limit exceeded"), "{costly}");
+        // Read as a whole, every variable is evaluated.
+        assert!(run("size(variables) > 0").await.is_err());
     }
 }

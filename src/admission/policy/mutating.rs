@@ -249,7 +249,7 @@ impl MutatingPolicies {
             .await;
         let conditions = common.clone();
         match cel::within(&expressions, made, move |scope| {
-            conditions.prepare(scope, true)
+            conditions.prepare(scope, true, &[])
         })
         .await
         .and_then(|holds| holds)
@@ -279,7 +279,7 @@ impl MutatingPolicies {
                 .await;
             let common = common.clone();
             let evaluated = cel::within(&expressions, inputs, move |scope| {
-                common.prepare(scope, false)?;
+                common.prepare(scope, false, std::slice::from_ref(&expression))?;
                 scope.run(&expression)
             })
             .await

@@ -50,7 +50,11 @@ struct Compiled {
     checks: Vec<Check>,
     /// `auditAnnotations`: each key and its value's expression.
     audit_annotations: Vec<(String, Arc<cel::Expression>)>,
+    /// Every expression, the common ones first.
     expressions: Vec<Arc<cel::Expression>>,
+    /// Where the policy's own expressions (those that may read its variables) start in
+    /// `expressions`.
+    own: usize,
 }
 
 impl Compiled {
@@ -80,6 +84,7 @@ impl Compiled {
             ));
         }
         let mut expressions = common.expressions();
+        let own = expressions.len();
         for check in &checks {
             expressions.push(check.expression.clone());
             expressions.extend(check.message_expression.clone());
@@ -90,6 +95,7 @@ impl Compiled {
             checks,
             audit_annotations,
             expressions,
+            own,
         })
     }
 }
@@ -402,7 +408,10 @@ async fn evaluate(
     let policy = compiled.clone();
     cel::within(&compiled.expressions, inputs, move |scope| {
         let mut violations = Vec::new();
-        if !policy.common.prepare(scope, true)? {
+        if !policy
+            .common
+            .prepare(scope, true, &policy.expressions[policy.own..])?
+        {
             return Ok(Evaluation::default());
         }
         for (index, check) in policy.checks.iter().enumerate() {
