@@ -10,6 +10,7 @@
 
 pub mod cel;
 pub mod policy;
+pub mod reinvocation;
 pub mod webhook;
 
 use std::{borrow::Cow, sync::Arc};

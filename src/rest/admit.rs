@@ -14,7 +14,9 @@ use super::{
     strategy::{Part, decode_object},
 };
 use crate::{
-    admission::{Attributes, Operation, cel::Numbers, policy::mutating::Appliers},
+    admission::{
+        Attributes, Operation, cel::Numbers, policy::mutating::Appliers, reinvocation::Passes,
+    },
     auth::UserInfo,
     error::{Error, Result},
     resource::{ResourceInfo, ServedResource},
@@ -148,33 +150,34 @@ async fn mutate_untraced<K: ServedResource>(
         json_patch: &apply_webhook_patch,
         apply_configuration: &merge,
     };
-    let mut reinvocable = Vec::new();
-    if let Some(policies) = policies {
-        reinvocable = policies
-            .mutate(attributes, &mut json, old.as_ref(), &appliers, None)
-            .await?;
-    }
+    // The mutating plugins run once, and once more if one changed the object (see
+    // `admission::reinvocation`).
+    let mut passes = Passes::default();
     let mut warnings = Vec::new();
-    if let Some(webhooks) = webhooks {
-        let before_webhooks = json.clone();
-        warnings = webhooks
-            .mutate(attributes, &mut json, old.as_ref(), &apply_webhook_patch)
-            .await?;
-        if let Some(policies) = policies
-            && !reinvocable.is_empty()
-            && json != before_webhooks
-        {
+    loop {
+        if let Some(policies) = policies {
             policies
+                .mutate(attributes, &mut json, old.as_ref(), &appliers, &mut passes)
+                .await
+                .map_err(|e| e.with_warnings(&warnings))?;
+        }
+        if let Some(webhooks) = webhooks {
+            let said = webhooks
                 .mutate(
                     attributes,
                     &mut json,
                     old.as_ref(),
-                    &appliers,
-                    Some(&reinvocable),
+                    &apply_webhook_patch,
+                    &mut passes,
                 )
                 .await
                 .map_err(|e| e.with_warnings(&warnings))?;
+            warnings.extend(said);
         }
+        if passes.again || !passes.changed {
+            break;
+        }
+        passes.again = true;
     }
     let changed = json != before;
     if changed {
@@ -220,7 +223,13 @@ async fn delete_untraced<K: ServedResource>(
         let mut nothing = Value::Null;
         warnings.extend(
             webhooks
-                .mutate(attributes, &mut nothing, Some(&old), &apply_webhook_patch)
+                .mutate(
+                    attributes,
+                    &mut nothing,
+                    Some(&old),
+                    &apply_webhook_patch,
+                    &mut Passes::default(),
+                )
                 .await?,
         );
     }

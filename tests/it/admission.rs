@@ -851,6 +851,72 @@ async fn mutating_webhooks_are_reinvoked_if_needed() {
     assert_eq!(second.seen().len(), 1);
 }
 
+/// Reinvocation across the two mutating plugins, as kube-apiserver's reinvocation context
+/// runs it: a webhook changed the object after a MutatingAdmissionPolicy with `IfNeeded`, so
+/// the policy runs again; its second run changed the object after the webhook (also
+/// `IfNeeded`), so the webhook is called again and sees it. A policy without `IfNeeded` runs
+/// once.
+#[tokio::test]
+async fn policies_and_webhooks_are_reinvoked_together() {
+    let hook = Webhook::start().await;
+    hook.answer(|request| {
+        let labels = &request["object"]["metadata"]["labels"];
+        let saw = labels["policy-saw"]
+            .as_str()
+            .unwrap_or("nothing")
+            .to_owned();
+        let mut operations =
+            vec![json!({"op": "add", "path": "/metadata/labels/webhook-saw", "value": saw})];
+        if labels.get("webhook").is_none() {
+            operations
+                .push(json!({"op": "add", "path": "/metadata/labels/webhook", "value": "yes"}));
+        }
+        patch(json!(operations))
+    });
+    let saw = |name: &str, reinvocation: &str| {
+        mutating_policy(
+            name,
+            json!({
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": reinvocation,
+                "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression":
+                    format!("Object{{metadata: Object.metadata{{labels: {{'{name}': object.metadata.labels.?webhook.orValue('none')}}}}}}")}}],
+            }),
+        )
+    };
+    let configurations = [
+        saw("policy-saw", "IfNeeded"),
+        mutating_binding("policy-saw", "policy-saw", None, json!({})),
+        saw("once-saw", "Never"),
+        mutating_binding("once-saw", "once-saw", None, json!({})),
+        mutating(
+            "hook",
+            json!({"clientConfig": hook.client_config("/hook"), "reinvocationPolicy": "IfNeeded"}),
+        ),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let created = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("passes", 1.0, json!({}))),
+    )
+    .await;
+    assert_eq!(
+        created.status,
+        201,
+        "{}",
+        String::from_utf8_lossy(&created.body)
+    );
+    assert_eq!(
+        created.json()["metadata"]["labels"],
+        json!({"policy-saw": "yes", "once-saw": "none", "webhook": "yes", "webhook-saw": "yes"})
+    );
+    assert_eq!(hook.seen().len(), 2);
+}
+
 /// Whatever a webhook answers (refusals with any code, patches to any field, huge or broken
 /// patches, answers of the wrong shape), the client gets a success, a client error, or one of
 /// kube-apiserver's webhook failures; and a write that was refused changed nothing.

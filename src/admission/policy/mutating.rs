@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::{Common, Params, Watched, compile, inputs, matches};
 use crate::{
-    admission::{Attributes, Operation, cel, webhook::Patcher},
+    admission::{Attributes, Operation, cel, reinvocation::Passes, webhook::Patcher},
     error::{Error, Result},
     metrics::{Metrics, MutationCheckLabels, policy_error_type},
     namespaces::Namespaces,
@@ -91,19 +91,20 @@ impl MutatingPolicies {
         Ok(!self.watched.bindings.is_empty())
     }
 
-    /// Runs every binding that takes the write, in name order, on `object`. `only`: on a
-    /// reinvocation, the invocations to run again (those with `reinvocationPolicy:
-    /// IfNeeded`). Returns the invocations that may be run again.
+    /// Runs every binding that takes the write, in name order, on `object`. On the second of
+    /// `passes`, only the invocations with `reinvocationPolicy: IfNeeded` that ran before
+    /// the object last changed ([`reinvocation`](crate::admission::reinvocation)).
     pub async fn mutate(
         &self,
         attributes: &Attributes<'_>,
         object: &mut Value,
         old: Option<&Value>,
         appliers: &Appliers<'_>,
-        only: Option<&[String]>,
-    ) -> Result<Vec<String>> {
+        passes: &mut Passes,
+    ) -> Result<()> {
         self.watched.ready(attributes).await?;
-        let mut reinvocable = Vec::new();
+        let again = passes.again;
+        passes.policies.begin(again, object);
         let mut failures: Vec<Failure> = Vec::new();
         for binding in self.watched.bindings_by_name() {
             let Some(binding_spec) = &binding.spec else {
@@ -167,13 +168,15 @@ impl MutatingPolicies {
                     param["metadata"]["namespace"].as_str().unwrap_or_default(),
                     param["metadata"]["name"].as_str().unwrap_or_default()
                 );
-                if only.is_some_and(|only| !only.contains(&key)) {
+                if !passes.policies.runs(again, &key) {
                     continue;
                 }
                 let started = std::time::Instant::now();
+                let before = object.clone();
                 let errors = self
                     .invoke(spec, attributes, object, old, &param, appliers)
                     .await;
+                let changed = *object != before;
                 if let Some(metrics) = self.metrics.get() {
                     let labels = MutationCheckLabels {
                         policy: policy_name.to_owned(),
@@ -193,14 +196,16 @@ impl MutatingPolicies {
                         reason: Some("Invalid"),
                     }));
                 }
-                if spec.reinvocation_policy.as_deref() == Some("IfNeeded") {
-                    reinvocable.push(key);
-                }
+                let reinvocable = spec.reinvocation_policy.as_deref() == Some("IfNeeded");
+                passes
+                    .policies
+                    .ran(key, changed, reinvocable, &mut passes.changed);
             }
         }
+        passes.policies.end(object);
         match failures.into_iter().next() {
             Some(failure) => Err(refused(attributes, failure)),
-            None => Ok(reinvocable),
+            None => Ok(()),
         }
     }
 

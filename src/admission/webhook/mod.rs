@@ -21,7 +21,7 @@ use kube::{
 };
 use serde_json::Value;
 
-use super::{Attributes, Operation, cel};
+use super::{Attributes, Operation, cel, reinvocation::Passes};
 use crate::{
     error::{Error, Result},
     metrics::{Metrics, RejectionLabels, WebhookLabels},
@@ -466,25 +466,30 @@ impl Webhooks {
     }
 
     /// The mutating webhooks, in order (configurations by name, webhooks as listed), each on
-    /// the object as the ones before left it; once more for those with `reinvocationPolicy:
-    /// IfNeeded` that ran before a later webhook changed it.
+    /// the object as the ones before left it. On the second of `passes`, only those with
+    /// `reinvocationPolicy: IfNeeded` that ran before the object last changed
+    /// ([`reinvocation`](crate::admission::reinvocation)).
     pub async fn mutate(
         &self,
         attributes: &Attributes<'_>,
         object: &mut Value,
         old: Option<&Value>,
         apply: &Patcher,
+        passes: &mut Passes,
     ) -> Result<Vec<String>> {
         self.ready(attributes).await?;
         let hooks = self.mutating_hooks();
+        let again = passes.again;
+        passes.webhooks.begin(again, object);
         let mut warnings = Vec::new();
-        let mut ran_reinvocable: Vec<usize> = Vec::new();
-        let mut reinvoke: Vec<usize> = Vec::new();
         for (index, hook) in hooks.iter().enumerate() {
+            if !passes.webhooks.runs(again, &index) {
+                continue;
+            }
             let (called, changed) = self
                 .mutate_once(
                     hook,
-                    (0, index),
+                    (usize::from(again), index),
                     attributes,
                     object,
                     old,
@@ -492,32 +497,14 @@ impl Webhooks {
                     &mut warnings,
                 )
                 .await?;
-            if changed {
-                for earlier in &ran_reinvocable {
-                    if !reinvoke.contains(earlier) {
-                        reinvoke.push(*earlier);
-                    }
-                }
-            }
             // Only a webhook that was called is called again.
-            if called && hook.reinvoke && !ran_reinvocable.contains(&index) {
-                ran_reinvocable.push(index);
+            if called {
+                passes
+                    .webhooks
+                    .ran(index, changed, hook.reinvoke, &mut passes.changed);
             }
         }
-        reinvoke.sort_unstable();
-        for index in reinvoke {
-            let hook = &hooks[index];
-            self.mutate_once(
-                hook,
-                (1, index),
-                attributes,
-                object,
-                old,
-                apply,
-                &mut warnings,
-            )
-            .await?;
-        }
+        passes.webhooks.end(object);
         Ok(warnings)
     }
 
