@@ -242,6 +242,56 @@ pub struct Args {
     )]
     pub audit_log_batch_buffer_size: usize,
 
+    /// A kubeconfig naming the audit webhook (its server's URL, CA and credentials): audit
+    /// events are also POSTed there in batches, as `audit.k8s.io/v1` EventLists.
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_CONFIG_FILE")]
+    pub audit_webhook_config_file: Option<PathBuf>,
+
+    /// When the webhook's buffer is full: `batch` drops the event (counted and logged),
+    /// `blocking` makes the request wait for room.
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_MODE", value_enum, default_value_t = crate::audit::Mode::Batch)]
+    pub audit_webhook_mode: crate::audit::Mode,
+
+    /// Events the webhook's buffer holds.
+    #[arg(
+        long,
+        env = "FARM_AUDIT_WEBHOOK_BATCH_BUFFER_SIZE",
+        default_value_t = 10_000
+    )]
+    pub audit_webhook_batch_buffer_size: usize,
+
+    /// Events per POST to the webhook at most.
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_BATCH_MAX_SIZE", default_value_t = 400)]
+    pub audit_webhook_batch_max_size: usize,
+
+    /// How long an event waits for others before its batch goes (Go's duration: `30s`).
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_BATCH_MAX_WAIT", default_value = "30s", value_parser = go_duration)]
+    pub audit_webhook_batch_max_wait: Duration,
+
+    /// Whether POSTs to the webhook are rate-limited.
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_BATCH_THROTTLE_ENABLE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub audit_webhook_batch_throttle_enable: bool,
+
+    /// POSTs a second to the webhook at most.
+    #[arg(
+        long,
+        env = "FARM_AUDIT_WEBHOOK_BATCH_THROTTLE_QPS",
+        default_value_t = 10.0
+    )]
+    pub audit_webhook_batch_throttle_qps: f64,
+
+    /// POSTs to the webhook at once before the rate applies.
+    #[arg(
+        long,
+        env = "FARM_AUDIT_WEBHOOK_BATCH_THROTTLE_BURST",
+        default_value_t = 15
+    )]
+    pub audit_webhook_batch_throttle_burst: u32,
+
+    /// The wait before a failed POST to the webhook is tried again (Go's duration).
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_INITIAL_BACKOFF", default_value = "10s", value_parser = go_duration)]
+    pub audit_webhook_initial_backoff: Duration,
+
     /// Seconds between BOOKMARK events on watches that allow them.
     #[arg(long, env = "FARM_WATCH_BOOKMARK_INTERVAL", default_value_t = 60)]
     pub watch_bookmark_interval: u64,
@@ -329,11 +379,13 @@ pub enum Storage {
 }
 
 impl Args {
-    /// The audit log the flags ask for: none without both a policy and a log path.
-    pub fn auditor(&self) -> anyhow::Result<Option<Arc<crate::audit::Auditor>>> {
-        let (Some(policy), Some(path)) = (&self.audit_policy_file, &self.audit_log_path) else {
-            if self.audit_log_path.is_some() {
-                tracing::warn!("--audit-log-path without --audit-policy-file: nothing is audited");
+    /// The audit backends the flags ask for (the log, the webhook, or both): none without a
+    /// policy and a backend.
+    pub async fn auditor(&self) -> anyhow::Result<Option<Arc<crate::audit::Auditor>>> {
+        let backend = self.audit_log_path.is_some() || self.audit_webhook_config_file.is_some();
+        let (Some(policy), true) = (&self.audit_policy_file, backend) else {
+            if backend {
+                tracing::warn!("an audit backend without --audit-policy-file: nothing is audited");
             }
             return Ok(None);
         };
@@ -341,21 +393,41 @@ impl Args {
             .with_context(|| format!("reading the audit policy {}", policy.display()))?;
         let policy = crate::audit::Policy::parse(&text)
             .map_err(|e| anyhow::anyhow!("audit policy {}: {e}", policy.display()))?;
-        let sender = crate::audit::log::start(
-            crate::audit::log::LogOptions {
-                path: path.clone(),
-                max_age_days: self.audit_log_maxage,
-                max_backups: self.audit_log_maxbackup,
-                max_size_mb: self.audit_log_maxsize,
-            },
-            self.audit_log_batch_buffer_size,
-        )
-        .with_context(|| format!("opening the audit log {}", path.display()))?;
-        tracing::info!(path = %path.display(), "audit log on");
-        Ok(Some(crate::audit::Auditor::new(
-            policy,
-            sender,
-            self.audit_log_mode,
+        let metrics = Arc::default();
+        let mut backends = Vec::new();
+        if let Some(path) = &self.audit_log_path {
+            let sink = crate::audit::log::start(
+                crate::audit::log::LogOptions {
+                    path: path.clone(),
+                    max_age_days: self.audit_log_maxage,
+                    max_backups: self.audit_log_maxbackup,
+                    max_size_mb: self.audit_log_maxsize,
+                },
+                self.audit_log_batch_buffer_size,
+            )
+            .with_context(|| format!("opening the audit log {}", path.display()))?;
+            tracing::info!(path = %path.display(), "audit log on");
+            backends.push((sink, self.audit_log_mode, "log"));
+        }
+        if let Some(path) = &self.audit_webhook_config_file {
+            let options = crate::audit::webhook::WebhookOptions {
+                buffer_size: self.audit_webhook_batch_buffer_size,
+                max_size: self.audit_webhook_batch_max_size.max(1),
+                max_wait: self.audit_webhook_batch_max_wait,
+                throttle: self.audit_webhook_batch_throttle_enable.then_some((
+                    self.audit_webhook_batch_throttle_qps,
+                    self.audit_webhook_batch_throttle_burst,
+                )),
+                initial_backoff: self.audit_webhook_initial_backoff,
+            };
+            let sink = crate::audit::webhook::start(path, options, Arc::clone(&metrics))
+                .await
+                .with_context(|| format!("the audit webhook {}", path.display()))?;
+            tracing::info!(config = %path.display(), "audit webhook on");
+            backends.push((sink, self.audit_webhook_mode, "webhook"));
+        }
+        Ok(Some(crate::audit::Auditor::with_backends(
+            policy, backends, metrics,
         )))
     }
 
@@ -516,7 +588,7 @@ impl Args {
                 .reload_loop(Duration::from_secs(self.cert_reload_interval.max(1))),
         );
         let tracing_provider = self.start_tracing()?;
-        let auditor = self.auditor()?;
+        let auditor = self.auditor().await?;
         let cluster = self.cluster_client(addr).await?;
         let farmpods = match (self.synthetic_pods, &cluster) {
             (Some(count), _) => PodCache::synthetic(count),
@@ -644,6 +716,14 @@ impl Args {
     }
 }
 
+/// A duration as Go writes it (`30s`, `1m0s`, `500ms`), as kube-apiserver's flags take it.
+fn go_duration(text: &str) -> Result<Duration, String> {
+    let parsed: jiff::SignedDuration = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a duration such as 30s or 1m0s: {e}"))?;
+    Duration::try_from(parsed).map_err(|_| format!("{text:?} is negative"))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -668,6 +748,21 @@ mod tests {
     #[test]
     fn verify_cli() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn durations_as_go_writes_them() {
+        use std::time::Duration;
+        for (text, expected) in [
+            ("30s", Duration::from_secs(30)),
+            ("1m0s", Duration::from_secs(60)),
+            ("500ms", Duration::from_millis(500)),
+            ("1h30m", Duration::from_secs(5400)),
+        ] {
+            assert_eq!(super::go_duration(text), Ok(expected), "{text}");
+        }
+        assert!(super::go_duration("-1s").is_err());
+        assert!(super::go_duration("soon").is_err());
     }
 
     #[test]

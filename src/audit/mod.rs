@@ -12,6 +12,7 @@
 
 pub mod log;
 pub mod policy;
+pub mod webhook;
 
 use std::{
     collections::BTreeMap,
@@ -42,12 +43,19 @@ pub enum Mode {
     Batch,
 }
 
-/// The policy and where its events go.
+/// The policy and where its events go (every backend gets every event, as kube-apiserver's
+/// union of backends).
 pub struct Auditor {
     policy: Policy,
+    backends: Vec<Backend>,
+    metrics: Arc<OnceLock<Arc<Metrics>>>,
+}
+
+/// One backend: its buffer, its mode, and its name in `apiserver_audit_error_total`.
+struct Backend {
     sink: log::Sink,
     mode: Mode,
-    metrics: OnceLock<Arc<Metrics>>,
+    plugin: &'static str,
 }
 
 impl std::fmt::Debug for Auditor {
@@ -57,13 +65,26 @@ impl std::fmt::Debug for Auditor {
 }
 
 impl Auditor {
-    /// Events of the requests `policy` picks go to `sink` (a backend's buffer).
+    /// Events of the requests `policy` picks go to `sink` (the log backend's buffer).
     pub fn new(policy: Policy, sink: log::Sink, mode: Mode) -> Arc<Self> {
+        Self::with_backends(policy, vec![(sink, mode, "log")], Arc::default())
+    }
+
+    /// Events of the requests `policy` picks go to each of `backends` (buffer, mode, and
+    /// the backend's name: `log`, `webhook`); `metrics` is shared with backends that count.
+    pub fn with_backends(
+        policy: Policy,
+        backends: Vec<(log::Sink, Mode, &'static str)>,
+        metrics: Arc<OnceLock<Arc<Metrics>>>,
+    ) -> Arc<Self> {
+        let backends = backends
+            .into_iter()
+            .map(|(sink, mode, plugin)| Backend { sink, mode, plugin })
+            .collect();
         Arc::new(Self {
             policy,
-            sink,
-            mode,
-            metrics: OnceLock::new(),
+            backends,
+            metrics,
         })
     }
 
@@ -142,26 +163,41 @@ impl Auditor {
 
     /// Waits until every event sent so far is written (at exit).
     pub async fn flush(&self) {
-        self.sink.flush().await;
-    }
-
-    /// Sends one line: waits for room (blocking) or drops it when the buffer is full (batch).
-    async fn send(&self, line: Vec<u8>) {
-        self.count_event();
-        match self.mode {
-            Mode::Blocking => {
-                if self.sink.send(line).await.is_err() {
-                    self.count_error("the audit log writer stopped: an event was dropped");
-                }
-            }
-            Mode::Batch => self.try_send(line),
+        for backend in &self.backends {
+            backend.sink.flush().await;
         }
     }
 
-    /// Sends one line from where nothing can wait (a drop): in blocking mode a task waits for
-    /// room; in batch mode it is dropped when the buffer is full.
+    /// Sends one line to every backend: each waits for room (blocking) or drops it when its
+    /// buffer is full (batch).
+    async fn send(&self, line: Vec<u8>) {
+        self.count_event();
+        let last = self.backends.len().saturating_sub(1);
+        let mut line = Some(line);
+        for (index, backend) in self.backends.iter().enumerate() {
+            let copy = if index == last {
+                line.take().unwrap_or_default()
+            } else {
+                line.clone().unwrap_or_default()
+            };
+            match backend.mode {
+                Mode::Blocking => {
+                    if backend.sink.send(copy).await.is_err() {
+                        self.count_error(
+                            backend.plugin,
+                            "the audit backend stopped: an event was dropped",
+                        );
+                    }
+                }
+                Mode::Batch => self.try_send(backend, copy),
+            }
+        }
+    }
+
+    /// Sends one line from where nothing can wait (a drop): when a backend blocks, a task
+    /// waits for room; batch backends drop it when their buffer is full.
     fn send_now(self: &Arc<Self>, line: Vec<u8>) {
-        if self.mode == Mode::Blocking
+        if self.backends.iter().any(|b| b.mode == Mode::Blocking)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let auditor = self.clone();
@@ -169,12 +205,17 @@ impl Auditor {
             return;
         }
         self.count_event();
-        self.try_send(line);
+        for backend in &self.backends {
+            self.try_send(backend, line.clone());
+        }
     }
 
-    fn try_send(&self, line: Vec<u8>) {
-        if self.sink.try_send(line).is_err() {
-            self.count_error("audit buffer queue blocked: an event was dropped");
+    fn try_send(&self, backend: &Backend, line: Vec<u8>) {
+        if backend.sink.try_send(line).is_err() {
+            self.count_error(
+                backend.plugin,
+                "audit buffer queue blocked: an event was dropped",
+            );
         }
     }
 
@@ -184,11 +225,11 @@ impl Auditor {
         }
     }
 
-    fn count_error(&self, message: &'static str) {
+    fn count_error(&self, plugin: &'static str, message: &'static str) {
         if let Some(metrics) = self.metrics.get() {
             let dropped = metrics
                 .audit_errors
-                .get_or_create(&crate::metrics::PluginLabels { plugin: "log" })
+                .get_or_create(&crate::metrics::PluginLabels { plugin })
                 .inc();
             // Logged the first time and then once per thousand.
             if dropped % 1000 == 0 {
@@ -308,7 +349,7 @@ impl Record {
         }
         let Ok(mut event) = self.event.lock() else {
             self.auditor
-                .count_error("an audit event could not be written");
+                .count_error("log", "an audit event could not be written");
             return None;
         };
         event.stage = stage;
@@ -319,7 +360,7 @@ impl Record {
         drop(event);
         let Ok(mut line) = serialized else {
             self.auditor
-                .count_error("an audit event could not be written");
+                .count_error("log", "an audit event could not be written");
             return None;
         };
         escape_html(&mut line);

@@ -506,3 +506,208 @@ async fn admission_annotations_are_audited() {
         "Connection closed early"
     );
 }
+
+/// An audit webhook on loopback: HTTPS with a certificate of its own CA; every POST kept
+/// (path, content type, body), answered 500 while `failing` says so.
+struct AuditReceiver {
+    addr: std::net::SocketAddr,
+    ca_pem: String,
+    posts: Arc<std::sync::Mutex<Vec<(String, String, Value)>>>,
+    failing: Arc<std::sync::atomic::AtomicUsize>,
+    _dir: tempfile::TempDir,
+}
+
+impl AuditReceiver {
+    async fn start() -> Self {
+        common::install_crypto();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = farm_apiserver::tls::DevCa::load_or_create_named(dir.path(), "audit-ca").unwrap();
+        let (cert, key) = ca.issue_serving(&["127.0.0.1"]).unwrap();
+        let posts: Arc<std::sync::Mutex<Vec<(String, String, Value)>>> = Arc::default();
+        let failing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let state = (posts.clone(), failing.clone());
+        let app = axum::Router::new().fallback(axum::routing::post(
+            move |uri: axum::http::Uri, headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let (posts, failing) = state.clone();
+                async move {
+                    use std::sync::atomic::Ordering;
+                    if failing
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok()
+                    {
+                        return axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+                    }
+                    let kind = headers
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    let list = serde_json::from_slice(&body).expect("an EventList in JSON");
+                    posts
+                        .lock()
+                        .unwrap()
+                        .push((uri.path().to_owned(), kind, list));
+                    axum::http::StatusCode::OK
+                }
+            },
+        ));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tls =
+            axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
+                .await
+                .unwrap();
+        let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
+        tokio::spawn(async move {
+            let _ = server.serve(app.into_make_service()).await;
+        });
+        Self {
+            addr,
+            ca_pem: ca.cert_pem.clone(),
+            posts,
+            failing,
+            _dir: dir,
+        }
+    }
+
+    /// The kubeconfig that names it (kube-apiserver's `--audit-webhook-config-file`).
+    fn kubeconfig(&self, path: &str) -> String {
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: audit\n  cluster:\n    server: https://127.0.0.1:{}{path}\n    certificate-authority-data: {ca}\nusers:\n- name: audit\n  user: {{}}\ncontexts:\n- name: audit\n  context:\n    cluster: audit\n    user: audit\ncurrent-context: audit\n",
+            self.addr.port()
+        )
+    }
+
+    /// Every event received, in order.
+    fn events(&self) -> Vec<Value> {
+        let posts = self.posts.lock().unwrap();
+        posts
+            .iter()
+            .flat_map(|(_, _, list)| list["items"].as_array().cloned().unwrap_or_default())
+            .collect()
+    }
+}
+
+/// `--audit-webhook-config-file`, on the shipped binary beside the log: the same events reach
+/// both, the webhook's as `audit.k8s.io/v1` EventLists POSTed to the kubeconfig's server (its
+/// path, trusted through its CA); a POST that fails is sent again after the backoff; while
+/// the webhook keeps failing, requests are served at once and the dropped events are counted
+/// in `apiserver_audit_error_total{plugin="webhook"}`.
+#[tokio::test]
+async fn the_webhook_backend_gets_event_lists() {
+    let receiver = AuditReceiver::start().await;
+    // The first POST fails: it is sent again.
+    receiver
+        .failing
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let kubeconfig = dir.path().join("audit-webhook.kubeconfig");
+    std::fs::write(&kubeconfig, receiver.kubeconfig("/audit/events")).unwrap();
+    let log = dir.path().join("audit.log");
+    let certs = dir.path().join("certs");
+    let server = common::process::Running::start([
+        "--cert-dir".to_owned(),
+        certs.display().to_string(),
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", log.display()),
+        format!("--audit-webhook-config-file={}", kubeconfig.display()),
+        "--audit-webhook-batch-max-wait=100ms".to_owned(),
+        "--audit-webhook-initial-backoff=100ms".to_owned(),
+    ]);
+    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
+    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
+        .unwrap()
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .unwrap();
+    let client = common::RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let created = client
+        .send(
+            "POST",
+            LLAMAS,
+            &[
+                ("content-type", "application/json"),
+                ("audit-id", "to-the-webhook"),
+            ],
+            Some(
+                json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+                    "metadata": {"name": "hooked"}, "spec": {"weight": 1.0, "height": 1.0}})
+                .to_string()
+                .into_bytes(),
+            ),
+        )
+        .await;
+    assert_eq!(created.status, 201);
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let received = loop {
+        let received: Vec<Value> = receiver
+            .events()
+            .into_iter()
+            .filter(|e| e["auditID"] == "to-the-webhook")
+            .collect();
+        if received.len() >= 2 {
+            break received;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the webhook got {:?}",
+            receiver.posts.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    {
+        let posts = receiver.posts.lock().unwrap();
+        for (path, kind, list) in posts.iter() {
+            assert_eq!(path, "/audit/events");
+            assert_eq!(kind, "application/json");
+            assert_eq!(list["kind"], "EventList");
+            assert_eq!(list["apiVersion"], "audit.k8s.io/v1");
+        }
+    }
+    assert_eq!(
+        receiver.failing.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the failed POST was sent again"
+    );
+    let stages: Vec<&str> = received
+        .iter()
+        .filter_map(|e| e["stage"].as_str())
+        .collect();
+    assert_eq!(stages, ["RequestReceived", "ResponseComplete"]);
+    assert_eq!(received[1]["responseStatus"]["code"], 201);
+    assert_eq!(received[1]["objectRef"]["name"], "hooked");
+    // The log has the same events, to the byte.
+    let logged = events(&log, "to-the-webhook", 2).await;
+    assert_eq!(logged, received);
+
+    // A webhook that keeps failing: requests do not wait for it, its events are counted as
+    // dropped once the tries are spent (five, 100 ms apart and growing).
+    receiver
+        .failing
+        .store(usize::MAX, std::sync::atomic::Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let got = client.get(&format!("{LLAMAS}/hooked"), &[]).await;
+    assert_eq!(got.status, 200);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let metrics = client.get("/metrics", &[]).await;
+        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+        let dropped = text
+            .lines()
+            .find(|l| l.starts_with("apiserver_audit_error_total{plugin=\"webhook\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if dropped >= 2.0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(server);
+}

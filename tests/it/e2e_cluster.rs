@@ -276,7 +276,19 @@ async fn through_kube_apiserver() {
         "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
     )
     .unwrap();
+    // Traces, sampled only where the caller's were (a kube-apiserver with tracing on).
+    let (collector, trace_port) = common::otlp::Collector::start().await;
+    let tracing_config = audit_dir.path().join("tracing.yaml");
+    std::fs::write(
+        &tracing_config,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{trace_port}\nsamplingRatePerMillion: 0\n"
+        ),
+    )
+    .unwrap();
     let mut args: Vec<std::ffi::OsString> = vec![
+        "--tracing-config-file".into(),
+        tracing_config.into(),
         "--audit-policy-file".into(),
         audit_policy.clone().into(),
         "--audit-log-path".into(),
@@ -298,7 +310,11 @@ async fn through_kube_apiserver() {
             etcd.endpoint().into(),
         ]);
     }
-    let server = Running::start(args);
+    // Spans go out every 100 ms rather than every 5 s.
+    let server = Running::start_with_env(
+        args,
+        &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
+    );
     let port = server.addr.port();
     step(&format!("farm-apiserver serving on {}", server.addr));
 
@@ -350,6 +366,7 @@ async fn through_kube_apiserver() {
     };
     suite(&cluster, ns, &step, nodes).await;
     audit_ids_join(&cluster, ns, &step, &audit_log).await;
+    apiserver_audit_and_trace_join(ns, &step, &audit_log, &collector, trace_port).await;
     // The webhooks listen on this host's loopback, which this server (on this host) reaches.
     webhooks_configured_with_kubectl(&cluster, ns, &step).await;
     policies_configured_with_kubectl(&cluster, ns, &step).await;
@@ -424,6 +441,240 @@ async fn audit_ids_join(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), log: &
         "allow"
     );
     cluster.ok(&["delete", "llama", "audited", "-n", ns], None);
+}
+
+/// A second kube-apiserver of the lab's (`$K8S_LAB_HOME`, default `~/.k8s-lab`): its etcd, PKI
+/// and flags, on a port of its own, with its own audit log and traces on (the lab's own runs
+/// without either). It serves the same cluster, so its aggregator proxies to this server too.
+struct AuditedApiserver {
+    child: std::process::Child,
+    cluster: Cluster,
+    audit_log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl AuditedApiserver {
+    /// None (and why, printed) without the lab's binaries and PKI.
+    async fn start(trace_port: u16) -> Option<Self> {
+        let home = match std::env::var_os("K8S_LAB_HOME") {
+            Some(home) => PathBuf::from(home),
+            None => PathBuf::from(std::env::var_os("HOME")?).join(".k8s-lab"),
+        };
+        let (binary, pki) = (home.join("bin/kube-apiserver"), home.join("pki"));
+        if !binary.exists() || !pki.join("front-proxy-ca.crt").exists() {
+            eprintln!(
+                "SKIPPED (this step): no lab kube-apiserver and PKI in {}, to run a second kube-apiserver with its audit log and traces on",
+                home.display()
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let policy = dir.path().join("audit-policy.yaml");
+        std::fs::write(
+            &policy,
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        )
+        .unwrap();
+        let tracing = dir.path().join("tracing.yaml");
+        std::fs::write(
+            &tracing,
+            format!(
+                "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{trace_port}\nsamplingRatePerMillion: 1000000\n"
+            ),
+        )
+        .unwrap();
+        let audit_log = dir.path().join("audit.log");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let p = |file: &str| pki.join(file).display().to_string();
+        let log = std::fs::File::create(dir.path().join("kube-apiserver.log")).unwrap();
+        // The lab's flags (up.sh, without a node), and the audit log and traces.
+        let child = Command::new(&binary)
+            .args([
+                "--etcd-servers=http://127.0.0.1:2379".to_owned(),
+                "--bind-address=127.0.0.1".to_owned(),
+                "--advertise-address=127.0.0.1".to_owned(),
+                format!("--secure-port={port}"),
+                format!("--cert-dir={}", dir.path().join("certs").display()),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+                "--authorization-mode=Node,RBAC".to_owned(),
+                format!("--requestheader-client-ca-file={}", p("front-proxy-ca.crt")),
+                "--requestheader-allowed-names=front-proxy-client".to_owned(),
+                "--requestheader-username-headers=X-Remote-User".to_owned(),
+                "--requestheader-group-headers=X-Remote-Group".to_owned(),
+                "--requestheader-uid-headers=X-Remote-Uid".to_owned(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_owned(),
+                format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
+                format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
+                "--enable-aggregator-routing=false".to_owned(),
+                "--endpoint-reconciler-type=none".to_owned(),
+                "--profiling=false".to_owned(),
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", audit_log.display()),
+                format!("--tracing-config-file={}", tracing.display()),
+            ])
+            // Spans go out every 100 ms rather than every 5 s.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("run the lab's kube-apiserver");
+        // The lab's admin kubeconfig, pointed at this one.
+        let kubeconfig = dir.path().join("kubeconfig");
+        let text = std::fs::read_to_string(home.join("kubeconfig")).unwrap();
+        let text: String = text
+            .lines()
+            .map(|line| match line.split_once("server: ") {
+                Some((indent, _)) => format!("{indent}server: https://127.0.0.1:{port}\n"),
+                None => format!("{line}\n"),
+            })
+            .collect();
+        std::fs::write(&kubeconfig, text).unwrap();
+        let apiserver = Self {
+            child,
+            cluster: Cluster {
+                kubeconfig,
+                cache: tempfile::tempdir().unwrap(),
+            },
+            audit_log,
+            _dir: dir,
+        };
+        // Ready, and its aggregator proxying to this server.
+        apiserver
+            .cluster
+            .eventually(
+                &["get", "--raw", "/apis/farm.example.com/v1alpha"],
+                Duration::from_secs(120),
+                |ok, _, _| ok,
+            )
+            .await;
+        Some(apiserver)
+    }
+}
+
+impl Drop for AuditedApiserver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Through a kube-apiserver with its own audit log and traces on: one `kubectl create` has
+/// the same auditID in kube-apiserver's log and in this server's (`log`), and kube-apiserver's
+/// spans and this server's are one trace, this server's request span under kube-apiserver's
+/// proxy span (all received by `collector`, this server sampling only what its caller did).
+async fn apiserver_audit_and_trace_join(
+    ns: &str,
+    step: &dyn Fn(&str),
+    log: &std::path::Path,
+    collector: &common::otlp::Collector,
+    trace_port: u16,
+) {
+    step("a second kube-apiserver with its audit log and traces on");
+    let Some(apiserver) = AuditedApiserver::start(trace_port).await else {
+        return;
+    };
+    let cluster = &apiserver.cluster;
+    step("audit and traces: one create through it");
+    let llama = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "joined", "namespace": ns}, "spec": {"weight": 2.0, "height": 1.0}});
+    cluster.ok(&["create", "-f", "-"], Some(&llama.to_string()));
+    // kube-apiserver's objectRef of a create has no name at Metadata level (the proxy does
+    // not read the body): the only create of a Llama in `ns` through it.
+    let is_the_create = |e: &Value| {
+        e["verb"] == "create"
+            && e["objectRef"]["resource"] == "llamas"
+            && e["objectRef"]["namespace"] == ns
+            && e["requestURI"].as_str().is_some_and(|uri| {
+                uri.starts_with(&format!(
+                    "/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas"
+                ))
+            })
+            && e["stage"] == "ResponseComplete"
+            && e["responseStatus"]["code"] == 201
+    };
+    let event_in = |path: &std::path::Path, is_the_create: &dyn Fn(&Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let found = text
+                .lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .find(is_the_create);
+            if let Some(event) = found {
+                return event;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no event for the create in {}",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Everything through the second kube-apiserver is this step's; this server's log has the
+    // whole suite's creates too.
+    let theirs = event_in(&apiserver.audit_log, &is_the_create);
+    let ours = event_in(log, &|e: &Value| {
+        is_the_create(e) && e["objectRef"]["name"] == "joined"
+    });
+    assert_eq!(
+        theirs["auditID"], ours["auditID"],
+        "one audit ID in both logs"
+    );
+    assert_eq!(theirs["user"]["username"], ours["user"]["username"]);
+    assert_eq!(theirs["responseStatus"]["code"], 201);
+    assert_eq!(ours["responseStatus"]["code"], 201);
+    assert_eq!(ours["objectRef"]["namespace"], ns);
+
+    // Our request span (the create), and kube-apiserver's span it hangs under.
+    use common::otlp::{attribute, hex};
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (ours, theirs) = loop {
+        let spans = collector.spans();
+        let ours = spans.iter().find(|(service, span)| {
+            service == "farm-apiserver"
+                && span.name == "KubernetesAPI"
+                && attribute(span, "http.request.method").as_deref() == Some("POST")
+                && attribute(span, "url.path")
+                    .is_some_and(|p| p.ends_with(&format!("/namespaces/{ns}/llamas")))
+        });
+        if let Some((_, ours)) = ours {
+            let parent = spans.iter().find(|(service, span)| {
+                service != "farm-apiserver" && span.span_id == ours.parent_span_id
+            });
+            if let Some((service, parent)) = parent {
+                break (ours.clone(), (service.clone(), parent.clone()));
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no joined trace in {:?}",
+            spans
+                .iter()
+                .map(|(service, s)| format!("{service}/{}", s.name))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (service, parent) = theirs;
+    assert_eq!(service, "apiserver", "kube-apiserver's service name");
+    assert_eq!(hex(&parent.trace_id), hex(&ours.trace_id), "one trace");
+    step(&format!(
+        "trace {}: this server's span under kube-apiserver's {:?}",
+        hex(&ours.trace_id),
+        parent.name
+    ));
+    cluster.ok(&["delete", "llama", "joined", "-n", ns], None);
 }
 
 /// Whether the cluster runs Pods: FarmPods then show them Running, on their node.

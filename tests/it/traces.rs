@@ -5,80 +5,18 @@
 
 use crate::common;
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
+use std::time::Duration;
+
+use common::{
+    Alpn, RawClient,
+    otlp::{Collector, attribute, hex},
+    process::Running,
 };
-
-use common::{Alpn, RawClient, process::Running};
-use opentelemetry_proto::tonic::{
-    collector::trace::v1::{
-        ExportTraceServiceRequest, ExportTraceServiceResponse,
-        trace_service_server::{TraceService, TraceServiceServer},
-    },
-    common::v1::any_value::Value as AnyValue,
-    trace::v1::Span,
-};
-
-/// Every span received, with its service's name.
-#[derive(Clone, Default)]
-struct Collector(Arc<Mutex<Vec<(String, Span)>>>);
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut spans = self.0.lock().unwrap();
-        for resource in request.into_inner().resource_spans {
-            let service = resource
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|a| a.key == "service.name")
-                .and_then(|a| a.value.as_ref()?.value.as_ref())
-                .map(|v| match v {
-                    AnyValue::StringValue(s) => s.clone(),
-                    other => format!("{other:?}"),
-                })
-                .unwrap_or_default();
-            for scope in resource.scope_spans {
-                for span in scope.spans {
-                    spans.push((service.clone(), span));
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
-    }
-}
-
-fn attribute(span: &Span, key: &str) -> Option<String> {
-    span.attributes
-        .iter()
-        .find(|a| a.key == key)
-        .and_then(|a| a.value.as_ref()?.value.as_ref())
-        .map(|v| match v {
-            AnyValue::StringValue(s) => s.clone(),
-            AnyValue::IntValue(i) => i.to_string(),
-            other => format!("{other:?}"),
-        })
-}
+use opentelemetry_proto::tonic::trace::v1::Span;
 
 #[tokio::test]
 async fn spans_join_the_callers_trace() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let serving = collector.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(serving))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-    });
+    let (collector, port) = Collector::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tracing.yaml");
     std::fs::write(
@@ -163,7 +101,7 @@ async fn spans_join_the_callers_trace() {
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     let spans = loop {
-        let spans = collector.0.lock().unwrap().clone();
+        let spans = collector.spans();
         let servers = spans
             .iter()
             .filter(|(_, s)| s.name == "KubernetesAPI")
@@ -179,7 +117,6 @@ async fn spans_join_the_callers_trace() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
     for (service, span) in &spans {
         assert_eq!(service, "farm-apiserver");
         assert_eq!(hex(&span.trace_id), trace_id, "{}: one trace", span.name);

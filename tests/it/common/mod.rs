@@ -7,6 +7,7 @@ pub mod fake_kube;
 pub mod fixtures;
 pub mod install;
 pub mod oneshot;
+pub mod otlp;
 pub mod process;
 
 use std::{
