@@ -45,9 +45,23 @@ pub enum CacheState {
 
 /// The FarmPods, a read-only [`Store`]: a [`MemoryStore`] fed by Pod watchers, its
 /// resourceVersions the Pods' own. Answers 503 until the first sync, and without a cluster.
+///
+/// Its watcher tasks hold it weakly and are aborted when it is dropped: a cache nobody
+/// serves any more watches nothing.
 pub struct PodCache {
     store: MemoryStore<FarmPod>,
     state: Mutex<CacheState>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for PodCache {
+    fn drop(&mut self) {
+        if let Ok(tasks) = self.tasks.get_mut() {
+            for task in tasks.drain(..) {
+                task.abort();
+            }
+        }
+    }
 }
 
 impl PodCache {
@@ -60,6 +74,7 @@ impl PodCache {
                 ..Default::default()
             }),
             state: Mutex::new(state),
+            tasks: Mutex::default(),
         })
     }
 
@@ -94,7 +109,10 @@ impl PodCache {
                 Some(ns) => Api::namespaced(client.clone(), ns),
                 None => Api::all(client.clone()),
             };
-            tokio::spawn(cache.clone().feed(api, scope));
+            let task = tokio::spawn(Self::feed(Arc::downgrade(&cache), api, scope));
+            if let Ok(mut tasks) = cache.tasks.lock() {
+                tasks.push(task.abort_handle());
+            }
         }
         cache
     }
@@ -136,12 +154,16 @@ impl PodCache {
         });
     }
 
-    async fn feed(self: Arc<Self>, api: Api<Pod>, scope: Option<String>) {
+    /// Applies the watch of `scope` to the cache, while there is one.
+    async fn feed(cache: std::sync::Weak<Self>, api: Api<Pod>, scope: Option<String>) {
         let mut buffer: Vec<FarmPod> = Vec::new();
         let mut synced_once = false;
         let stream = watcher(api, watcher::Config::default()).default_backoff();
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
+            let Some(this) = cache.upgrade() else {
+                return;
+            };
             let applied = match event {
                 Ok(watcher::Event::Init) => {
                     buffer.clear();
@@ -152,12 +174,12 @@ impl PodCache {
                     Ok(())
                 }
                 Ok(watcher::Event::InitDone) => {
-                    let result = self
+                    let result = this
                         .store
                         .replace_external_in(scope.as_deref(), std::mem::take(&mut buffer));
                     if !synced_once {
                         synced_once = true;
-                        self.synced_scope();
+                        this.synced_scope();
                         tracing::info!(
                             scope = scope.as_deref().unwrap_or("all namespaces"),
                             "FarmPod cache synced"
@@ -166,19 +188,19 @@ impl PodCache {
                     result
                 }
                 Ok(watcher::Event::Apply(pod)) => {
-                    self.store.apply_external(FarmPod::from_pod(&pod))
+                    this.store.apply_external(FarmPod::from_pod(&pod))
                 }
                 Ok(watcher::Event::Delete(pod)) => {
-                    self.store.delete_external(FarmPod::from_pod(&pod))
+                    this.store.delete_external(FarmPod::from_pod(&pod))
                 }
                 Err(error) => {
                     tracing::warn!(%error, "Pod watch failed; serving the last synced FarmPods, retrying with backoff");
-                    self.degraded(Some(error.to_string()));
+                    this.degraded(Some(error.to_string()));
                     continue;
                 }
             };
             match applied {
-                Ok(()) => self.degraded(None),
+                Ok(()) => this.degraded(None),
                 Err(error) => tracing::error!(%error, "could not apply a Pod event"),
             }
         }

@@ -2,7 +2,10 @@
 //! survive restarts, and an unreachable etcd is a 503 and not ready until it is back. Needs a
 //! real etcd (see `common::etcd`).
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use crate::common::{Alpn, RawClient, RawResponse, etcd::Etcd, fixtures, process::Running};
 
@@ -708,4 +711,57 @@ async fn etcd_over_tls_with_a_client_certificate() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(refused.get(LLAMAS, &[]).await.status, 503);
     assert_ne!(refused.get("/readyz", &[]).await.status, 200);
+}
+
+/// etcd's count of open watchers (its `etcd_debugging_mvcc_watcher_total` gauge).
+async fn etcd_watchers(etcd: &Etcd) -> f64 {
+    let text = reqwest_free_get(&format!("{}/metrics", etcd.endpoint())).await;
+    text.lines()
+        .find(|l| l.starts_with("etcd_debugging_mvcc_watcher_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A plain HTTP GET of `url` on loopback (etcd's metrics), its body.
+async fn reqwest_free_get(url: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    stream
+        .write_all(format!("GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+/// A store's tasks end with it: once the last handle on an etcd store is dropped, its feed
+/// closes its etcd watch (seen in etcd's own gauge of watchers) within seconds.
+#[tokio::test]
+async fn dropping_an_etcd_store_ends_its_tasks() {
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let before = etcd_watchers(&etcd).await;
+    let store = farm_apiserver::store::etcd::EtcdStore::<farm_apiserver::resources::Llama>::start(
+        etcd.client(),
+        "/farm.example.com/",
+    );
+    use farm_apiserver::store::Store;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.check_ready().is_err() || etcd_watchers(&etcd).await <= before {
+        assert!(Instant::now() < deadline, "the store never watched");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while etcd_watchers(&etcd).await > before {
+        assert!(
+            Instant::now() < deadline,
+            "the store's watch is still open 5 s after the store was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

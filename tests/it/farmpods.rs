@@ -402,3 +402,31 @@ async fn kubectl_get_farmpods() {
     let _ = child.wait();
     assert!(found, "kubectl get farmpods -w shows the new Pod");
 }
+
+/// The cache's watcher tasks end with it: once the last handle on the FarmPod cache is
+/// dropped, its Pod watch is closed (the fake kube-apiserver sees its watch go).
+#[tokio::test]
+async fn dropping_the_cache_ends_its_watch() {
+    use farm_apiserver::store::pod_cache::CacheState;
+    let fake = FakeKube::start().await;
+    let before = fake.open_watches();
+    let cache = PodCache::start(fake.client().await, Vec::new());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !matches!(cache.state(), CacheState::Synced { .. }) || fake.open_watches() <= before {
+        assert!(tokio::time::Instant::now() < deadline, "never watched");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(cache);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut index = 0;
+    while fake.open_watches() > before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cache's Pod watch is still open 5 s after the cache was dropped"
+        );
+        // A watch whose client went away lets its receiver go at the next event.
+        index += 1;
+        fake.add(pod("shop", &format!("after-{index}"), &[], 1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -183,6 +183,12 @@ impl FakeKube {
         self.failures.store(count, Ordering::SeqCst);
     }
 
+    /// Watches open now (each holds a receiver of the events; one whose client went away
+    /// lets it go at the next event).
+    pub fn open_watches(&self) -> usize {
+        self.events.receiver_count()
+    }
+
     /// Ends every open watch (as a kube-apiserver restart would).
     pub fn cut_watches(&self) {
         let _ = self.events.send(None);
