@@ -18,6 +18,11 @@
 //! bound rather than per request, turns flags into times and closes what has overstayed. A
 //! bound is then kept to within an eighth of itself.
 
+/// The address of a request's peer, set on the requests that leave the fast path (for the
+/// audit log's `sourceIPs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAddr(pub std::net::IpAddr);
+
 use std::{
     future::Future as _,
     io,

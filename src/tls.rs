@@ -454,11 +454,12 @@ impl Acceptor {
 /// request.)
 pub trait ConnectionService {
     /// The service for one connection: `chain` is what the handshake verified, `activity`
-    /// what the connection's idle and write bounds watch.
+    /// what the connection's idle and write bounds watch, `remote` the peer's address.
     fn for_connection(
         self,
         chain: Vec<CertificateDer<'static>>,
         activity: Arc<connection::Activity>,
+        remote: Option<std::net::IpAddr>,
     ) -> Self;
 }
 
@@ -470,6 +471,7 @@ impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
         let inner = self.inner.clone();
         let limits = self.limits;
+        let remote = stream.peer_addr().ok().map(|a| a.ip().to_canonical());
         Box::pin(async move {
             let (stream, service) = inner.accept(stream, service).await?;
             let chain = stream
@@ -479,7 +481,7 @@ impl<S: ConnectionService + Send + 'static> Accept<TcpStream, S> for Acceptor {
                 .map(|certs| certs.iter().map(|c| c.clone().into_owned()).collect())
                 .unwrap_or_default();
             let activity = Arc::new(connection::Activity::default());
-            let service = service.for_connection(chain, activity.clone());
+            let service = service.for_connection(chain, activity.clone(), remote);
             Ok((connection::Guarded::new(stream, limits, activity), service))
         })
     }

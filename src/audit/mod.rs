@@ -10,6 +10,7 @@
 //! handlers reach theirs through the request context. With no policy there is no auditor, and
 //! nothing here runs.
 
+mod json;
 pub mod log;
 pub mod policy;
 pub mod webhook;
@@ -30,6 +31,9 @@ use serde_json::Value;
 pub use policy::{Level, Policy, RequestConfig, Stage};
 
 use crate::{auth::UserInfo, metrics::Metrics, request_info::RequestInfo};
+
+/// What an event reads of a request: its URI, its headers, and its peer's address.
+pub type RequestParts<'r> = (&'r Uri, &'r HeaderMap, Option<std::net::IpAddr>);
 
 /// The header that carries a request's audit ID, both ways.
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
@@ -120,7 +124,7 @@ impl Auditor {
         id: &str,
         user: Option<&UserInfo>,
         info: &RequestInfo<'_>,
-        request: (&Uri, &HeaderMap),
+        request: RequestParts<'_>,
     ) -> Option<Arc<Record>> {
         let config = self.policy.evaluate(user, info);
         if config.level == Level::None {
@@ -141,7 +145,7 @@ impl Auditor {
         self: &Arc<Self>,
         id: &str,
         info: &RequestInfo<'_>,
-        request: (&Uri, &HeaderMap),
+        request: RequestParts<'_>,
         message: &str,
     ) {
         let config = self.policy.evaluate(None, info);
@@ -356,13 +360,9 @@ impl Record {
         if stage != Stage::RequestReceived {
             event.stage_timestamp = micro_time(jiff::Timestamp::now());
         }
-        let serialized = serde_json::to_vec(&*event);
+        let mut line = Vec::with_capacity(1024);
+        event.write_json(&mut line);
         drop(event);
-        let Ok(mut line) = serialized else {
-            self.auditor
-                .count_error("log", "an audit event could not be written");
-            return None;
-        };
         escape_html(&mut line);
         line.push(b'\n');
         Some(line)
@@ -597,37 +597,52 @@ fn escape_html(line: &mut Vec<u8>) {
 /// `metav1.MicroTime` as JSON writes it: UTC, microseconds (`2006-01-02T15:04:05.000000Z`).
 /// Written digit by digit: `strftime` cost more than the rest of an event's metadata.
 fn micro_time(at: jiff::Timestamp) -> String {
-    let time = jiff::tz::TimeZone::UTC.to_datetime(at);
-    let mut out = String::with_capacity(27);
+    let micros = at.as_microsecond();
+    let (seconds, micro) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
+    // The civil date of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`),
+    // cheaper than a time zone's conversion.
+    let z = days + 719_468;
+    let (era, of_era) = (z.div_euclid(146_097), z.rem_euclid(146_097));
+    let year_of_era = (of_era - of_era / 1460 + of_era / 36_524 - of_era / 146_096) / 365;
+    let day_of_year = of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    let mut out = [0u8; 27];
     let parts = [
-        (i64::from(time.year()), 4, '-'),
-        (time.month().into(), 2, '-'),
-        (time.day().into(), 2, 'T'),
-        (time.hour().into(), 2, ':'),
-        (time.minute().into(), 2, ':'),
-        (time.second().into(), 2, '.'),
-        ((time.subsec_nanosecond() / 1000).into(), 6, 'Z'),
+        (year, 0, 4, b'-'),
+        (month, 5, 2, b'-'),
+        (day, 8, 2, b'T'),
+        (of_day / 3600, 11, 2, b':'),
+        (of_day / 60 % 60, 14, 2, b':'),
+        (of_day % 60, 17, 2, b'.'),
+        (micro, 20, 6, b'Z'),
     ];
-    for (value, width, after) in parts {
-        let mut buffer = [b'0'; 6];
-        let mut rest = i64::unsigned_abs(value);
-        for slot in buffer[..width].iter_mut().rev() {
+    for (value, at, width, after) in parts {
+        let mut rest = value.unsigned_abs();
+        for slot in out[at..at + width].iter_mut().rev() {
             *slot = b'0' + (rest % 10) as u8;
             rest /= 10;
         }
-        out.extend(buffer[..width].iter().map(|&b| char::from(b)));
-        out.push(after);
+        out[at + width] = after;
     }
-    out
+    String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The client's addresses as k8s.io/apiserver reads them: `X-Forwarded-For`, then
-/// `X-Real-Ip` when not already named.
-fn source_ips(headers: &HeaderMap) -> Vec<String> {
+/// The client's addresses as k8s.io/apiserver's `SourceIPs` reads them: the first
+/// `X-Forwarded-For` header's, then `X-Real-Ip` when not already named, then the peer's own
+/// address (`remote`) unless it is the last already: it cannot be spoofed.
+fn source_ips(headers: &HeaderMap, remote: Option<std::net::IpAddr>) -> Vec<String> {
     let mut ips: Vec<String> = headers
-        .get_all("x-forwarded-for")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .into_iter()
         .flat_map(|v| v.split(','))
         .map(str::trim)
         .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
@@ -642,7 +657,37 @@ fn source_ips(headers: &HeaderMap) -> Vec<String> {
     {
         ips.push(real.to_owned());
     }
+    if let Some(remote) = remote {
+        let last = ips
+            .last()
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok());
+        if last != Some(remote) {
+            ips.push(ip_text(remote));
+        }
+    }
     ips
+}
+
+/// An address as text: an IPv4 one digit by digit (`Display` costs more than the rest of
+/// its event's header).
+fn ip_text(ip: std::net::IpAddr) -> String {
+    let std::net::IpAddr::V4(v4) = ip else {
+        return ip.to_string();
+    };
+    let mut text = String::with_capacity(15);
+    for (index, octet) in v4.octets().into_iter().enumerate() {
+        if index > 0 {
+            text.push('.');
+        }
+        if octet >= 100 {
+            text.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            text.push(char::from(b'0' + octet / 10 % 10));
+        }
+        text.push(char::from(b'0' + octet % 10));
+    }
+    text
 }
 
 /// User agents past 1024 bytes are cut, as kube-apiserver cuts them.
@@ -702,7 +747,7 @@ impl Event {
         id: &str,
         user: Option<&UserInfo>,
         info: &RequestInfo<'_>,
-        (uri, headers): (&Uri, &HeaderMap),
+        (uri, headers, remote): RequestParts<'_>,
     ) -> Self {
         let now = micro_time(jiff::Timestamp::now());
         Self {
@@ -716,7 +761,7 @@ impl Event {
                 .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
             verb: info.verb,
             user: user.map(EventUser::of).unwrap_or_default(),
-            source_ips: source_ips(headers),
+            source_ips: source_ips(headers, remote),
             user_agent: headers
                 .get(axum::http::header::USER_AGENT)
                 .map(|v| truncate_agent(&String::from_utf8_lossy(v.as_bytes()))),
@@ -826,6 +871,10 @@ mod tests {
             ),
             ("0999-01-02T03:04:05Z", "0999-01-02T03:04:05.000000Z"),
             ("2024-02-29T23:59:59.000001Z", "2024-02-29T23:59:59.000001Z"),
+            ("1969-12-31T23:59:59.999999Z", "1969-12-31T23:59:59.999999Z"),
+            ("1600-03-01T00:00:00Z", "1600-03-01T00:00:00.000000Z"),
+            ("2100-02-28T12:00:00.5Z", "2100-02-28T12:00:00.500000Z"),
+            ("9999-12-30T21:59:59.999999Z", "9999-12-30T21:59:59.999999Z"),
         ] {
             let at: jiff::Timestamp = text.parse().unwrap();
             assert_eq!(micro_time(at), expected);
@@ -833,6 +882,58 @@ mod tests {
                 micro_time(at),
                 at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
             );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_micro_time_is_strftimes(micros in -62_135_596_800_000_000i64..253_402_207_200_000_000) {
+            let at = jiff::Timestamp::from_microsecond(micros).unwrap();
+            proptest::prop_assert_eq!(
+                micro_time(at),
+                at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+            );
+        }
+    }
+
+    #[test]
+    fn source_ips_as_kube_apiserver_reads_them() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(*name, axum::http::HeaderValue::from_static(value));
+            }
+            map
+        };
+        let peer = Some(std::net::IpAddr::from([10, 0, 0, 9]));
+        for (pairs, expected) in [
+            (&[][..], vec!["10.0.0.9"]),
+            (
+                &[("x-forwarded-for", "1.2.3.4, bogus, 5.6.7.8")][..],
+                vec!["1.2.3.4", "5.6.7.8", "10.0.0.9"],
+            ),
+            // Only the first X-Forwarded-For header is read; the peer is not named twice.
+            (
+                &[
+                    ("x-forwarded-for", "1.2.3.4, 10.0.0.9"),
+                    ("x-forwarded-for", "9.9.9.9"),
+                ][..],
+                vec!["1.2.3.4", "10.0.0.9"],
+            ),
+            (
+                &[("x-forwarded-for", "1.2.3.4"), ("x-real-ip", "1.2.3.4")][..],
+                vec!["1.2.3.4", "10.0.0.9"],
+            ),
+            (
+                &[("x-real-ip", "2001:db8::1")][..],
+                vec!["2001:db8::1", "10.0.0.9"],
+            ),
+        ] {
+            assert_eq!(source_ips(&headers(pairs), peer), expected, "{pairs:?}");
+        }
+        assert!(source_ips(&HeaderMap::new(), None).is_empty());
+        for ip in ["0.0.0.0", "10.20.100.255", "127.0.0.1", "2001:db8::1"] {
+            assert_eq!(ip_text(ip.parse().unwrap()), ip);
         }
     }
 

@@ -217,14 +217,19 @@ impl Edge {
                 }
             };
             if let (Some(auditor), Some(id)) = (&self.audit, &audit_id)
-                && let Some(begun) = Box::pin(self.begin_audit(
-                    auditor,
-                    id,
-                    request.method(),
-                    request.uri(),
-                    request.headers(),
-                    &checked,
-                ))
+                && let Some(begun) = Box::pin(
+                    self.begin_audit(
+                        auditor,
+                        id,
+                        request.method(),
+                        (request.uri(), request.headers()),
+                        request
+                            .extensions()
+                            .get::<connection::RemoteAddr>()
+                            .map(|r| r.0),
+                        &checked,
+                    ),
+                )
                 .await
             {
                 let _ = open.set(audit::Open::new(begun));
@@ -304,12 +309,12 @@ impl Edge {
         auditor: &Arc<audit::Auditor>,
         id: &str,
         method: &axum::http::Method,
-        uri: &axum::http::Uri,
-        headers: &axum::http::HeaderMap,
+        (uri, headers): (&axum::http::Uri, &axum::http::HeaderMap),
+        remote: Option<std::net::IpAddr>,
         checked: &crate::auth::Checked,
     ) -> Option<Arc<audit::Record>> {
         let info = RequestInfo::parse(method, uri.path(), uri.query());
-        let parts = (uri, headers);
+        let parts = (uri, headers, remote);
         let user = match checked {
             Err((Error::Unauthorized(_), None)) => {
                 // kube-apiserver's words for the audit log.
@@ -413,6 +418,8 @@ pub struct App {
     pub(super) peer: Option<PeerCertificates>,
     /// The connection's activity, for its idle bound (none in `oneshot` tests).
     pub(super) activity: Option<Arc<connection::Activity>>,
+    /// The peer's address (none in `oneshot` tests).
+    pub(super) remote: Option<std::net::IpAddr>,
 }
 
 impl tls::ConnectionService for App {
@@ -420,9 +427,11 @@ impl tls::ConnectionService for App {
         mut self,
         chain: Vec<rustls_pki_types::CertificateDer<'static>>,
         activity: Arc<connection::Activity>,
+        remote: Option<std::net::IpAddr>,
     ) -> Self {
         self.peer = Some(PeerCertificates::new(chain));
         self.activity = Some(activity);
+        self.remote = remote;
         self
     }
 }
@@ -509,7 +518,12 @@ impl App {
             }
         };
         let edge = self.edge.clone();
-        let request = request.map(axum::body::Body::new);
+        let mut request = request.map(axum::body::Body::new);
+        if let Some(remote) = self.remote {
+            request
+                .extensions_mut()
+                .insert(connection::RemoteAddr(remote));
+        }
         let (method, uri) = (request.method().clone(), request.uri().clone());
         let in_flight = self.activity.as_ref().map(|a| a.begin());
         Either::Right(Box::pin(async move {

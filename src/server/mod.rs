@@ -271,5 +271,6 @@ pub fn app(state: AppState) -> App {
         }),
         peer: None,
         activity: None,
+        remote: None,
     }
 }

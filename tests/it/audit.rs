@@ -115,7 +115,8 @@ async fn events_for_writes_reads_errors_watches_and_failed_authentication() {
         assert_eq!(event["requestURI"], LLAMAS);
         assert_eq!(event["user"]["username"], "farm-dev-admin");
         assert_eq!(event["userAgent"], "kubectl/v1.36.0 <&>");
-        assert_eq!(event["sourceIPs"], json!(["10.0.0.7"]));
+        // The forwarded address, then the peer's own (kube-apiserver's last hop).
+        assert_eq!(event["sourceIPs"], json!(["10.0.0.7", "127.0.0.1"]));
         let reference = &event["objectRef"];
         assert_eq!(reference["resource"], "llamas");
         assert_eq!(reference["namespace"], "default");
