@@ -261,10 +261,10 @@ fn string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
     let mut start = 0;
     while let Some(index) = next_escape(bytes, start) {
-        let Some((&byte, before)) = bytes[..=index.min(bytes.len() - 1)].split_last() else {
+        let (Some(clean), Some(&byte)) = (bytes.get(start..index), bytes.get(index)) else {
             break;
         };
-        out.extend_from_slice(&before[start..]);
+        out.extend_from_slice(clean);
         match byte {
             b'"' => out.extend_from_slice(br#"\""#),
             b'\\' => out.extend_from_slice(br"\\"),
@@ -282,7 +282,7 @@ fn string(out: &mut Vec<u8>, text: &str) {
         }
         start = index + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
+    out.extend_from_slice(bytes.get(start..).unwrap_or_default());
     out.push(b'"');
 }
 

@@ -36,13 +36,6 @@ impl Webhook {
 
     /// One whose certificate also names `names` (a Service's `<name>.<namespace>.svc`).
     pub(crate) async fn start_for(names: &[&str]) -> Self {
-        common::install_crypto();
-        let dir = tempfile::tempdir().unwrap();
-        let ca =
-            farm_apiserver::tls::DevCa::load_or_create_named(dir.path(), "webhook-ca").unwrap();
-        let mut sans = vec!["127.0.0.1", "localhost"];
-        sans.extend_from_slice(names);
-        let (cert, key) = ca.issue_serving(&sans).unwrap();
         let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
         let answer: Arc<Mutex<Box<Answer>>> = Arc::new(Mutex::new(Box::new(|_| allow())));
         let delay: Arc<Mutex<Duration>> = Arc::default();
@@ -69,24 +62,14 @@ impl Webhook {
                 }
             },
         ));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let tls =
-            axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
-                .await
-                .unwrap();
-        let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
-        tokio::spawn(async move {
-            let _ = server.serve(app.into_make_service()).await;
-        });
+        let served = common::https::serve(app, "webhook-ca", names).await;
         Self {
-            addr,
-            ca_pem: ca.cert_pem.clone(),
+            addr: served.addr,
+            ca_pem: served.ca_pem,
             seen,
             answer,
             delay,
-            _dir: dir,
+            _dir: served.dir,
         }
     }
 

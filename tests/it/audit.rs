@@ -520,10 +520,6 @@ struct AuditReceiver {
 
 impl AuditReceiver {
     async fn start() -> Self {
-        common::install_crypto();
-        let dir = tempfile::tempdir().unwrap();
-        let ca = farm_apiserver::tls::DevCa::load_or_create_named(dir.path(), "audit-ca").unwrap();
-        let (cert, key) = ca.issue_serving(&["127.0.0.1"]).unwrap();
         let posts: Arc<std::sync::Mutex<Vec<(String, String, Value)>>> = Arc::default();
         let failing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let state = (posts.clone(), failing.clone());
@@ -552,23 +548,13 @@ impl AuditReceiver {
                 }
             },
         ));
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let tls =
-            axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
-                .await
-                .unwrap();
-        let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
-        tokio::spawn(async move {
-            let _ = server.serve(app.into_make_service()).await;
-        });
+        let served = common::https::serve(app, "audit-ca", &[]).await;
         Self {
-            addr,
-            ca_pem: ca.cert_pem.clone(),
+            addr: served.addr,
+            ca_pem: served.ca_pem,
             posts,
             failing,
-            _dir: dir,
+            _dir: served.dir,
         }
     }
 

@@ -21,7 +21,7 @@ use cel::{
     Env, ExecutionError,
     common::{
         ast::{ComprehensionExpr, EntryExpr, Expr, IdedExpr, operators},
-        types::{CelBool, CelBytes, CelInt, CelList, CelMap, CelString, DYN_TYPE, INT_TYPE},
+        types::{CelBool, CelBytes, CelInt, CelList, CelString, DYN_TYPE, INT_TYPE},
         value::{CowVal, Val},
     },
 };
@@ -137,7 +137,6 @@ fn size_cost(value: &dyn Val) -> u64 {
     } else if let Some(l) = value.downcast_ref::<CelList>() {
         l.inner().len()
     } else {
-        let _ = value.downcast_ref::<CelMap>();
         0
     };
     u64::try_from(len).unwrap_or(u64::MAX)

@@ -5,6 +5,7 @@
 pub mod etcd;
 pub mod fake_kube;
 pub mod fixtures;
+pub mod https;
 pub mod install;
 pub mod oneshot;
 pub mod otlp;

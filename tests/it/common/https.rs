@@ -1,0 +1,38 @@
+//! An HTTPS server on loopback for the tests' webhooks and receivers: a certificate of its own
+//! CA, serving an axum router.
+
+use std::net::SocketAddr;
+
+/// A served router: its address, its CA (PEM) and the directory holding the CA.
+pub struct Served {
+    pub addr: SocketAddr,
+    pub ca_pem: String,
+    /// Holds the CA's files for as long as the server is used.
+    pub dir: tempfile::TempDir,
+}
+
+/// Serves `app` on 127.0.0.1 with a certificate for `127.0.0.1`, `localhost` and `names`,
+/// issued by a CA called `ca_name`.
+pub async fn serve(app: axum::Router, ca_name: &str, names: &[&str]) -> Served {
+    super::install_crypto();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = farm_apiserver::tls::DevCa::load_or_create_named(dir.path(), ca_name).unwrap();
+    let mut sans = vec!["127.0.0.1", "localhost"];
+    sans.extend_from_slice(names);
+    let (cert, key) = ca.issue_serving(&sans).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
+        .await
+        .unwrap();
+    let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
+    tokio::spawn(async move {
+        let _ = server.serve(app.into_make_service()).await;
+    });
+    Served {
+        addr,
+        ca_pem: ca.cert_pem.clone(),
+        dir,
+    }
+}
