@@ -13,7 +13,7 @@
 //!
 //! The `_sync` (and `_now`) convention: a method so named answers without a future when all
 //! it needs is in memory, and returns None when only its async counterpart can answer
-//! ([`store::Store::get_sync`], [`rest::Target::call_sync`], [`auth::Auth::check_sync`]). A
+//! ([`store::Store::get_sync`], [`rest::Target::call_sync`], [`auth::Auth::authorize_sync`]). A
 //! cached GET through the aggregator is then answered without a boxed future.
 
 pub mod admission;

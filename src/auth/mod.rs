@@ -42,21 +42,31 @@ pub enum AuthStep {
 }
 
 impl Auth {
-    /// Authenticates and authorizes one request as far as it can without waiting (certificate
-    /// or front-proxy identity, a cached or unneeded authorization: nearly every request
-    /// through the aggregator). Identity headers are stripped unless a verified front proxy
-    /// sent them.
-    /// `now` is when the request started (cached decisions' age is counted from it).
-    pub fn check_sync(
+    /// Authenticates one request as far as it can without waiting (certificate or front-proxy
+    /// identity: nearly every request through the aggregator). Identity headers are stripped
+    /// unless a verified front proxy sent them. [`Auth::authorize_sync`] takes it from there;
+    /// the two are apart so the request's headers are borrowed mutably only here.
+    pub fn authenticate_sync(
         &self,
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
+    ) -> Authenticated {
+        crate::telemetry::in_span("authentication", || {
+            self.authn.authenticate_sync(peer, headers)
+        })
+    }
+
+    /// Authorizes an [`Auth::authenticate_sync`]ed request as far as it can without waiting
+    /// (a cached or unneeded decision). `now` is when the request started (cached decisions'
+    /// age is counted from it).
+    pub fn authorize_sync(
+        &self,
+        authenticated: Authenticated,
+        peer: Option<&PeerCertificates>,
         info: &RequestInfo<'_>,
         now: std::time::Instant,
     ) -> AuthStep {
-        let Authenticated::User(user) = crate::telemetry::in_span("authentication", || {
-            self.authn.authenticate_sync(peer, headers)
-        }) else {
+        let Authenticated::User(user) = authenticated else {
             return AuthStep::ReviewToken;
         };
         let Some(user) = user else {
@@ -73,7 +83,7 @@ impl Auth {
         }
     }
 
-    /// Finishes a check [`Auth::check_sync`] began: sends the review it needs. Ok(None) for an
+    /// Finishes a check [`Auth::authorize_sync`] left: sends the review it needs. Ok(None) for an
     /// anonymous call to an always-allowed path, the user otherwise; 401/403 as errors.
     pub async fn check(
         &self,

@@ -126,8 +126,18 @@ impl Edge {
         request: &mut axum::http::Request<B>,
     ) -> Result<Response, Box<Pending>> {
         let started = Instant::now();
-        // The URI is cheap to clone (shared bytes); the request info borrows from the clone.
-        let uri = request.uri().clone();
+        let trace = crate::telemetry::server_span(
+            request.headers(),
+            request.method(),
+            request.uri().path(),
+        );
+        // Authentication's and authorization's spans go under the request's.
+        let current = trace.as_ref().map(|cx| cx.clone().attach());
+        // The only step that changes the request (identity headers no verified proxy sent
+        // are removed); everything after borrows it.
+        let authenticated = self.auth.authenticate_sync(peer, request.headers_mut());
+        let request = &*request;
+        let uri = request.uri();
         // The path is split once: a resource endpoint's request info is what routing found.
         let target = self.endpoints.find(uri.path());
         let info = match &target {
@@ -144,13 +154,10 @@ impl Edge {
                 log: RequestLog::of(&info),
             })
         };
-        let trace = crate::telemetry::server_span(request.headers(), request.method(), uri.path());
-        let step = {
-            // Authentication's and authorization's spans go under the request's.
-            let _current = trace.as_ref().map(|cx| cx.clone().attach());
-            self.auth
-                .check_sync(peer, request.headers_mut(), &info, started)
-        };
+        let step = self
+            .auth
+            .authorize_sync(authenticated, peer, &info, started);
+        drop(current);
         // A traced request, or one the audit policy writes, has its spans or events written
         // on the way; one the policy leaves out is answered here like any other.
         if trace.is_some() || self.audit.as_ref().is_some_and(|a| a.writes(&step, &info)) {
@@ -486,8 +493,10 @@ impl App {
     {
         use futures::future::Either;
         // A body nobody reads (an early 401, 413...) is still read, so the client sees the
-        // answer (see `connection`).
+        // answer (see `connection`). A body already at its end (a GET's) has nothing to drain,
+        // and its headers need no lookup.
         let drain = request.version() <= axum::http::Version::HTTP_11
+            && !http_body::Body::is_end_stream(request.body())
             && !request.headers().contains_key(axum::http::header::EXPECT);
         let mut request = request.map(|body| connection::Drained::new(body, drain));
         if health::is_probe(request.uri().path()) {
