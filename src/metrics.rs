@@ -134,6 +134,16 @@ pub struct PolicyCheckLabels {
     pub enforcement_action: &'static str,
 }
 
+/// How many policy check series keep their handles (a few per binding: its outcomes).
+const POLICY_SERIES_CACHED: usize = 256;
+
+/// One `apiserver_validating_admission_policy_check_*` series' handles.
+struct PolicySeries {
+    labels: PolicyCheckLabels,
+    checks: Counter,
+    durations: Histogram,
+}
+
 /// The labels of `apiserver_mutating_admission_policy_check_*`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MutationCheckLabels {
@@ -181,6 +191,9 @@ pub struct Metrics {
     // lookup, which was a few percent of a GET's CPU.
     request_slots: Vec<OnceLock<Counter>>,
     duration_slots: Vec<OnceLock<Histogram>>,
+    /// The policy checks' series handles met so far, found by borrowed labels (at most
+    /// [`POLICY_SERIES_CACHED`]; further ones are looked up in their families each time).
+    policy_series: std::sync::Mutex<Vec<PolicySeries>>,
     /// `apiserver_longrunning_requests`: watch streams open now.
     pub open_watches: Gauge,
     /// `apiserver_storage_objects`: objects stored per resource, refreshed on every scrape.
@@ -358,6 +371,7 @@ impl Metrics {
             duration_slots: (0..VERBS.len() * resources.len())
                 .map(|_| OnceLock::new())
                 .collect(),
+            policy_series: std::sync::Mutex::default(),
             resources,
             requests,
             durations,
@@ -402,6 +416,49 @@ impl Metrics {
                     .clone()
             })
             .observe(seconds);
+    }
+
+    /// Counts one ValidatingAdmissionPolicy binding's decision and its duration.
+    pub fn observe_policy_check(
+        &self,
+        policy: &str,
+        policy_binding: &str,
+        error_type: &'static str,
+        enforcement_action: &'static str,
+        seconds: f64,
+    ) {
+        let same = |s: &&PolicySeries| {
+            s.labels.error_type == error_type
+                && s.labels.enforcement_action == enforcement_action
+                && s.labels.policy == policy
+                && s.labels.policy_binding == policy_binding
+        };
+        if let Ok(series) = self.policy_series.lock()
+            && let Some(found) = series.iter().find(same)
+        {
+            found.checks.inc();
+            found.durations.observe(seconds);
+            return;
+        }
+        let labels = PolicyCheckLabels {
+            policy: policy.to_owned(),
+            policy_binding: policy_binding.to_owned(),
+            error_type,
+            enforcement_action,
+        };
+        let checks = self.policy_checks.get_or_create(&labels).clone();
+        let durations = self.policy_durations.get_or_create(&labels).clone();
+        checks.inc();
+        durations.observe(seconds);
+        if let Ok(mut series) = self.policy_series.lock()
+            && series.len() < POLICY_SERIES_CACHED
+        {
+            series.push(PolicySeries {
+                labels,
+                checks,
+                durations,
+            });
+        }
     }
 
     /// Sets `apiserver_storage_objects` and the watch history's size for `resource`

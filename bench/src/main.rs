@@ -62,6 +62,10 @@ enum Cmd {
     FakeCluster {
         #[arg(long)]
         kubeconfig: PathBuf,
+        /// A JSON array of admission configurations (ValidatingAdmissionPolicies, bindings...)
+        /// to list, as scenario 14 does.
+        #[arg(long)]
+        admission: Option<PathBuf>,
     },
 }
 
@@ -1874,8 +1878,14 @@ fn main() -> Result<()> {
                 &cas,
             ))
         }
-        Cmd::FakeCluster { kubeconfig } => runtime.block_on(async {
-            let (addr, _) = fake::start().await?;
+        Cmd::FakeCluster {
+            kubeconfig,
+            admission,
+        } => runtime.block_on(async {
+            let (addr, fake) = fake::start().await?;
+            if let Some(path) = admission {
+                fake.set_admission(serde_json::from_slice(&std::fs::read(path)?)?);
+            }
             std::fs::write(&kubeconfig, fake::kubeconfig(addr))?;
             println!("listening {addr}");
             std::future::pending::<Result<()>>().await

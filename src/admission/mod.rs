@@ -153,6 +153,58 @@ impl<'a> Attributes<'a> {
     }
 }
 
+/// The object a write admits, as JSON, made only as far as its readers need: a
+/// ValidatingAdmissionPolicy the top-level fields its expressions read (`object.spec.weight`:
+/// `spec`, not `metadata.managedFields`), a webhook the whole object. What was made is kept,
+/// and made again, larger, only for a reader that needs more.
+pub struct ObjectJson<'a> {
+    make: &'a MakeJson<'a>,
+    /// The fields made (None: all) and the JSON.
+    made: std::sync::Mutex<Option<Made>>,
+}
+
+/// Converts an object to JSON, keeping the top-level fields it is given (all for None).
+pub type MakeJson<'a> = dyn Fn(Option<&[String]>) -> Result<Value, String> + Send + Sync + 'a;
+
+/// What an [`ObjectJson`] made: the top-level fields (None: all), and the JSON.
+type Made = (Option<Vec<String>>, Arc<Value>);
+
+impl<'a> ObjectJson<'a> {
+    /// `make` converts the object, keeping the top-level fields it is given (all for None).
+    pub fn new(make: &'a MakeJson<'a>) -> Self {
+        Self {
+            make,
+            made: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The object with at least the top-level `fields` (None: whole).
+    pub fn get(&self, fields: Option<&[String]>) -> Result<Arc<Value>, String> {
+        let mut made = self
+            .made
+            .lock()
+            .map_err(|_| "the admitted object's JSON was poisoned".to_owned())?;
+        let want = match (&*made, fields) {
+            (None, fields) => fields.map(<[String]>::to_vec),
+            (Some((None, value)), _) => return Ok(value.clone()),
+            (Some((Some(have), value)), Some(fields))
+                if fields.iter().all(|f| have.contains(f)) =>
+            {
+                return Ok(value.clone());
+            }
+            (Some((Some(_), _)), None) => None,
+            (Some((Some(have), _)), Some(fields)) => {
+                let mut union = have.clone();
+                union.extend(fields.iter().filter(|f| !have.contains(f)).cloned());
+                Some(union)
+            }
+        };
+        let value = Arc::new((self.make)(want.as_deref())?);
+        *made = Some((want, value.clone()));
+        Ok(value)
+    }
+}
+
 /// The admission chain of a server: the cluster's webhooks, or nothing.
 #[derive(Clone, Default)]
 pub struct Admission {

@@ -15,7 +15,8 @@ use super::{
 };
 use crate::{
     admission::{
-        Attributes, Operation, cel::Numbers, policy::mutating::Appliers, reinvocation::Passes,
+        Attributes, ObjectJson, Operation, cel::Numbers, policy::mutating::Appliers,
+        reinvocation::Passes,
     },
     auth::UserInfo,
     error::{Error, Result},
@@ -39,6 +40,16 @@ fn apply_webhook_patch(
 /// that it routes to a resource endpoint.
 pub(crate) fn user_of(extensions: &Extensions) -> Option<Arc<UserInfo>> {
     extensions.get::<Arc<UserInfo>>().cloned()
+}
+
+/// `object`'s top-level `fields` (all for None) as JSON; None converts to null.
+fn json_fields<K: ServedResource>(
+    object: Option<&K>,
+    fields: Option<&[String]>,
+) -> std::result::Result<Value, String> {
+    object.map_or(Ok(Value::Null), |object| {
+        super::partial_json::to_json_fields(object, fields).map_err(|e| e.to_string())
+    })
 }
 
 fn to_json<K: ServedResource>(object: &K) -> Result<Value> {
@@ -271,20 +282,26 @@ async fn validate_untraced<K: ServedResource>(
     if policies.is_none() && webhooks.is_none() {
         return Ok(Vec::new());
     }
-    let object = object.map(to_json).transpose()?;
-    let old = old.map(to_json).transpose()?;
+    let (has_object, has_old) = (object.is_some(), old.is_some());
+    // Converted as far as the policies read them, shared by every policy's scope.
+    let make_object = |fields: Option<&[String]>| json_fields(object, fields);
+    let make_old = |fields: Option<&[String]>| json_fields(old, fields);
+    let (object, old) = (ObjectJson::new(&make_object), ObjectJson::new(&make_old));
+    let (object, old) = (has_object.then_some(&object), has_old.then_some(&old));
     // ValidatingAdmissionPolicy, then the validating webhooks (kube-apiserver's plugin order).
     let mut warnings = Vec::new();
     if let Some(policies) = policies {
-        warnings.extend(
-            policies
-                .validate(attributes, object.as_ref(), old.as_ref())
-                .await?,
-        );
+        warnings.extend(policies.validate(attributes, object, old).await?);
     }
     if let Some(webhooks) = webhooks {
+        let whole = |json: Option<&ObjectJson<'_>>| {
+            json.map(|j| j.get(None))
+                .transpose()
+                .map_err(|e| Error::Internal(format!("encoding the object for admission: {e}")))
+        };
+        let (object, old) = (whole(object)?, whole(old)?);
         let validated = webhooks
-            .validate(attributes, object.as_ref(), old.as_ref())
+            .validate(attributes, object.as_deref(), old.as_deref())
             .await
             .map_err(|e| e.with_warnings(&warnings))?;
         warnings.extend(validated);

@@ -15,6 +15,7 @@ pub mod fields;
 pub mod guaranteed;
 pub mod lifecycle;
 pub mod options;
+pub mod partial_json;
 pub mod patch;
 pub mod read;
 pub mod response;

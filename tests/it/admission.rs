@@ -1475,6 +1475,130 @@ async fn every_validation_is_judged_before_the_answer() {
     );
 }
 
+/// Policies are given only the parts of the object their expressions read (`object.spec`
+/// alone for `object.spec.weight`), and each still sees all it reads: a field chain, the object
+/// whole, `metadata` through a messageExpression, the labels an objectSelector judges, and
+/// `oldObject` on an update, several policies on one write.
+#[tokio::test]
+async fn policies_see_every_part_of_the_object_they_read() {
+    let policy = |name: &str, validation: Value, operations: Value| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "matchConstraints": {"resourceRules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["*"],
+                    "operations": operations, "resources": ["llamas"]}]},
+                "validations": [validation],
+            },
+        })
+    };
+    let binding = |name: &str, selector: Value| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"],
+                "matchResources": {"objectSelector": selector}},
+        })
+    };
+    let configurations = [
+        policy(
+            "a-weight",
+            json!({"expression": "object.spec.weight < 100.0",
+                "messageExpression": "'too heavy: ' + object.metadata.name"}),
+            json!(["CREATE"]),
+        ),
+        binding("a-weight", json!({})),
+        policy(
+            "b-whole",
+            json!({"expression": "object.size() == 4 && 'kind' in object && object.kind == 'Llama'",
+                "message": "not the whole object"}),
+            json!(["CREATE"]),
+        ),
+        binding("b-whole", json!({})),
+        policy(
+            "c-labelled",
+            json!({"expression": "object.spec.height < 2.0", "message": "labelled and too tall"}),
+            json!(["CREATE"]),
+        ),
+        binding("c-labelled", json!({"matchLabels": {"checked": "yes"}})),
+        policy(
+            "d-grows",
+            json!({"expression": "object.spec.weight >= oldObject.spec.weight && oldObject.metadata.name == object.metadata.name",
+                "message": "llamas do not shrink"}),
+            json!(["UPDATE"]),
+        ),
+        binding("d-grows", json!({})),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let create = |name: &str, weight: f64, height: f64, labels: Value| {
+        json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"weight": weight, "height": height}})
+        .to_string()
+        .into_bytes()
+    };
+    // The messageExpression reads metadata, which the validation does not.
+    let heavy = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(create("heavy", 500.0, 1.0, json!({}))),
+    )
+    .await;
+    assert_eq!(heavy.status, 422, "{}", heavy.json());
+    assert!(
+        heavy.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("denied request: too heavy: heavy")),
+        "{}",
+        heavy.json()
+    );
+    // The objectSelector reads the labels: a tall Llama passes unlabelled, not labelled.
+    let tall = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(create("tall", 50.0, 3.0, json!({}))),
+    )
+    .await;
+    assert_eq!(tall.status, 201, "{}", tall.json());
+    let labelled = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(create("labelled", 50.0, 3.0, json!({"checked": "yes"}))),
+    )
+    .await;
+    assert_eq!(labelled.status, 422, "{}", labelled.json());
+    assert!(
+        labelled.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("labelled and too tall")),
+        "{}",
+        labelled.json()
+    );
+    // oldObject is read in part too.
+    let path = format!("{LLAMAS}/tall");
+    let shrunk = send(
+        &server,
+        "PATCH",
+        &path,
+        Some(json!({"spec": {"weight": 10.0}}).to_string().into_bytes()),
+    )
+    .await;
+    assert_eq!(shrunk.status, 422, "{}", shrunk.json());
+    let grown = send(
+        &server,
+        "PATCH",
+        &path,
+        Some(json!({"spec": {"weight": 60.0}}).to_string().into_bytes()),
+    )
+    .await;
+    assert_eq!(grown.status, 200, "{}", grown.json());
+}
+
 /// A ValidatingAdmissionPolicy with a ConfigMap param, bound with Deny: a violation is refused
 /// with its message (and its reason's code), the rest allowed; a Warn binding warns; a binding
 /// whose param is missing denies (`parameterNotFoundAction: Deny`); variables, matchConditions

@@ -420,6 +420,7 @@ mod tests {
     use super::super::{Expression, Input, Scope, to_cel};
     use super::*;
     use serde_json::{Value, json};
+    use std::sync::Arc;
 
     fn object(items: usize) -> Value {
         json!({"items": (0..items).collect::<Vec<_>>(), "name": "x".repeat(1000)})
@@ -494,7 +495,7 @@ mod tests {
     fn a_scope_spends_one_budget_and_stops_at_its_deadline() {
         let inputs = vec![Input {
             name: "object",
-            value: object(100_000),
+            value: Arc::new(object(100_000)),
             numbers: None,
             native: None,
         }];

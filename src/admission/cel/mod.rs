@@ -61,6 +61,9 @@ pub struct Expression {
     names: Vec<String>,
     /// The policy variables it reads (`variables.<name>`); None: any of them.
     variables: Option<Vec<String>>,
+    /// The top-level fields of `object` and `oldObject` it reads (`object.spec.weight` →
+    /// `spec`); None: it may read them whole.
+    object_fields: Option<Vec<String>>,
     /// With a comprehension: the syntax tree that charges the cost meter as it runs
     /// ([`cost::instrument`]), run instead of the program's.
     metered: Option<cel::common::ast::IdedExpr>,
@@ -172,6 +175,14 @@ impl Expression {
         let simple = comprehensions == 0 && constant_cost(program.expression());
         let names = identifiers(program.expression());
         let variables = fields_of(program.expression(), "variables");
+        let object_fields = fields_of(program.expression(), "object").and_then(|mut fields| {
+            for field in fields_of(program.expression(), "oldObject")? {
+                if !fields.contains(&field) {
+                    fields.push(field);
+                }
+            }
+            Some(fields)
+        });
         let types = object_types(program.expression());
         let metered = cost::instrument(program.expression());
         if types.is_empty() {
@@ -181,6 +192,7 @@ impl Expression {
                 simple,
                 names,
                 variables,
+                object_fields,
                 metered,
                 env: env(),
             });
@@ -200,6 +212,7 @@ impl Expression {
             simple,
             names,
             variables,
+            object_fields,
             metered,
             env: Arc::new(own),
         })
@@ -233,6 +246,11 @@ impl Expression {
     /// Whether it names the identifier `name` (a variable it reads).
     pub fn names(&self, name: &str) -> bool {
         self.names.iter().any(|n| n == name)
+    }
+
+    /// The top-level fields of `object` and `oldObject` it may read; None: any.
+    pub fn object_fields(&self) -> Option<&[String]> {
+        self.object_fields.as_deref()
     }
 
     /// Whether it may read the policy variable `name`.
@@ -609,13 +627,13 @@ mod tests {
         let inputs = vec![
             Input {
                 name: "object",
-                value: object.clone(),
+                value: Arc::new(object.clone()),
                 numbers: None,
                 native: None,
             },
             Input {
                 name: "oldObject",
-                value: object.clone(),
+                value: Arc::new(object.clone()),
                 numbers: None,
                 native: None,
             },

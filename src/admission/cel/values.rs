@@ -136,8 +136,8 @@ pub fn to_cel_typed(value: &Value, numbers: Option<&Numbers>) -> cel::Value {
 pub struct Input {
     /// Its name (`object`, `request`...).
     pub name: &'static str,
-    /// Its value.
-    pub value: Value,
+    /// Its value, shared: the object a write admits is read by every policy's scope.
+    pub value: Arc<Value>,
     /// Where its schema has numbers.
     pub numbers: Option<Arc<Numbers>>,
     /// A value that is not JSON (`value` is then null).
@@ -149,7 +149,7 @@ impl Input {
     pub fn native(name: &'static str, value: cel::Value) -> Self {
         Self {
             name,
-            value: Value::Null,
+            value: Arc::new(Value::Null),
             numbers: None,
             native: Some(value),
         }

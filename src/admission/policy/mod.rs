@@ -150,13 +150,16 @@ pub(crate) async fn matches(
     }
     let object_selector = rules::selector(resources.object_selector.as_ref())
         .map_err(|e| Error::Internal(format!("objectSelector: {e}")))?;
-    if !rules::object_matches(
-        &object_selector,
-        rules::labels_of(object).as_ref(),
-        rules::labels_of(old).as_ref(),
-        object.is_some(),
-        old.is_some(),
-    ) {
+    // The labels are read only for a selector to judge them.
+    if object_selector.is_some()
+        && !rules::object_matches(
+            &object_selector,
+            rules::labels_of(object).as_ref(),
+            rules::labels_of(old).as_ref(),
+            object.is_some(),
+            old.is_some(),
+        )
+    {
         return Ok(false);
     }
     let namespace_selector = rules::selector(resources.namespace_selector.as_ref())
@@ -177,8 +180,8 @@ pub(crate) async fn matches(
 pub(crate) async fn inputs(
     expressions: &[Arc<cel::Expression>],
     attributes: &Attributes<'_>,
-    object: Option<&Value>,
-    old: Option<&Value>,
+    object: Option<&Arc<Value>>,
+    old: Option<&Arc<Value>>,
     params: Value,
     namespaces: &Namespaces,
     authorizer: Option<&Arc<dyn cel::Checker>>,
@@ -191,15 +194,15 @@ pub(crate) async fn inputs(
         json!({"apiVersion": "v1", "kind": "Namespace",
                "metadata": {"name": attributes.namespace, "labels": labels.unwrap_or_default()}})
     };
-    let typed = |name, value: Option<&Value>| cel::Input {
+    let typed = |name, value: Option<&Arc<Value>>| cel::Input {
         name,
-        value: value.cloned().unwrap_or(Value::Null),
+        value: value.cloned().unwrap_or_else(|| Arc::new(Value::Null)),
         numbers: attributes.numbers.clone(),
         native: None,
     };
     let plain = |name, value| cel::Input {
         name,
-        value,
+        value: Arc::new(value),
         numbers: None,
         native: None,
     };
@@ -429,7 +432,7 @@ mod tests {
                 expressions.push(user.clone());
                 let inputs = vec![cel::Input {
                     name: "object",
-                    value: object,
+                    value: Arc::new(object),
                     numbers: None,
                     native: None,
                 }];

@@ -221,8 +221,8 @@ impl MutatingPolicies {
         inputs(
             expressions,
             attributes,
-            Some(object),
-            old,
+            Some(&Arc::new(object.clone())),
+            old.map(|old| Arc::new(old.clone())).as_ref(),
             params.clone(),
             &self.namespaces,
             self.authorizer.get(),

@@ -7,7 +7,8 @@ use std::{collections::HashMap, sync::Arc};
 
 use k8s_openapi::{
     api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicySpec,
+        MatchResources, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        ValidatingAdmissionPolicySpec,
     },
     apimachinery::pkg::apis::meta::v1::Status,
 };
@@ -15,9 +16,9 @@ use serde_json::Value;
 
 use super::{Common, Params, Watched, compile, inputs, matches};
 use crate::{
-    admission::{Attributes, cel, webhook::forbidden},
+    admission::{Attributes, ObjectJson, cel, webhook::forbidden},
     error::{Error, Result},
-    metrics::{Metrics, PolicyCheckLabels, policy_error_type},
+    metrics::{Metrics, policy_error_type},
     namespaces::Namespaces,
 };
 
@@ -55,6 +56,8 @@ struct Compiled {
     /// Where the policy's own expressions (those that may read its variables) start in
     /// `expressions`.
     own: usize,
+    /// The top-level fields of `object` and `oldObject` its expressions read; None: any.
+    object_fields: Option<Vec<String>>,
 }
 
 impl Compiled {
@@ -90,12 +93,27 @@ impl Compiled {
             expressions.extend(check.message_expression.clone());
         }
         expressions.extend(audit_annotations.iter().map(|(_, e)| e.clone()));
+        let mut object_fields: Option<Vec<String>> = Some(Vec::new());
+        for expression in &expressions {
+            object_fields = match (object_fields, expression.object_fields()) {
+                (Some(mut fields), Some(read)) => {
+                    for field in read {
+                        if !fields.contains(field) {
+                            fields.push(field.clone());
+                        }
+                    }
+                    Some(fields)
+                }
+                _ => None,
+            };
+        }
         Ok(Self {
             common,
             checks,
             audit_annotations,
             expressions,
             own,
+            object_fields,
         })
     }
 }
@@ -141,18 +159,22 @@ impl ValidatingPolicies {
         policy: &ValidatingAdmissionPolicy,
         spec: &ValidatingAdmissionPolicySpec,
     ) -> std::result::Result<Arc<Compiled>, String> {
-        let name = policy.metadata.name.clone().unwrap_or_default();
-        let version = policy.metadata.resource_version.clone().unwrap_or_default();
+        let name = policy.metadata.name.as_deref().unwrap_or_default();
+        let version = policy
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
         if let Ok(cache) = self.compiled.lock()
-            && let Some((cached, compiled)) = cache.get(&name)
-            && *cached == version
+            && let Some((cached, compiled)) = cache.get(name)
+            && cached == version
             && !version.is_empty()
         {
             return Ok(compiled.clone());
         }
         let compiled = Arc::new(Compiled::of(spec).await?);
         if let Ok(mut cache) = self.compiled.lock() {
-            cache.insert(name, (version, compiled.clone()));
+            cache.insert(name.to_owned(), (version.to_owned(), compiled.clone()));
         }
         Ok(compiled)
     }
@@ -179,17 +201,7 @@ impl ValidatingPolicies {
         let Some(metrics) = self.metrics.get() else {
             return;
         };
-        let labels = PolicyCheckLabels {
-            policy: policy.to_owned(),
-            policy_binding: binding.to_owned(),
-            error_type: policy_error_type(failure),
-            enforcement_action: action,
-        };
-        metrics.policy_checks.get_or_create(&labels).inc();
-        metrics
-            .policy_durations
-            .get_or_create(&labels)
-            .observe(seconds);
+        metrics.observe_policy_check(policy, binding, policy_error_type(failure), action, seconds);
     }
 
     /// Whether both watches have listed once.
@@ -209,10 +221,15 @@ impl ValidatingPolicies {
     pub async fn validate(
         &self,
         attributes: &Attributes<'_>,
-        object: Option<&Value>,
-        old: Option<&Value>,
+        object: Option<&ObjectJson<'_>>,
+        old: Option<&ObjectJson<'_>>,
     ) -> Result<Vec<String>> {
         self.watched.ready(attributes).await?;
+        let json = |of: Option<&ObjectJson<'_>>, fields: Option<&[String]>| {
+            of.map(|o| o.get(fields))
+                .transpose()
+                .map_err(|e| Error::Internal(format!("encoding the object for admission: {e}")))
+        };
         let mut warnings = Vec::new();
         let mut denial: Option<(String, String)> = None;
         for binding in self.watched.bindings_by_name() {
@@ -223,21 +240,40 @@ impl ValidatingPolicies {
             let Some(spec) = &policy.spec else {
                 continue;
             };
-            // A policy matches nothing without its constraints; a binding narrows them.
+            // A policy matches nothing without its constraints; a binding narrows them. Only
+            // an objectSelector reads the object (its labels).
             let namespaces = &self.namespaces;
+            let selects =
+                |m: Option<&MatchResources>| m.is_some_and(|m| m.object_selector.is_some());
+            let (selected, selected_old) = if selects(spec.match_constraints.as_ref())
+                || selects(binding_spec.match_resources.as_ref())
+            {
+                let metadata = ["metadata".to_owned()];
+                (json(object, Some(&metadata))?, json(old, Some(&metadata))?)
+            } else {
+                (None, None)
+            };
+            let (selected, selected_old) = (selected.as_deref(), selected_old.as_deref());
             if !matches(
                 namespaces,
                 spec.match_constraints.as_ref(),
                 attributes,
-                object,
-                old,
+                selected,
+                selected_old,
             )
             .await?
             {
                 continue;
             }
             if let Some(resources) = &binding_spec.match_resources
-                && !matches(namespaces, Some(resources), attributes, object, old).await?
+                && !matches(
+                    namespaces,
+                    Some(resources),
+                    attributes,
+                    selected,
+                    selected_old,
+                )
+                .await?
             {
                 continue;
             }
@@ -271,11 +307,13 @@ impl ValidatingPolicies {
                         let started = std::time::Instant::now();
                         let decision = match self.compiled(&policy, spec).await {
                             Ok(compiled) => {
+                                let fields = compiled.object_fields.as_deref();
+                                let (object, old) = (json(object, fields)?, json(old, fields)?);
                                 evaluate(
                                     compiled,
                                     attributes,
-                                    object,
-                                    old,
+                                    object.as_ref(),
+                                    old.as_ref(),
                                     param,
                                     &self.namespaces,
                                     self.authorizer.get(),
@@ -387,8 +425,8 @@ impl ValidatingPolicies {
 async fn evaluate(
     compiled: Arc<Compiled>,
     attributes: &Attributes<'_>,
-    object: Option<&Value>,
-    old: Option<&Value>,
+    object: Option<&Arc<Value>>,
+    old: Option<&Arc<Value>>,
     params: Value,
     namespaces: &Namespaces,
     authorizer: Option<&Arc<dyn cel::Checker>>,

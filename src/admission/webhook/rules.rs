@@ -109,9 +109,11 @@ pub fn selector(selector: Option<&ApiLabelSelector>) -> Result<Option<LabelSelec
 
 /// The labels of an object as JSON (None without any).
 pub fn labels_of(object: Option<&serde_json::Value>) -> Option<BTreeMap<String, String>> {
-    object
-        .and_then(|v| v.pointer("/metadata/labels"))
-        .and_then(|l| serde_json::from_value(l.clone()).ok())
+    let labels = object?.get("metadata")?.get("labels")?.as_object()?;
+    labels
+        .iter()
+        .map(|(key, value)| Some((key.clone(), value.as_str()?.to_owned())))
+        .collect()
 }
 
 /// objectSelector: the new object's labels or the old object's match (either is enough).
