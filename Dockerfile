@@ -14,6 +14,8 @@ ARG TARGETPLATFORM
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The apply engine, a workspace crate the server depends on.
+COPY fieldmanager ./fieldmanager
 # bench/ is a workspace member: its manifest must be there even though it is not built.
 COPY bench ./bench
 # The dist profile (fat LTO) is what bench/run measures. The target/ cache is one per platform:

@@ -659,7 +659,7 @@ impl Args {
                     mutating: self.max_mutating_requests_inflight,
                 },
             },
-        );
+        )?;
         for check in etcd_checks {
             state.health.add_readiness_check(check);
         }

@@ -12,7 +12,7 @@ use crate::{
     store::{MemoryStore, PodCache, Store},
 };
 
-type Install = Box<dyn FnOnce(Endpoints, RestContext) -> Endpoints + Send>;
+type Install = Box<dyn FnOnce(Endpoints, RestContext) -> anyhow::Result<Endpoints> + Send>;
 
 /// The kinds `farm.example.com/v1alpha` serves, each with its store, in discovery order.
 #[derive(Default)]
@@ -43,15 +43,16 @@ impl ApiGroup {
         &self.resources
     }
 
-    /// The kinds' REST endpoints, sharing `ctx`.
-    pub fn endpoints(self, ctx: &RestContext) -> (Vec<ResourceInfo>, Endpoints) {
+    /// The kinds' REST endpoints, sharing `ctx`; fails on the first kind whose schema does not
+    /// convert for field management (see [`Endpoints::with`]).
+    pub fn endpoints(self, ctx: &RestContext) -> anyhow::Result<(Vec<ResourceInfo>, Endpoints)> {
         let endpoints = self
             .installs
             .into_iter()
-            .fold(Endpoints::default(), |endpoints, install| {
+            .try_fold(Endpoints::default(), |endpoints, install| {
                 install(endpoints, ctx.clone())
-            });
-        (self.resources, endpoints)
+            })?;
+        Ok((self.resources, endpoints))
     }
 }
 

@@ -25,7 +25,6 @@ pub mod config;
 pub mod connection;
 pub mod discovery;
 pub mod error;
-pub mod fieldmanager;
 pub mod group;
 pub mod health;
 pub mod list_body;

@@ -155,7 +155,7 @@ async fn mutate_untraced<K: ServedResource>(
     let mut json = to_json(object)?;
     let before = json.clone();
     let old = old.map(to_json).transpose()?;
-    let fields = api.fields()?;
+    let fields = &api.fields;
     let merge = |live: &Value, config: &Value| fields.merge_configuration(live, config);
     let appliers = Appliers {
         json_patch: &apply_webhook_patch,

@@ -1,9 +1,10 @@
 //! Field ownership on every write (`metadata.managedFields`) and server-side apply, through
-//! [`crate::fieldmanager`], called where k8s.io/apiserver's handlers call its FieldManager:
+//! [`farm_fieldmanager`], called where k8s.io/apiserver's handlers call its FieldManager:
 //! create, update and non-apply patches record an `Update` entry for their manager; apply
 //! merges the applied configuration and records an `Apply` entry.
 
 use axum::http::{HeaderMap, header};
+use farm_fieldmanager::{self as fieldmanager, FieldManager, Schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use serde_json::Value;
 
@@ -12,7 +13,6 @@ use super::options::{FIELD_MANAGER_MAX_LENGTH, is_print};
 use super::strategy::Part;
 use crate::{
     error::{Error, FieldError, Result},
-    fieldmanager::{self, FieldManager, Schema},
     openapi,
     resource::{GROUP_VERSION, ResourceInfo, ServedResource},
     store::Stored,
@@ -38,8 +38,7 @@ impl Fields {
         let manager = |subresource: &str| {
             let manager = FieldManager::new(schema.clone(), GROUP_VERSION, &info.kind, subresource);
             if info.status {
-                let reset = FieldManager::status_reset_fields(&schema, subresource);
-                manager.with_reset_fields(reset)
+                manager.with_status_reset_fields()
             } else {
                 manager
             }
@@ -93,7 +92,7 @@ impl Fields {
             .apply(live.as_ref(), config, manager, force, &now())
             .map_err(|error| match error {
                 fieldmanager::Error::Conflicts(ref conflicts) => Error::ApplyConflict {
-                    message: error.message(),
+                    message: error.to_string(),
                     causes: conflicts
                         .iter()
                         .map(|c| FieldError {

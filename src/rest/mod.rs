@@ -88,8 +88,8 @@ pub struct RestContext {
 pub(crate) struct KindApiInner<K> {
     pub(crate) store: Arc<dyn Store<K>>,
     pub(crate) ctx: RestContext,
-    /// The kind's field managers, or why there are none (its schema did not convert).
-    pub(crate) fields: std::result::Result<fields::Fields, String>,
+    /// The kind's field managers (a kind whose schema does not convert is not served).
+    pub(crate) fields: fields::Fields,
 }
 
 /// A kind's handler state: one `Arc`, so the per-request clone is one atomic increment.
@@ -117,13 +117,5 @@ impl<K: ServedResource> KindApi<K> {
                 K::qualified_resource()
             ))
         })
-    }
-
-    /// The kind's field managers; 500 when its schema could not be read (a test holds every
-    /// kind to it).
-    pub(crate) fn fields(&self) -> Result<&fields::Fields> {
-        self.fields
-            .as_ref()
-            .map_err(|e| Error::Internal(format!("field management is unavailable: {e}")))
     }
 }

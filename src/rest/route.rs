@@ -78,13 +78,23 @@ pub(crate) trait Endpoint: Send + Sync {
 }
 
 impl Endpoints {
-    /// Serves `K` from `store`.
-    pub fn with<K: ServedResource>(mut self, store: Arc<dyn Store<K>>, ctx: RestContext) -> Self {
+    /// Serves `K` from `store`. Fails when the kind's schema does not convert for field
+    /// management (server-side apply), naming the kind: at start-up rather than at its first
+    /// write.
+    pub fn with<K: ServedResource>(
+        mut self,
+        store: Arc<dyn Store<K>>,
+        ctx: RestContext,
+    ) -> anyhow::Result<Self> {
         let info = ResourceInfo::of::<K>(false);
         let fields = super::fields::Fields::of(&info).map_err(|e| {
-            tracing::error!(kind = %info.kind, error = %e, "no field management");
-            e.to_string()
-        });
+            anyhow::anyhow!(
+                "kind {} ({}.{}): its schema does not convert for field management: {e}",
+                info.kind,
+                info.plural,
+                crate::resource::GROUP
+            )
+        })?;
         let endpoint: Arc<dyn Endpoint> =
             Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx, fields })));
         self.kinds.push(Kind {
@@ -93,7 +103,7 @@ impl Endpoints {
             status: info.status,
             endpoint,
         });
-        self
+        Ok(self)
     }
 
     /// The resource endpoint `path` names, or None when it is not one (the router answers).

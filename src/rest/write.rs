@@ -65,7 +65,7 @@ pub(crate) async fn create<K: ServedResource>(
         admit::write_options(dry_run, &manager),
     );
     // Managed fields first, as kube-apiserver: what webhooks add is nobody's.
-    api.fields()?
+    api.fields
         .update(Part::Object, None, &mut object, &manager)?;
     let (mutated, changed) = admit::mutate(&api, &attributes, &mut object, None)
         .await
@@ -179,7 +179,7 @@ pub(crate) async fn update<K: ServedResource>(
         let mut object = written_part(object.clone(), current.as_ref(), part);
         let mut warnings = warnings.clone();
         prepare_update(&mut object, current.as_ref(), part)?;
-        api.fields()?
+        api.fields
             .update(part, Some(&current), &mut object, manager)?;
         admit::admit_update(
             api,
@@ -288,7 +288,7 @@ pub(crate) async fn patch<K: ServedResource>(
         let mut object = written_part(object, current.as_ref(), part);
         let mut warnings = warnings;
         prepare_update(&mut object, current.as_ref(), part)?;
-        api.fields()?
+        api.fields
             .update(part, Some(&current), &mut object, manager)?;
         admit::admit_update(
             api,
@@ -389,7 +389,7 @@ impl Apply {
             .work
             .run_if(heavy, move || {
                 let applied =
-                    api_.fields()?
+                    api_.fields
                         .apply(part, live.as_deref(), &config.0, &manager, force)?;
                 decode_object::<K>(applied, field_validation)
             })

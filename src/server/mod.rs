@@ -153,21 +153,22 @@ impl Default for StateOptions {
 
 impl AppState {
     /// farm-apiserver's kinds: Llamas from `llamas`, FarmPods from `farmpods` (whose sync
-    /// readiness joins `/readyz`).
+    /// readiness joins `/readyz`). Fails as [`AppState::new`] does.
     pub fn farm(
         llamas: Arc<dyn Store<Llama>>,
         farmpods: Arc<PodCache>,
         options: StateOptions,
-    ) -> (Self, Shutdown) {
-        let (state, shutdown) = Self::new(group::farm(llamas, farmpods.clone()), options);
+    ) -> anyhow::Result<(Self, Shutdown)> {
+        let (state, shutdown) = Self::new(group::farm(llamas, farmpods.clone()), options)?;
         for check in farmpods.readiness_checks() {
             state.health.add_readiness_check(check);
         }
-        (state, shutdown)
+        Ok((state, shutdown))
     }
 
-    /// Serves the kinds of `group`.
-    pub fn new(group: ApiGroup, options: StateOptions) -> (Self, Shutdown) {
+    /// Serves the kinds of `group`. Fails, naming the kind, when a kind's schema does not
+    /// convert for field management (server-side apply).
+    pub fn new(group: ApiGroup, options: StateOptions) -> anyhow::Result<(Self, Shutdown)> {
         let watches = CancellationToken::new();
         let health = Health::new();
         let plurals: Vec<&'static str> = group.resources().iter().map(|r| r.plural).collect();
@@ -199,7 +200,7 @@ impl AppState {
         if let Some(check) = rest.admission.readiness_check() {
             health.add_readiness_check(check);
         }
-        let (resources, endpoints) = group.endpoints(&rest);
+        let (resources, endpoints) = group.endpoints(&rest)?;
         let inflight = Arc::new(inflight::Inflight::new(options.inflight, &metrics));
         let state = Self {
             endpoints: Arc::new(endpoints),
@@ -213,7 +214,7 @@ impl AppState {
             inflight,
         };
         let shutdown = Shutdown { watches, health };
-        (state, shutdown)
+        Ok((state, shutdown))
     }
 }
 

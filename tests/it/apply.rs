@@ -326,6 +326,11 @@ async fn kube_rs_patch_apply(storage: TestStorage) {
         status.message,
         r#"Apply failed with 1 conflict: conflict with "rs-controller": .spec.weight"#
     );
+    let causes = &status.details.as_ref().expect("details").causes;
+    assert_eq!(causes.len(), 1, "{causes:?}");
+    assert_eq!(causes[0].reason, "FieldManagerConflict");
+    assert_eq!(causes[0].field, ".spec.weight");
+    assert_eq!(causes[0].message, r#"conflict with "rs-controller""#);
     let forced = llamas
         .patch(
             "rs",

@@ -188,7 +188,8 @@ async fn too_old_resource_version_is_410_error_event() {
         std::sync::Arc::new(store.clone()),
         farm_apiserver::store::PodCache::without_cluster(),
         options,
-    );
+    )
+    .unwrap();
     let app = farm_apiserver::server::app(state.clone());
     for i in 0..5 {
         let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": format!("o{i}")}, "spec": {"weight": 1, "height": 1}});

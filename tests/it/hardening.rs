@@ -236,7 +236,8 @@ async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
         Arc::new(Panicky(MemoryStore::default())),
         PodCache::without_cluster(),
         options,
-    );
+    )
+    .unwrap();
     let app = App {
         router: server::app(state.clone()),
         peer,

@@ -163,7 +163,8 @@ async fn probe(path: &str) -> u16 {
         farm_apiserver::group::memory_llamas(true, 0),
         farm_apiserver::store::PodCache::without_cluster(),
         options,
-    );
+    )
+    .unwrap();
     let response = server::app(state)
         .oneshot(Request::get(path).body(Body::empty()).unwrap())
         .await
@@ -887,6 +888,27 @@ fn ci_runs_the_dockerfiles_build_command() {
         ci.lines().any(|l| l.trim() == BUILD),
         ".ci/run runs {BUILD:?} on a line of its own"
     );
+}
+
+/// The image's build sees the whole workspace: the Dockerfile copies every member's folder (cargo
+/// refuses a workspace with a member missing), which CI's build from the clone cannot show.
+#[test]
+fn the_dockerfile_copies_every_workspace_member() {
+    let manifest = include_str!("../../Cargo.toml");
+    let dockerfile = include_str!("../../Dockerfile");
+    let members = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("members = "))
+        .expect("[workspace] members on one line");
+    let members: Vec<String> = serde_json::from_str(members).unwrap();
+    assert!(members.iter().any(|m| m == "fieldmanager"), "{members:?}");
+    for member in members.iter().filter(|m| *m != ".") {
+        let copy = format!("COPY {member} ./{member}");
+        assert!(
+            dockerfile.lines().any(|l| l.trim() == copy),
+            "the Dockerfile has no {copy:?}"
+        );
+    }
 }
 
 /// The final stage of the Dockerfile, read as docker reads it: (USER, ENTRYPOINT, CMD, EXPOSE).

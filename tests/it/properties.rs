@@ -338,7 +338,8 @@ fn endpoints() -> &'static farm_apiserver::rest::Endpoints {
                 llamas,
                 farm_apiserver::store::PodCache::without_cluster(),
                 options,
-            );
+            )
+            .unwrap();
             state.endpoints.clone()
         })
     })

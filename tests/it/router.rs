@@ -830,7 +830,8 @@ async fn health_endpoints() {
         farm_apiserver::group::memory_llamas(true, 0),
         farm_apiserver::store::PodCache::without_cluster(),
         options,
-    );
+    )
+    .unwrap();
     let app = App {
         router: server::app(state),
         peer,

@@ -1,6 +1,7 @@
 //! A kind is one file plus one line: Barn (namespaced) and Pasture (cluster-scoped) are declared
 //! here, in the test crate alone, registered with `ApiGroup::serve`, and get discovery, OpenAPI,
-//! Tables, every verb, their own strategy hooks, selectable fields and metrics.
+//! Tables, every verb, their own strategy hooks, selectable fields and metrics. Silo's schema
+//! does not convert for server-side apply: a server with it fails to start.
 
 use crate::common;
 
@@ -133,6 +134,43 @@ impl ServedResource for Pasture {
     }
 }
 
+/// A silo: a kind whose schema does not convert for field management (its status is a list
+/// of an unknown `x-kubernetes-list-type`, which kube-openapi refuses too).
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "farm.example.com",
+    version = "v1alpha",
+    kind = "Silo",
+    plural = "silos"
+)]
+pub struct SiloSpec {
+    /// Grain held.
+    pub bushels: u32,
+}
+
+impl ServedResource for Silo {
+    type Spec = SiloSpec;
+    const SINGULAR: &'static str = "silo";
+    const CATEGORIES: &'static [&'static str] = &[];
+    const DESCRIPTION: &'static str = "Silo is a kind whose schema does not convert (a test kind).";
+
+    fn status_schema(_generator: &mut schemars::SchemaGenerator) -> Option<schemars::Schema> {
+        Some(schemars::json_schema!({
+            "type": "array",
+            "items": {"type": "string"},
+            "x-kubernetes-list-type": "bogus"
+        }))
+    }
+
+    fn columns() -> Vec<ColumnDefinition> {
+        vec![AGE_COLUMN]
+    }
+
+    fn cells(&self, now: jiff::Timestamp) -> Vec<Value> {
+        vec![age(&self.metadata, now)]
+    }
+}
+
 const BASE: &str = "/apis/farm.example.com/v1alpha";
 const BARNS: &str = "/apis/farm.example.com/v1alpha/namespaces/farm/barns";
 const PASTURES: &str = "/apis/farm.example.com/v1alpha/pastures";
@@ -144,7 +182,7 @@ fn app() -> App {
     let group = ApiGroup::new()
         .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
         .serve::<Pasture>(Arc::new(MemoryStore::<Pasture>::default()));
-    let (state, _shutdown) = AppState::new(group, options);
+    let (state, _shutdown) = AppState::new(group, options).unwrap();
     App {
         router: server::app(state),
         peer,
@@ -164,7 +202,7 @@ fn routed_request_info_of_status_and_cluster_scoped_kinds() {
         .enable_all()
         .build()
         .unwrap();
-    let (state, _shutdown) = runtime.block_on(async { AppState::new(group, options) });
+    let (state, _shutdown) = runtime.block_on(async { AppState::new(group, options).unwrap() });
     for (path, routed) in [
         (format!("{BARNS}/red/status"), true),
         (format!("{BARNS}/red"), true),
@@ -183,6 +221,28 @@ fn routed_request_info_of_status_and_cluster_scoped_kinds() {
             }
         }
     }
+}
+
+/// A kind whose schema does not convert for field management is refused when the server's
+/// state is built (at start-up), naming the kind, rather than served with writes that answer
+/// 500.
+#[test]
+fn a_kind_whose_schema_does_not_convert_fails_at_start_up() {
+    let (options, _) = common::oneshot_identity();
+    let group = ApiGroup::new()
+        .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
+        .serve::<Silo>(Arc::new(MemoryStore::<Silo>::default()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Err(error) = runtime.block_on(async { AppState::new(group, options) }) else {
+        panic!("a kind whose schema does not convert was served");
+    };
+    assert_eq!(
+        error.to_string(),
+        r#"kind Silo (silos.farm.example.com): its schema does not convert for field management: unknown list type "bogus""#
+    );
 }
 
 fn barn(name: &str, color: &str, stalls: u32) -> String {

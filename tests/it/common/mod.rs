@@ -283,7 +283,8 @@ impl TestServer {
                 audit: options.audit.clone(),
                 inflight: options.inflight,
             },
-        );
+        )
+        .unwrap();
         let app = server::app(state.clone());
         // The server's own start-up path: bound, then spawned until the test server drops.
         let stop = Arc::new(tokio::sync::Notify::new());

@@ -67,7 +67,7 @@ pub async fn app_on_with(
             (store as _, Some(etcd))
         }
     };
-    let (state, _shutdown) = AppState::farm(llamas, PodCache::without_cluster(), options);
+    let (state, _shutdown) = AppState::farm(llamas, PodCache::without_cluster(), options).unwrap();
     Some((
         App {
             router: server::app(state),
@@ -82,7 +82,8 @@ pub fn app_with_state() -> (App, Arc<MemoryStore<Llama>>) {
     let (options, peer) = identity();
     let llamas = group::memory_llamas(true, 0);
     // Dropping the shutdown handle ends nothing: watches stay open.
-    let (state, _shutdown) = AppState::farm(llamas.clone(), PodCache::without_cluster(), options);
+    let (state, _shutdown) =
+        AppState::farm(llamas.clone(), PodCache::without_cluster(), options).unwrap();
     (
         App {
             router: server::app(state),

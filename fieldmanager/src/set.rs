@@ -13,19 +13,19 @@ use super::schema::{Schema, TypeRef};
 /// end at this level, `children` the subtrees. A node being a child does
 /// not make it a member (SMD semantics: `.spec.weight` does not own `.spec`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FieldSet {
+pub(crate) struct FieldSet {
     members: BTreeSet<PathElement>,
     children: BTreeMap<PathElement, FieldSet>,
 }
 
 impl FieldSet {
     /// The empty set.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Builds a set from paths.
-    pub fn from_paths<I: IntoIterator<Item = Path>>(paths: I) -> Self {
+    pub(crate) fn from_paths<I: IntoIterator<Item = Path>>(paths: I) -> Self {
         let mut s = Self::new();
         for p in paths {
             s.insert(&p);
@@ -35,7 +35,7 @@ impl FieldSet {
 
     /// Adds `path`; parents are not added. The empty path (the whole
     /// object) is never tracked, as in SMD.
-    pub fn insert(&mut self, path: &[PathElement]) {
+    pub(crate) fn insert(&mut self, path: &[PathElement]) {
         let Some((last, parents)) = path.split_last() else {
             return;
         };
@@ -47,7 +47,7 @@ impl FieldSet {
     }
 
     /// Whether `path` is a member.
-    pub fn has(&self, path: &[PathElement]) -> bool {
+    pub(crate) fn has(&self, path: &[PathElement]) -> bool {
         let Some((last, parents)) = path.split_last() else {
             return false;
         };
@@ -62,12 +62,12 @@ impl FieldSet {
     }
 
     /// True when no path is a member (empty child nodes do not count).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.members.is_empty() && self.children.values().all(FieldSet::is_empty)
     }
 
     /// Paths in either set.
-    pub fn union(&self, other: &FieldSet) -> FieldSet {
+    pub(crate) fn union(&self, other: &FieldSet) -> FieldSet {
         let mut out = self.clone();
         out.absorb(other.clone());
         out
@@ -75,7 +75,7 @@ impl FieldSet {
 
     /// Adds `other`'s paths, moving its subtrees (linear in the sets' size, whatever their
     /// depth; a FieldsV1 from a request may be 128 levels deep).
-    pub fn absorb(&mut self, other: FieldSet) {
+    pub(crate) fn absorb(&mut self, other: FieldSet) {
         self.members.extend(other.members);
         for (pe, child) in other.children {
             match self.children.get_mut(&pe) {
@@ -88,7 +88,7 @@ impl FieldSet {
     }
 
     /// Paths in both sets; empty subtrees are dropped.
-    pub fn intersection(&self, other: &FieldSet) -> FieldSet {
+    pub(crate) fn intersection(&self, other: &FieldSet) -> FieldSet {
         let members = self.members.intersection(&other.members).cloned().collect();
         let mut children = BTreeMap::new();
         for (pe, child) in &self.children {
@@ -105,7 +105,7 @@ impl FieldSet {
     /// Paths of `self` not in `other`. As in SMD, a member of `other` does
     /// not remove `self`'s paths below it (use
     /// [`FieldSet::recursive_difference`] for that).
-    pub fn difference(&self, other: &FieldSet) -> FieldSet {
+    pub(crate) fn difference(&self, other: &FieldSet) -> FieldSet {
         let members = self.members.difference(&other.members).cloned().collect();
         let mut children = BTreeMap::new();
         for (pe, child) in &self.children {
@@ -127,7 +127,7 @@ impl FieldSet {
     /// Like [`FieldSet::difference`] but a member of `other` also removes
     /// every path below it (SMD `RecursiveDifference`, used for ignored
     /// and reset fields).
-    pub fn recursive_difference(&self, other: &FieldSet) -> FieldSet {
+    pub(crate) fn recursive_difference(&self, other: &FieldSet) -> FieldSet {
         let members = self.members.difference(&other.members).cloned().collect();
         let mut children = BTreeMap::new();
         for (pe, child) in &self.children {
@@ -150,13 +150,13 @@ impl FieldSet {
     }
 
     /// The subset below `pe`, without the prefix (empty if none).
-    pub fn with_prefix(&self, pe: &PathElement) -> Option<&FieldSet> {
+    pub(crate) fn with_prefix(&self, pe: &PathElement) -> Option<&FieldSet> {
         self.children.get(pe)
     }
 
     /// All member paths, in SMD's pre-order (this level's members, then
     /// each child's paths).
-    pub fn paths(&self) -> Vec<Path> {
+    pub(crate) fn paths(&self) -> Vec<Path> {
         let mut out = Vec::new();
         let mut prefix = Vec::new();
         self.collect(&mut prefix, &mut out);
@@ -179,7 +179,7 @@ impl FieldSet {
     /// SMD `EnsureNamedFieldsAreMembers`: also makes members of the struct
     /// fields (not map keys) that have children in the set, so that prune
     /// removes a struct field whose sub-fields all went away.
-    pub fn ensure_named_fields_are_members(
+    pub(crate) fn ensure_named_fields_are_members(
         &self,
         schema: &Schema,
         tr: Option<&TypeRef>,
@@ -221,18 +221,11 @@ impl FieldSet {
     /// Encodes the set as kube's FieldsV1 JSON text, byte-for-byte as
     /// `Set.ToJSON` does (elements in SMD order, `"."` for a node that is
     /// both a member and a parent, `{}` for leaves).
-    pub fn to_fields_v1_string(&self) -> String {
+    pub(crate) fn to_fields_v1_string(&self) -> String {
         let mut out = String::from("{");
         self.emit(false, &mut out);
         out.push('}');
         out
-    }
-
-    /// The FieldsV1 encoding as a JSON value. serde_json's map sorts keys
-    /// lexically, so serializing this value does not reproduce Go's key
-    /// order; use [`FieldSet::to_fields_v1_string`] where bytes matter.
-    pub fn to_fields_v1(&self) -> Value {
-        serde_json::from_str(&self.to_fields_v1_string()).unwrap_or(Value::Null)
     }
 
     fn emit(&self, include_self: bool, out: &mut String) {
@@ -268,7 +261,7 @@ impl FieldSet {
 
     /// Decodes kube's FieldsV1 encoding (`Set.FromJSON`): unknown element
     /// types are skipped, malformed keys or non-object values are errors.
-    pub fn from_fields_v1(v: &Value) -> Result<FieldSet, Error> {
+    pub(crate) fn from_fields_v1(v: &Value) -> Result<FieldSet, Error> {
         let (set, _) = read_node(v).map_err(Error::Invalid)?;
         Ok(set.unwrap_or_default())
     }

@@ -15,7 +15,7 @@ use super::gojson::{self, Flavor};
 /// names sort before keys, keys before values, values before indexes; the
 /// FieldsV1 encoding and conflict ordering depend on it.
 #[derive(Debug, Clone)]
-pub enum PathElement {
+pub(crate) enum PathElement {
     /// A struct field or map key (`f:<name>`).
     FieldName(String),
     /// An associative-list item identified by its key fields (`k:{...}`),
@@ -29,17 +29,17 @@ pub enum PathElement {
 }
 
 /// A field path: the sequence of elements from the object root.
-pub type Path = Vec<PathElement>;
+pub(crate) type Path = Vec<PathElement>;
 
 impl PathElement {
     /// Builds a field-name element.
-    pub fn field(name: &str) -> Self {
+    pub(crate) fn field(name: &str) -> Self {
         PathElement::FieldName(name.to_string())
     }
 
     /// Builds a key element from (name, value) pairs, sorting them by
     /// name as SMD's `KeyByFields` does.
-    pub fn key(fields: Vec<(String, Value)>) -> Self {
+    pub(crate) fn key(fields: Vec<(String, Value)>) -> Self {
         let mut fields = fields;
         fields.sort_by(|a, b| a.0.cmp(&b.0));
         PathElement::Key(fields)
@@ -56,7 +56,7 @@ impl PathElement {
 
     /// Serializes the element as a FieldsV1 object key
     /// (`serializePathElementToWriter`), byte-for-byte as Go does.
-    pub fn to_fields_v1_key(&self) -> String {
+    pub(crate) fn to_fields_v1_key(&self) -> String {
         let mut out = String::new();
         match self {
             PathElement::FieldName(n) => {
@@ -90,7 +90,7 @@ impl PathElement {
 
     /// Parses a FieldsV1 key (`DeserializePathElement`). `Ok(None)` is an
     /// unknown element type, which Go skips silently.
-    pub fn from_fields_v1_key(s: &str) -> Result<Option<Self>, String> {
+    pub(crate) fn from_fields_v1_key(s: &str) -> Result<Option<Self>, String> {
         let bytes = s.as_bytes();
         if bytes.len() < 2 {
             return Err("key must be 2 characters long:".to_string());
@@ -178,7 +178,7 @@ impl fmt::Display for PathElement {
 
 /// SMD's `Path.String()`: the elements' strings concatenated, e.g.
 /// `.metadata.ownerReferences[uid="u1"]`.
-pub fn path_to_string(p: &[PathElement]) -> String {
+pub(crate) fn path_to_string(p: &[PathElement]) -> String {
     p.iter().map(|e| e.to_string()).collect()
 }
 
@@ -247,7 +247,7 @@ fn rank(v: &Value) -> u8 {
 
 /// SMD's `value.Compare`: numbers (ints and floats compared numerically)
 /// < strings < booleans < lists < maps < null.
-pub fn compare_values(a: &Value, b: &Value) -> Ordering {
+pub(crate) fn compare_values(a: &Value, b: &Value) -> Ordering {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => match (num(x), num(y)) {
             (Num::I(i), Num::I(j)) => i.cmp(&j),
@@ -309,7 +309,7 @@ fn float_cmp(a: f64, b: f64) -> Ordering {
 
 /// SMD's `value.Equals`: like JSON equality, except that an int and a
 /// float with the same numeric value are equal.
-pub fn values_equal(a: &Value, b: &Value) -> bool {
+pub(crate) fn values_equal(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => match (num(x), num(y)) {
             (Num::I(i), Num::I(j)) => i == j,

@@ -4,6 +4,8 @@
 use serde_json::{Value, json};
 
 use super::managed::encode_json_string;
+use super::path::PathElement;
+use super::set::FieldSet;
 use super::*;
 
 const AV: &str = "farm.example.com/v1alpha";
@@ -38,14 +40,12 @@ fn schema() -> Schema {
 
 fn fm() -> FieldManager {
     let s = schema();
-    let reset = FieldManager::status_reset_fields(&s, "");
-    FieldManager::new(s, AV, "Llama", "").with_reset_fields(reset)
+    FieldManager::new(s, AV, "Llama", "").with_status_reset_fields()
 }
 
 fn status_fm() -> FieldManager {
     let s = schema();
-    let reset = FieldManager::status_reset_fields(&s, "status");
-    FieldManager::new(s, AV, "Llama", "status").with_reset_fields(reset)
+    FieldManager::new(s, AV, "Llama", "status").with_status_reset_fields()
 }
 
 fn llama(spec: Value) -> Value {
@@ -139,10 +139,10 @@ fn same_value_is_shared_then_conflicts_and_force() {
     let err =
         apply(&m, Some(&obj), &llama(json!({"weight": 11})), "m3", false).expect_err("conflict");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "Apply failed with 2 conflicts: conflicts with \"m1\":\n- .spec.weight\nconflicts with \"m2\":\n- .spec.weight"
     );
-    assert_eq!(err.status_code(), 409);
+    assert!(matches!(err, Error::Conflicts(_)));
     let obj = apply(&m, Some(&obj), &llama(json!({"weight": 11})), "m3", true).expect("force");
     assert_eq!(entries(&obj), vec![("m3".into(), "Apply".into())]);
     assert_eq!(obj["spec"]["weight"], json!(11));
@@ -179,15 +179,22 @@ fn update_after_apply_moves_ownership_and_conflict_message() {
     )
     .expect_err("conflict");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "Apply failed with 1 conflict: conflict with \"kubectl-client-side-apply\" using farm.example.com/v1alpha: .spec.weight"
     );
+    let Error::Conflicts(conflicts) = err else {
+        panic!("{err:?}")
+    };
+    let shown: Vec<_> = conflicts
+        .iter()
+        .map(|c| (c.manager_display(), c.path_display()))
+        .collect();
     assert_eq!(
-        err.causes(),
-        vec![
-            json!({"reason": "FieldManagerConflict", "field": ".spec.weight",
-            "message": "conflict with \"kubectl-client-side-apply\" using farm.example.com/v1alpha"})
-        ]
+        shown,
+        [(
+            "\"kubectl-client-side-apply\" using farm.example.com/v1alpha".to_string(),
+            ".spec.weight".to_string()
+        )]
     );
 }
 
@@ -228,7 +235,7 @@ fn labels_are_granular_finalizers_a_set_owner_refs_keyed() {
     c3["metadata"]["ownerReferences"] = json!([{"uid": "u2", "name": "other"}]);
     let err = apply(&m, Some(&obj), &c3, "m3", false).expect_err("conflict");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "Apply failed with 1 conflict: conflict with \"m2\": .metadata.ownerReferences[uid=\"u2\"].name"
     );
 }
@@ -249,14 +256,14 @@ fn invalid_configs_are_rejected() {
         .apply(None, &llama(json!({"weight": "heavy"})), "m", false, NOW)
         .expect_err("type");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "failed to create typed patch object (ns/l; farm.example.com/v1alpha, Kind=Llama): .spec.weight: expected numeric (int or float), got string"
     );
     let err = m
         .apply(None, &llama(json!({"color": "red"})), "m", false, NOW)
         .expect_err("unknown");
     assert!(
-        err.message()
+        err.to_string()
             .ends_with(".spec.color: field not declared in schema"),
         "{err}"
     );
@@ -371,7 +378,7 @@ fn apply_to_untracked_object_records_before_first_apply() {
     let err =
         apply(&m, Some(&obj), &llama(json!({"height": 3})), "m1", false).expect_err("conflict");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "Apply failed with 1 conflict: conflict with \"before-first-apply\" using farm.example.com/v1alpha: .spec.height"
     );
 }
@@ -410,7 +417,7 @@ fn kubectl_upgrades_client_side_apply_without_conflicts() {
         .expect("edit");
     let err = apply(&m, Some(&changed2), &cfg, "kubectl", false).expect_err("conflict");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "Apply failed with 1 conflict: conflict with \"kubectl-edit\" using farm.example.com/v1alpha: .spec.weight"
     );
 }
@@ -455,7 +462,7 @@ fn status_subresource_tracks_only_status() {
     scfg["status"] = json!({"phase": "Done"});
     let err = apply(&status, Some(&upd2), &scfg, "other", false).expect_err("conflict");
     assert_eq!(
-        err.message(),
+        err.to_string(),
         "Apply failed with 1 conflict: conflict with \"controller\" with subresource \"status\" using farm.example.com/v1alpha: .status.phase"
     );
 }

@@ -15,9 +15,9 @@ use super::set::FieldSet;
 use super::typed;
 
 /// kube's `LastAppliedConfigAnnotation`.
-pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub(crate) const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
 /// kube's `DefaultMaxUpdateManagers`.
-pub const MAX_UPDATE_MANAGERS: usize = 10;
+pub(crate) const MAX_UPDATE_MANAGERS: usize = 10;
 /// The internal manager name managedFieldsUpdater uses for updates.
 const CURRENT_OPERATION: &str = "current-operation";
 /// Maximum total annotation size (apimachinery `TotalAnnotationSizeLimitB`).
@@ -38,10 +38,25 @@ fn f(name: &str) -> PathElement {
     PathElement::field(name)
 }
 
+/// The reset fields of [`FieldManager::with_status_reset_fields`] for
+/// `subresource`.
+fn status_reset_fields(schema: &Schema, subresource: &str) -> FieldSet {
+    if subresource != "status" {
+        return FieldSet::from_paths([vec![f("status")]]);
+    }
+    let mut names: Vec<String> = ["apiVersion", "kind", "metadata", "spec"]
+        .map(String::from)
+        .to_vec();
+    if let Some(m) = schema.resolve(schema.root()).ok().and_then(|r| r.map) {
+        names.extend(m.fields.keys().filter(|k| *k != "status").cloned());
+    }
+    FieldSet::from_paths(names.iter().map(|n| vec![f(n)]))
+}
+
 impl FieldManager {
     /// A field manager for `kind` at `api_version` (e.g.
     /// "farm.example.com/v1alpha"); `subresource` is "" or e.g. "status".
-    /// No fields are reset; see [`FieldManager::with_reset_fields`].
+    /// No fields are reset; see [`FieldManager::with_status_reset_fields`].
     pub fn new(schema: Schema, api_version: &str, kind: &str, subresource: &str) -> Self {
         let mut strip =
             FieldSet::from_paths([vec![f("apiVersion")], vec![f("kind")], vec![f("metadata")]]);
@@ -68,28 +83,14 @@ impl FieldManager {
         }
     }
 
-    /// Sets the reset fields (the strategy's `GetResetFields`): changes
-    /// there are never attributed to anyone, recursively.
-    pub fn with_reset_fields(mut self, reset: FieldSet) -> Self {
-        self.reset = reset;
+    /// For a kind with a status subresource: kube's reset fields (the
+    /// strategy's `GetResetFields`) for a custom resource with one, whose
+    /// changes are never attributed to anyone, recursively. The main
+    /// resource resets `.status`; `status` resets every other top-level
+    /// field of the schema (for CRDs: apiVersion, kind, metadata, spec).
+    pub fn with_status_reset_fields(mut self) -> Self {
+        self.reset = status_reset_fields(&self.schema, &self.subresource);
         self
-    }
-
-    /// kube's reset fields for a custom resource with a status
-    /// subresource: the main resource resets `.status`; `status` resets
-    /// every other top-level field of the schema (for CRDs: apiVersion,
-    /// kind, metadata, spec).
-    pub fn status_reset_fields(schema: &Schema, subresource: &str) -> FieldSet {
-        if subresource != "status" {
-            return FieldSet::from_paths([vec![f("status")]]);
-        }
-        let mut names: Vec<String> = ["apiVersion", "kind", "metadata", "spec"]
-            .map(String::from)
-            .to_vec();
-        if let Some(m) = schema.resolve(schema.root()).ok().and_then(|r| r.map) {
-            names.extend(m.fields.keys().filter(|k| *k != "status").cloned());
-        }
-        FieldSet::from_paths(names.iter().map(|n| vec![f(n)]))
     }
 
     /// The schema.
@@ -131,7 +132,7 @@ impl FieldManager {
     /// stores. On error `new` may have lost its managedFields; kube's
     /// handlers then store the object without them (see
     /// [`FieldManager::update_no_errors`]).
-    pub fn update(
+    pub(crate) fn update(
         &self,
         live: Option<&Value>,
         new: &mut Value,
@@ -154,9 +155,14 @@ impl FieldManager {
         Ok(())
     }
 
-    /// kube's `UpdateNoErrors` (what create/update/patch handlers call):
-    /// like [`FieldManager::update`], but on error the object is kept with
-    /// managedFields removed.
+    /// kube's `UpdateNoErrors`, what create, update and non-apply patch
+    /// handlers call: records `manager`'s changes from `live` (`None`: a
+    /// create) to `new` as an `Update` entry in `new`'s
+    /// `metadata.managedFields`, which start as the client sent them (an
+    /// empty list resets them, anything it cannot use keeps `live`'s).
+    /// `now` is the write's time, RFC 3339 at the second. A failure leaves
+    /// the object untracked (managedFields removed) rather than failing the
+    /// write.
     pub fn update_no_errors(
         &self,
         live: Option<&Value>,
@@ -170,7 +176,12 @@ impl FieldManager {
     }
 
     /// Server-side apply: returns the object to store (live merged with
-    /// `config`, pruned, managedFields set); live `None` is a create.
+    /// `config`, pruned, managedFields set); live `None` is a create. `now`
+    /// is as for [`FieldManager::update_no_errors`]. Errors:
+    /// [`Error::Conflicts`] unless `force`, [`Error::BadRequest`] for a
+    /// wrong apiVersion or kind or managedFields in `config`,
+    /// [`Error::Invalid`] for a configuration that does not fit the
+    /// schema, [`Error::Internal`] for a live object that cannot be read.
     pub fn apply(
         &self,
         live: Option<&Value>,

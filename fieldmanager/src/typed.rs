@@ -18,16 +18,16 @@ use super::set::FieldSet;
 
 /// One schema violation, with the SMD path string where it occurred.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidationError {
+pub(crate) struct ValidationError {
     /// Path string (e.g. `.spec.weight`), empty at the root.
-    pub path: String,
+    pub(crate) path: String,
     /// Message.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// All violations found; formatted like SMD's `ValidationErrors.Error()`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidationErrors(pub Vec<ValidationError>);
+pub struct ValidationErrors(pub(crate) Vec<ValidationError>);
 
 impl fmt::Display for ValidationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -38,6 +38,8 @@ impl fmt::Display for ValidationError {
         }
     }
 }
+
+impl std::error::Error for ValidationErrors {}
 
 impl fmt::Display for ValidationErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -78,23 +80,18 @@ fn into_result(errs: Errs) -> Result<(), ValidationErrors> {
 
 /// The result of [`compare`]: no path is in more than one set.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     /// Paths only in the new value.
-    pub added: FieldSet,
+    pub(crate) added: FieldSet,
     /// Paths in both with different values.
-    pub modified: FieldSet,
+    pub(crate) modified: FieldSet,
     /// Paths only in the old value.
-    pub removed: FieldSet,
+    pub(crate) removed: FieldSet,
 }
 
 impl Comparison {
-    /// True when nothing changed.
-    pub fn is_same(&self) -> bool {
-        self.added.is_empty() && self.modified.is_empty() && self.removed.is_empty()
-    }
-
     /// SMD `ExcludeFields`: drops `fields` and everything below them.
-    pub fn exclude_fields(&mut self, fields: &FieldSet) {
+    pub(crate) fn exclude_fields(&mut self, fields: &FieldSet) {
         if fields.is_empty() {
             return;
         }
@@ -377,7 +374,7 @@ fn validate_at(schema: &Schema, tr: &TypeRef, v: &Value, dups: bool) -> Errs {
 /// SMD `ToFieldSet`: every leaf, every list item and every map entry that
 /// is not a declared struct field (granular map keys, null or empty
 /// values). Struct fields holding non-empty maps are not members.
-pub fn to_field_set(schema: &Schema, v: &Value) -> Result<FieldSet, ValidationErrors> {
+pub(crate) fn to_field_set(schema: &Schema, v: &Value) -> Result<FieldSet, ValidationErrors> {
     let mut set = FieldSet::new();
     let mut path = vec![];
     let errs = fs_walk(schema, schema.root(), v, &mut path, &mut set);
@@ -454,7 +451,11 @@ fn fs_walk(
 /// SMD `Compare`: which paths `new` added, modified or removed relative to
 /// `old`. Atomic lists/maps are compared whole; empty and null containers
 /// are leaves.
-pub fn compare(schema: &Schema, old: &Value, new: &Value) -> Result<Comparison, ValidationErrors> {
+pub(crate) fn compare(
+    schema: &Schema,
+    old: &Value,
+    new: &Value,
+) -> Result<Comparison, ValidationErrors> {
     let mut c = Comparison::default();
     let mut path = vec![];
     let errs = cmp_node(
@@ -964,12 +965,14 @@ fn merge_list_items(
 
 /// SMD `RemoveItems`: removes the listed fields and list/map items.
 /// Containers emptied by the removal are kept as `{}`/`[]`.
-pub fn remove_items(schema: &Schema, v: &Value, items: &FieldSet) -> Value {
+pub(crate) fn remove_items(schema: &Schema, v: &Value, items: &FieldSet) -> Value {
     remove_walk(schema, schema.root(), v, items, false).unwrap_or(Value::Null)
 }
 
-/// SMD `ExtractItems`: keeps only the listed fields and items.
-pub fn extract_items(schema: &Schema, v: &Value, items: &FieldSet) -> Value {
+/// SMD `ExtractItems`: keeps only the listed fields and items (the
+/// server has no use for it; the tests check [`remove_items`] against it).
+#[cfg(test)]
+pub(crate) fn extract_items(schema: &Schema, v: &Value, items: &FieldSet) -> Value {
     remove_walk(schema, schema.root(), v, items, true).unwrap_or(Value::Null)
 }
 

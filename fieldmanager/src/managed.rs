@@ -12,7 +12,7 @@ use super::set::FieldSet;
 
 /// Operation of an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
+pub(crate) enum Operation {
     /// Server-side apply.
     Apply,
     /// Create, update, patch.
@@ -31,16 +31,16 @@ impl Operation {
 /// Ownership plus the time of each manager's last change (kube's
 /// `Managed`); times are Unix seconds, `None` when the entry had none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Managed {
+pub(crate) struct Managed {
     /// Identifier → owned fields.
-    pub fields: ManagedFields,
+    pub(crate) fields: ManagedFields,
     /// Identifier → time.
-    pub times: BTreeMap<String, Option<i64>>,
+    pub(crate) times: BTreeMap<String, Option<i64>>,
 }
 
 /// Why managedFields could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DecodeError {
+pub(crate) enum DecodeError {
     /// Not the ManagedFieldsEntry JSON shape (kube fails decoding the
     /// whole object: a 400).
     Malformed(String),
@@ -51,7 +51,7 @@ pub enum DecodeError {
 
 /// kube's `BuildManagerIdentifier`: the entry's JSON without time, fields
 /// and (for appliers) apiVersion, in ManagedFieldsEntry field order.
-pub fn manager_identifier(
+pub(crate) fn manager_identifier(
     manager: &str,
     op: Operation,
     api_version: &str,
@@ -92,7 +92,7 @@ fn str_field<'v>(e: &'v Map<String, Value>, k: &str, i: usize) -> Result<&'v str
 }
 
 /// kube's `DecodeManagedFields` over the JSON list (`None` = absent).
-pub fn decode(list: Option<&Value>) -> Result<Managed, DecodeError> {
+pub(crate) fn decode(list: Option<&Value>) -> Result<Managed, DecodeError> {
     let mut m = Managed::default();
     let items = match list {
         None | Some(Value::Null) => return Ok(m),
@@ -222,7 +222,7 @@ fn entries(managed: &Managed) -> Vec<Entry> {
 
 /// kube's `encodeManagedFields`: the managedFields list in kube's order,
 /// or `None` when there are no managers (kube then omits the field).
-pub fn encode(managed: &Managed) -> Option<Value> {
+pub(crate) fn encode(managed: &Managed) -> Option<Value> {
     if managed.fields.is_empty() {
         return None;
     }
@@ -256,8 +256,10 @@ pub fn encode(managed: &Managed) -> Option<Value> {
 
 /// Serializes a managedFields list byte-for-byte as kube-apiserver does
 /// (ManagedFieldsEntry field order, FieldsV1 in SMD order). serde_json
-/// cannot, since its maps sort keys; splice this text where bytes matter.
-pub fn encode_json_string(list: &Value) -> Option<String> {
+/// cannot, since its maps sort keys. The tests hold [`encode`]'s entries
+/// to kube-apiserver's bytes with it.
+#[cfg(test)]
+pub(crate) fn encode_json_string(list: &Value) -> Option<String> {
     let Value::Array(items) = list else {
         return None;
     };

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::gojson;
 use super::path::{Path, path_to_string};
@@ -13,9 +13,9 @@ use super::path::{Path, path_to_string};
 pub struct Conflict {
     /// The owning manager's identifier (kube's JSON manager identifier,
     /// e.g. `{"manager":"kubectl","operation":"Update","apiVersion":"v1"}`).
-    pub manager: String,
+    pub(crate) manager: String,
     /// The conflicting field.
-    pub path: Path,
+    pub(crate) path: Path,
 }
 
 impl Conflict {
@@ -28,15 +28,6 @@ impl Conflict {
     /// The path as SMD prints it, e.g. `.spec.weight`.
     pub fn path_display(&self) -> String {
         path_to_string(&self.path)
-    }
-
-    /// The Status cause kube attaches for this conflict.
-    pub fn cause(&self) -> Value {
-        json!({
-            "reason": "FieldManagerConflict",
-            "message": format!("conflict with {}", self.manager_display()),
-            "field": self.path_display(),
-        })
     }
 }
 
@@ -66,7 +57,7 @@ pub(crate) fn print_manager(manager: &str) -> String {
 }
 
 /// kube's `getConflictMessage`: the 409 Status message.
-pub fn conflict_message(conflicts: &[Conflict]) -> String {
+pub(crate) fn conflict_message(conflicts: &[Conflict]) -> String {
     if let [c] = conflicts {
         return format!(
             "Apply failed with 1 conflict: conflict with {}: {}",
@@ -93,9 +84,4 @@ pub fn conflict_message(conflicts: &[Conflict]) -> String {
         conflicts.len(),
         lines.join("\n")
     )
-}
-
-/// The Status `details.causes` kube returns with the 409.
-pub fn conflict_causes(conflicts: &[Conflict]) -> Vec<Value> {
-    conflicts.iter().map(Conflict::cause).collect()
 }

@@ -9,17 +9,17 @@ use super::Error;
 
 /// Name of SMD's atomic untyped type (`__untyped_atomic_`): scalars, lists
 /// and maps, all atomic.
-pub const UNTYPED_ATOMIC: &str = "__untyped_atomic_";
+pub(crate) const UNTYPED_ATOMIC: &str = "__untyped_atomic_";
 /// Name of SMD's deduced type (`__untyped_deduced_`): scalars, atomic
 /// lists, granular maps of deduced values.
-pub const UNTYPED_DEDUCED: &str = "__untyped_deduced_";
+pub(crate) const UNTYPED_DEDUCED: &str = "__untyped_deduced_";
 
 const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
 const RAW_EXTENSION: &str = "io.k8s.apimachinery.pkg.runtime.RawExtension";
 
 /// Scalar kinds, as SMD distinguishes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScalarType {
+pub(crate) enum ScalarType {
     /// integer or number.
     Numeric,
     /// string (no or byte format).
@@ -32,7 +32,7 @@ pub enum ScalarType {
 
 /// How the items of a map or list relate for merging and ownership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ElementRelationship {
+pub(crate) enum ElementRelationship {
     /// Items are owned and merged individually (maps; SMD's default "").
     Separable,
     /// The whole value is one leaf: replaced whole, owned whole.
@@ -43,51 +43,51 @@ pub enum ElementRelationship {
 
 /// A struct field: its type and default (used for missing list-map keys).
 #[derive(Debug, Clone, PartialEq)]
-pub struct StructField {
+pub(crate) struct StructField {
     /// The field's type.
-    pub ty: TypeRef,
+    pub(crate) ty: TypeRef,
     /// The OpenAPI `default`, if any.
-    pub default: Option<Value>,
+    pub(crate) default: Option<Value>,
 }
 
 /// A map: named fields (a struct) and/or an element type (a granular map).
 #[derive(Debug, Clone, PartialEq)]
-pub struct MapType {
+pub(crate) struct MapType {
     /// Declared fields.
-    pub fields: BTreeMap<String, StructField>,
+    pub(crate) fields: BTreeMap<String, StructField>,
     /// Type of undeclared keys; `None` makes undeclared keys an error.
-    pub element_type: Option<TypeRef>,
+    pub(crate) element_type: Option<TypeRef>,
     /// Separable (default) or atomic (`x-kubernetes-map-type: atomic`).
-    pub element_relationship: ElementRelationship,
+    pub(crate) element_relationship: ElementRelationship,
 }
 
 /// A list.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ListType {
+pub(crate) struct ListType {
     /// Item type.
-    pub element_type: TypeRef,
+    pub(crate) element_type: TypeRef,
     /// Atomic (default) or associative (set / map).
-    pub element_relationship: ElementRelationship,
+    pub(crate) element_relationship: ElementRelationship,
     /// `x-kubernetes-list-map-keys`; empty for sets.
-    pub keys: Vec<String>,
+    pub(crate) keys: Vec<String>,
 }
 
 /// A type: any combination of scalar, list and map (several only for
 /// untyped values, the value's shape picks one).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Atom {
+pub(crate) struct Atom {
     /// Scalar branch.
-    pub scalar: Option<ScalarType>,
+    pub(crate) scalar: Option<ScalarType>,
     /// List branch.
-    pub list: Option<ListType>,
+    pub(crate) list: Option<ListType>,
     /// Map branch.
-    pub map: Option<MapType>,
+    pub(crate) map: Option<MapType>,
 }
 
 /// A reference to a type: a named type (optionally overriding its map or
 /// list relationship) or an inlined one.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TypeRef {
+pub(crate) enum TypeRef {
     /// A type registered in the [`Schema`] by name.
     Named {
         /// Type name.
@@ -101,27 +101,27 @@ pub enum TypeRef {
 
 /// A resolved type: borrowed branches plus the effective relationships.
 #[derive(Debug, Clone, Copy)]
-pub struct Resolved<'a> {
+pub(crate) struct Resolved<'a> {
     /// Scalar branch.
-    pub scalar: Option<ScalarType>,
+    pub(crate) scalar: Option<ScalarType>,
     /// List branch.
-    pub list: Option<&'a ListType>,
+    pub(crate) list: Option<&'a ListType>,
     /// Map branch.
-    pub map: Option<&'a MapType>,
+    pub(crate) map: Option<&'a MapType>,
     pub(crate) list_rel: Option<ElementRelationship>,
     pub(crate) map_rel: Option<ElementRelationship>,
 }
 
 impl Resolved<'_> {
     /// The map's effective relationship (override or declared).
-    pub fn map_relationship(&self) -> ElementRelationship {
+    pub(crate) fn map_relationship(&self) -> ElementRelationship {
         self.map_rel
             .or(self.map.map(|m| m.element_relationship))
             .unwrap_or(ElementRelationship::Separable)
     }
 
     /// The list's effective relationship (override or declared).
-    pub fn list_relationship(&self) -> ElementRelationship {
+    pub(crate) fn list_relationship(&self) -> ElementRelationship {
         self.list_rel
             .or(self.list.map(|l| l.element_relationship))
             .unwrap_or(ElementRelationship::Atomic)
@@ -130,7 +130,7 @@ impl Resolved<'_> {
 
 impl Atom {
     /// A scalar type.
-    pub fn scalar(t: ScalarType) -> Self {
+    pub(crate) fn scalar(t: ScalarType) -> Self {
         Atom {
             scalar: Some(t),
             ..Atom::default()
@@ -138,7 +138,7 @@ impl Atom {
     }
 
     /// A map type.
-    pub fn map(m: MapType) -> Self {
+    pub(crate) fn map(m: MapType) -> Self {
         Atom {
             map: Some(m),
             ..Atom::default()
@@ -146,7 +146,7 @@ impl Atom {
     }
 
     /// A list type.
-    pub fn list(l: ListType) -> Self {
+    pub(crate) fn list(l: ListType) -> Self {
         Atom {
             list: Some(l),
             ..Atom::default()
@@ -154,67 +154,20 @@ impl Atom {
     }
 }
 
-impl MapType {
-    /// A struct with the given fields and no undeclared keys.
-    pub fn structure(fields: Vec<(&str, TypeRef)>) -> Self {
-        MapType {
-            fields: fields
-                .into_iter()
-                .map(|(n, ty)| (n.to_string(), StructField { ty, default: None }))
-                .collect(),
-            element_type: None,
-            element_relationship: ElementRelationship::Separable,
-        }
-    }
-
-    /// A granular map whose values have type `elem` (additionalProperties).
-    pub fn granular(elem: TypeRef) -> Self {
-        MapType {
-            fields: BTreeMap::new(),
-            element_type: Some(elem),
-            element_relationship: ElementRelationship::Separable,
-        }
-    }
-
-    /// The same map, but atomic.
-    pub fn atomic(mut self) -> Self {
-        self.element_relationship = ElementRelationship::Atomic;
-        self
-    }
-}
-
 impl ListType {
     /// An atomic list (the default list type).
-    pub fn atomic(elem: TypeRef) -> Self {
+    pub(crate) fn atomic(elem: TypeRef) -> Self {
         ListType {
             element_type: elem,
             element_relationship: ElementRelationship::Atomic,
             keys: vec![],
         }
     }
-
-    /// `x-kubernetes-list-type: set`.
-    pub fn set(elem: TypeRef) -> Self {
-        ListType {
-            element_type: elem,
-            element_relationship: ElementRelationship::Associative,
-            keys: vec![],
-        }
-    }
-
-    /// `x-kubernetes-list-type: map` with the given keys.
-    pub fn map(elem: TypeRef, keys: &[&str]) -> Self {
-        ListType {
-            element_type: elem,
-            element_relationship: ElementRelationship::Associative,
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-        }
-    }
 }
 
 impl TypeRef {
     /// Reference to a named type.
-    pub fn named(name: &str) -> Self {
+    pub(crate) fn named(name: &str) -> Self {
         TypeRef::Named {
             name: name.to_string(),
             relationship: None,
@@ -222,22 +175,17 @@ impl TypeRef {
     }
 
     /// An inlined type.
-    pub fn inline(atom: Atom) -> Self {
+    pub(crate) fn inline(atom: Atom) -> Self {
         TypeRef::Inlined(Box::new(atom))
     }
 
-    /// Shorthand for an inlined scalar.
-    pub fn scalar(t: ScalarType) -> Self {
-        TypeRef::inline(Atom::scalar(t))
-    }
-
     /// The deduced untyped type (preserve-unknown-fields).
-    pub fn deduced() -> Self {
+    pub(crate) fn deduced() -> Self {
         TypeRef::named(UNTYPED_DEDUCED)
     }
 
     /// The atomic untyped type.
-    pub fn untyped_atomic() -> Self {
+    pub(crate) fn untyped_atomic() -> Self {
         TypeRef::named(UNTYPED_ATOMIC)
     }
 }
@@ -264,7 +212,7 @@ fn untyped_atom(map_rel: ElementRelationship, map_elem: &str) -> Atom {
 impl Schema {
     /// A schema whose objects have type `root`; the two untyped built-ins
     /// are always registered.
-    pub fn new(root: TypeRef) -> Self {
+    pub(crate) fn new(root: TypeRef) -> Self {
         let mut types = BTreeMap::new();
         types.insert(
             UNTYPED_ATOMIC.to_string(),
@@ -277,21 +225,15 @@ impl Schema {
         Schema { types, root }
     }
 
-    /// Registers a named type.
-    pub fn with_type(mut self, name: &str, atom: Atom) -> Self {
-        self.types.insert(name.to_string(), atom);
-        self
-    }
-
     /// The root type.
-    pub fn root(&self) -> &TypeRef {
+    pub(crate) fn root(&self) -> &TypeRef {
         &self.root
     }
 
     /// SMD `Schema.Resolve`: looks up named types and applies a
     /// relationship override (to the map branch, else the list branch;
     /// overriding a scalar is an error).
-    pub fn resolve<'a>(&'a self, tr: &'a TypeRef) -> Result<Resolved<'a>, String> {
+    pub(crate) fn resolve<'a>(&'a self, tr: &'a TypeRef) -> Result<Resolved<'a>, String> {
         let (atom, rel) = match tr {
             TypeRef::Inlined(a) => (a.as_ref(), None),
             TypeRef::Named { name, relationship } => match self.types.get(name) {
@@ -322,6 +264,9 @@ impl Schema {
     /// `root` is the object's schema (may be a `$ref`); `components` is
     /// `#/components/schemas`. `$ref`s (also `allOf: [{$ref}]`) become
     /// named types, converted once each, so recursive types terminate.
+    /// A schema kube-openapi would refuse (an unknown list or map type,
+    /// list-map keys missing, an unresolved `$ref`, ...) is an
+    /// [`Error::Internal`] listing what does not convert.
     pub fn from_openapi_v3(root: &Value, components: &Map<String, Value>) -> Result<Schema, Error> {
         let mut c = Converter {
             components,
@@ -607,6 +552,9 @@ mod tests {
         assert_eq!(owners.keys, vec!["uid".to_string()]);
         assert!(s.resolve(&TypeRef::named("Owner")).is_ok());
         let bad = json!({"type": "array", "x-kubernetes-list-type": "bogus", "items": {"type": "string"}});
-        assert!(Schema::from_openapi_v3(&bad, &Map::new()).is_err());
+        assert_eq!(
+            Schema::from_openapi_v3(&bad, &Map::new()),
+            Err(Error::Internal(r#"unknown list type "bogus""#.into()))
+        );
     }
 }

@@ -19,26 +19,26 @@ use super::typed::{self, Comparison};
 
 /// What one manager owns, at which API version, and whether by apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VersionedSet {
+pub(crate) struct VersionedSet {
     /// Owned fields.
-    pub set: FieldSet,
+    pub(crate) set: FieldSet,
     /// The API version the paths are expressed in.
-    pub api_version: String,
+    pub(crate) api_version: String,
     /// True for appliers (operation Apply).
-    pub applied: bool,
+    pub(crate) applied: bool,
 }
 
 /// Manager identifier → owned fields (SMD `fieldpath.ManagedFields`).
-pub type ManagedFields = BTreeMap<String, VersionedSet>;
+pub(crate) type ManagedFields = BTreeMap<String, VersionedSet>;
 
 /// Computes new ownership for updates and merges applied configurations.
 #[derive(Debug, Clone, Copy)]
-pub struct Updater<'a> {
+pub(crate) struct Updater<'a> {
     /// Schema of the objects.
-    pub schema: &'a Schema,
+    pub(crate) schema: &'a Schema,
     /// Fields never tracked (reset fields; SMD `IgnoredFields`), removed
     /// with everything below them.
-    pub ignored: &'a FieldSet,
+    pub(crate) ignored: &'a FieldSet,
 }
 
 impl Updater<'_> {
@@ -111,7 +111,7 @@ impl Updater<'_> {
     /// SMD `Updater.Update`: `manager` (an identifier) takes ownership of
     /// every field the write added or modified; `live` and `new` must be
     /// valid for the schema.
-    pub fn update(
+    pub(crate) fn update(
         &self,
         live: &Value,
         new: &Value,
@@ -150,7 +150,7 @@ impl Updater<'_> {
     /// Returns `None` as the object when nothing changed (SMD returns nil
     /// then; kube then keeps the live object and does not bump times).
     #[allow(clippy::too_many_arguments)]
-    pub fn apply(
+    pub(crate) fn apply(
         &self,
         live: &Value,
         config: &Value,

@@ -1,0 +1,63 @@
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+//! farm-fieldmanager: server-side apply as kube-apiserver does it.
+//! Kubernetes structured-merge-diff's field management: field ownership
+//! (`metadata.managedFields`), apply merges and apply conflicts, with
+//! kube-apiserver's semantics and messages.
+//!
+//! A port of structured-merge-diff (`fieldpath`, `schema`, `typed`,
+//! `merge`) and of apimachinery's `util/managedfields/internal` manager
+//! chain. It knows JSON values and OpenAPI v3 schemas, nothing of the
+//! server: farm-apiserver's REST layer builds a [`FieldManager`] per kind
+//! (and per status subresource) from the [`Schema`] its OpenAPI publishes,
+//! and calls it on every write.
+//!
+//! Public: [`Schema`] (from OpenAPI v3), [`FieldManager`] (update and
+//! apply), [`Error`] and [`Conflict`], and [`typed`]'s merge of an apply
+//! configuration without ownership (MutatingAdmissionPolicy's).
+//!
+//! Layout: `path` and `set` (field paths and sets, FieldsV1), `schema`
+//! (types, OpenAPI conversion), [`typed`] (validate, field sets, compare,
+//! merge, remove), `merge` (the SMD updater), `managed` (managedFields
+//! entries), `conflict` (messages), `manager` (the FieldManager facade).
+
+mod conflict;
+mod gojson;
+mod managed;
+mod manager;
+mod merge;
+mod path;
+mod schema;
+mod set;
+pub mod typed;
+
+#[cfg(test)]
+mod tests;
+
+pub use conflict::Conflict;
+pub use manager::FieldManager;
+pub use schema::Schema;
+
+use conflict::conflict_message;
+
+/// Errors of field management. Messages (the `Display` text) are
+/// kube-apiserver's where it has one.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Apply conflicts: kube-apiserver answers 409 Conflict with the
+    /// `Display` text as message and one "FieldManagerConflict" cause per
+    /// conflict.
+    #[error("{}", conflict_message(.0))]
+    Conflicts(Vec<Conflict>),
+    /// The applied configuration (or the request's managedFields) does not
+    /// fit the schema, e.g. a wrong type or duplicate list-map keys.
+    #[error("{0}")]
+    Invalid(String),
+    /// kube's `NewBadRequest` cases: wrong apiVersion/kind in an apply
+    /// patch, managedFields set in an apply patch (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Anything else (kube answers 500), and a schema that does not convert.
+    #[error("{0}")]
+    Internal(String),
+}
