@@ -24,33 +24,66 @@ use crate::{
     list_body::{self},
     negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
-    store::{ListRequest, UpdateFrom, WritableStore, check_preconditions},
+    store::{ListRequest, Object, UpdateFrom, WritableStore, check_preconditions},
     table::IncludeObject,
 };
+
+/// What a create or an update (PUT) sent: its options, and its body decoded (off the async
+/// workers) with the warnings that gave.
+struct Sent<K> {
+    user: Option<std::sync::Arc<crate::auth::UserInfo>>,
+    dry_run: bool,
+    manager: String,
+    output: Output,
+    object: K,
+    warnings: Vec<String>,
+}
+
+impl<K: ServedResource> Sent<K> {
+    /// `options` names the options kind in errors (`CreateOptions`, `UpdateOptions`).
+    async fn read(api: &KindApi<K>, request: Request, options: &str) -> Result<Self> {
+        let (parts, body) = request.into_parts();
+        let (raw, headers) = (parts.uri.query(), parts.headers);
+        let user = admit::user_of(&parts.extensions);
+        let query = parse_query(raw)?;
+        let dry_run = query.dry_run()?;
+        let field_validation = query.field_validation()?;
+        let (manager, _) = query.field_manager(options, None)?;
+        let manager = manager_or_user_agent(manager, &headers);
+        let output = negotiate::output(&headers)?;
+        let format = negotiate::body_format(&headers)?;
+        let body = body::read(body).await?;
+        let (object, warnings) = api
+            .ctx
+            .work
+            .run(&body, move |body| {
+                decode_body::<K>(&body, format, field_validation)
+            })
+            .await?;
+        Ok(Self {
+            user,
+            dry_run,
+            manager,
+            output,
+            object,
+            warnings,
+        })
+    }
+}
 
 pub(crate) async fn create<K: ServedResource>(
     api: KindApi<K>,
     namespace: String,
     request: Request,
 ) -> Result<Response> {
-    let (parts, body) = request.into_parts();
-    let (raw, headers) = (parts.uri.query(), parts.headers);
-    let user = admit::user_of(&parts.extensions);
-    let query = parse_query(raw)?;
-    let dry_run = query.dry_run()?;
-    let field_validation = query.field_validation()?;
-    let (manager, _) = query.field_manager("CreateOptions", None)?;
-    let manager = manager_or_user_agent(manager, &headers);
-    let output = negotiate::output(&headers)?;
-    let format = negotiate::body_format(&headers)?;
-    let body = body::read(body).await?;
-    let (mut object, warnings) = api
-        .ctx
-        .work
-        .run(&body, move |body| {
-            decode_body::<K>(&body, format, field_validation)
-        })
-        .await?;
+    let Sent {
+        user,
+        dry_run,
+        manager,
+        output,
+        mut object,
+        warnings,
+    } = Sent::read(&api, request, "CreateOptions").await?;
     prepare_create(&mut object, &namespace)?;
     admit_create(&api, &object).await?;
     let mut warnings = warnings;
@@ -122,24 +155,14 @@ pub(crate) async fn update<K: ServedResource>(
     part: Part,
     request: Request,
 ) -> Result<Response> {
-    let (parts, body) = request.into_parts();
-    let (raw, headers) = (parts.uri.query(), parts.headers);
-    let user = admit::user_of(&parts.extensions);
-    let query = parse_query(raw)?;
-    let dry_run = query.dry_run()?;
-    let field_validation = query.field_validation()?;
-    let (manager, _) = query.field_manager("UpdateOptions", None)?;
-    let manager = manager_or_user_agent(manager, &headers);
-    let output = negotiate::output(&headers)?;
-    let format = negotiate::body_format(&headers)?;
-    let body = body::read(body).await?;
-    let (object, warnings) = api
-        .ctx
-        .work
-        .run(&body, move |body| {
-            decode_body::<K>(&body, format, field_validation)
-        })
-        .await?;
+    let Sent {
+        user,
+        dry_run,
+        manager,
+        output,
+        object,
+        warnings,
+    } = Sent::read(&api, request, "UpdateOptions").await?;
     check_name(&object, &name)?;
     check_namespace(&object, &namespace)?;
     if object
@@ -176,21 +199,18 @@ pub(crate) async fn update<K: ServedResource>(
     let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_uid(object, current.as_ref(), UidSent::Precondition)?;
-        let mut object = written_part(object.clone(), current.as_ref(), part);
         let mut warnings = warnings.clone();
-        prepare_update(&mut object, current.as_ref(), part)?;
-        api.fields
-            .update(part, Some(&current), &mut object, manager)?;
-        admit::admit_update(
+        let sent = (object.clone(), part, manager.as_str());
+        let updated = write_update(
             api,
+            writer,
             attributes,
-            &mut object,
-            current.as_ref(),
-            part,
+            sent,
+            (&current, from),
+            dry_run,
             &mut warnings,
         )
         .await?;
-        let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         Ok((updated, warnings))
     })
     .await?;
@@ -285,25 +305,50 @@ pub(crate) async fn patch<K: ServedResource>(
         {
             object.meta_mut().resource_version = current.meta().resource_version.clone();
         }
-        let mut object = written_part(object, current.as_ref(), part);
         let mut warnings = warnings;
-        prepare_update(&mut object, current.as_ref(), part)?;
-        api.fields
-            .update(part, Some(&current), &mut object, manager)?;
-        admit::admit_update(
+        let sent = (object, part, manager.as_str());
+        let updated = write_update(
             api,
+            writer,
             attributes,
-            &mut object,
-            current.as_ref(),
-            part,
+            sent,
+            (&current, from),
+            dry_run,
             &mut warnings,
         )
         .await?;
-        let updated = guaranteed::write(writer, object, &current, from, dry_run).await?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
     })
     .await
+}
+
+/// The last steps of an update (PUT or patch) of `current` (read `from` the cache or the
+/// source) by `manager`: the part it writes kept, the object prepared, its managed fields
+/// updated, admitted (warnings added to `warnings`), and written.
+async fn write_update<K: ServedResource>(
+    api: &KindApi<K>,
+    writer: &dyn WritableStore<K>,
+    attributes: &crate::admission::Attributes<'_>,
+    (object, part, manager): (K, Part, &str),
+    (current, from): (&Object<K>, UpdateFrom),
+    dry_run: bool,
+    warnings: &mut Vec<String>,
+) -> Result<Object<K>> {
+    let mut object = written_part(object, current.as_ref(), part);
+    prepare_update(&mut object, current.as_ref(), part)?;
+    api.fields
+        .update(part, Some(current), &mut object, manager)?;
+    admit::admit_update(
+        api,
+        attributes,
+        &mut object,
+        current.as_ref(),
+        part,
+        warnings,
+    )
+    .await?;
+    guaranteed::write(writer, object, current, from, dry_run).await
 }
 
 /// A server-side apply of one object (or of its status).

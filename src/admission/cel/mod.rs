@@ -17,7 +17,7 @@
 //! [`library`]) and a policy's variables (8 MiB each, [`within_variable_bound`]).
 
 mod authz;
-mod cost;
+pub(crate) mod cost;
 pub use authz::{Answer, Asked, Checker, authorizer, request_resource};
 pub use cost::RUNTIME_BUDGET;
 mod library;

@@ -451,8 +451,14 @@ mod tests {
         );
         let broken = run("variables.broken == 1").await.unwrap_err();
         assert!(broken.contains("object.nothing.here"), "{broken}");
+        // Evaluated, and stopped: by the cost limit, or on a loaded machine (a debug build
+        // among parallel tests) by the deadline, which may come first.
         let costly = run("variables.costly > 0").await.unwrap_err();
-        assert!(costly.contains("actual cost limit exceeded"), "{costly}");
+        assert!(
+            costly.contains(cel::cost::LIMIT_EXCEEDED)
+                || costly.contains(cel::cost::DEADLINE_EXCEEDED),
+            "{costly}"
+        );
         // Read as a whole, every variable is evaluated.
         assert!(run("size(variables) > 0").await.is_err());
     }
