@@ -1667,37 +1667,48 @@ fn small_window(window: usize) -> MemoryStoreConfig {
     }
 }
 
+/// The shared checks as tests of one store, in a module named for it: each is
+/// `$run($check($make))` (`store_conformance::memory::get_and_missing`). Checks that take more
+/// than the store are written out beside them.
+macro_rules! conformance {
+    ($store:ident: $run:ident, $make:ident, [$($check:ident),* $(,)?]) => {
+        mod $store {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    $run(super::$check($make)).await;
+                }
+            )*
+        }
+    };
+}
+
 // The memory store (Llamas).
 
-#[tokio::test]
-async fn memory_get_and_missing() {
-    run(get_and_missing(memory)).await;
-}
+conformance!(memory: run, memory, [
+    get_and_missing,
+    stats_agree,
+    pages_and_continue,
+    pages_with_selectors,
+    writes_between_pages,
+    malformed_continue,
+    read_at_versions,
+    selectors,
+    namespace_scoping,
+    watch_after_resumes,
+    watch_initial_state,
+    watch_scoped,
+    watch_selection_transitions,
+]);
 
-#[tokio::test]
-async fn memory_stats_agree() {
-    run(stats_agree(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_pages_and_continue() {
-    run(pages_and_continue(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_pages_with_selectors() {
-    run(pages_with_selectors(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_writes_between_pages() {
-    run(writes_between_pages(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_malformed_continue() {
-    run(malformed_continue(memory)).await;
-}
+conformance!(memory_writes: run, memory_store, [
+    create_assigns_versions,
+    update_compare_and_swap,
+    delete_preconditions,
+    dry_runs_change_nothing,
+    stats_follow_writes,
+]);
 
 #[tokio::test]
 async fn memory_continue_after_snapshot_gone() {
@@ -1716,43 +1727,8 @@ async fn memory_continue_after_snapshot_gone() {
 }
 
 #[tokio::test]
-async fn memory_read_at_versions() {
-    run(read_at_versions(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_selectors() {
-    run(selectors(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_namespace_scoping() {
-    run(namespace_scoping(memory)).await;
-}
-
-#[tokio::test]
 async fn memory_cursor_agrees_with_list() {
     run(cursor_agrees_with_list(memory, true)).await;
-}
-
-#[tokio::test]
-async fn memory_watch_after_resumes() {
-    run(watch_after_resumes(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_watch_initial_state() {
-    run(watch_initial_state(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_watch_scoped() {
-    run(watch_scoped(memory)).await;
-}
-
-#[tokio::test]
-async fn memory_watch_selection_transitions() {
-    run(watch_selection_transitions(memory)).await;
 }
 
 #[tokio::test]
@@ -1780,66 +1756,27 @@ async fn memory_lagging_watcher_expired() {
 }
 
 #[tokio::test]
-async fn memory_create_assigns_versions() {
-    run(create_assigns_versions(memory_store)).await;
-}
-
-#[tokio::test]
-async fn memory_update_compare_and_swap() {
-    run(update_compare_and_swap(memory_store)).await;
-}
-
-#[tokio::test]
-async fn memory_delete_preconditions() {
-    run(delete_preconditions(memory_store)).await;
-}
-
-#[tokio::test]
-async fn memory_dry_runs_change_nothing() {
-    run(dry_runs_change_nothing(memory_store)).await;
-}
-
-#[tokio::test]
-async fn memory_stats_follow_writes() {
-    run(stats_follow_writes(memory_store)).await;
-}
-
-#[tokio::test]
 async fn memory_is_writable() {
     assert!(memory_store().await.writable().is_some());
 }
 
 // The FarmPod watch cache, fed by a fake kube-apiserver's Pod watch.
 
-#[tokio::test]
-async fn pod_cache_get_and_missing() {
-    run(get_and_missing(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_stats_agree() {
-    run(stats_agree(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_pages_and_continue() {
-    run(pages_and_continue(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_pages_with_selectors() {
-    run(pages_with_selectors(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_writes_between_pages() {
-    run(writes_between_pages(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_malformed_continue() {
-    run(malformed_continue(pod_cache)).await;
-}
+conformance!(pod_cache: run, pod_cache, [
+    get_and_missing,
+    stats_agree,
+    pages_and_continue,
+    pages_with_selectors,
+    writes_between_pages,
+    malformed_continue,
+    read_at_versions,
+    selectors,
+    namespace_scoping,
+    watch_after_resumes,
+    watch_initial_state,
+    watch_scoped,
+    watch_selection_transitions,
+]);
 
 #[tokio::test]
 async fn pod_cache_continue_after_snapshot_gone() {
@@ -1849,43 +1786,8 @@ async fn pod_cache_continue_after_snapshot_gone() {
 }
 
 #[tokio::test]
-async fn pod_cache_read_at_versions() {
-    run(read_at_versions(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_selectors() {
-    run(selectors(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_namespace_scoping() {
-    run(namespace_scoping(pod_cache)).await;
-}
-
-#[tokio::test]
 async fn pod_cache_cursor_agrees_with_list() {
     run(cursor_agrees_with_list(pod_cache, true)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_watch_after_resumes() {
-    run(watch_after_resumes(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_watch_initial_state() {
-    run(watch_initial_state(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_watch_scoped() {
-    run(watch_scoped(pod_cache)).await;
-}
-
-#[tokio::test]
-async fn pod_cache_watch_selection_transitions() {
-    run(watch_selection_transitions(pod_cache)).await;
 }
 
 #[tokio::test]
@@ -2053,99 +1955,33 @@ async fn with_etcd(check: impl Future<Output = ()>) {
     }
 }
 
-#[tokio::test]
-async fn etcd_get_and_missing() {
-    with_etcd(get_and_missing(etcd)).await;
-}
+conformance!(etcd: with_etcd, etcd, [
+    get_and_missing,
+    stats_agree,
+    pages_and_continue,
+    pages_with_selectors,
+    writes_between_pages,
+    malformed_continue,
+    read_at_versions,
+    selectors,
+    namespace_scoping,
+    watch_after_resumes,
+    watch_initial_state,
+    watch_scoped,
+    watch_selection_transitions,
+]);
 
-#[tokio::test]
-async fn etcd_stats_agree() {
-    with_etcd(stats_agree(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_pages_and_continue() {
-    with_etcd(pages_and_continue(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_pages_with_selectors() {
-    with_etcd(pages_with_selectors(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_writes_between_pages() {
-    with_etcd(writes_between_pages(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_malformed_continue() {
-    with_etcd(malformed_continue(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_read_at_versions() {
-    with_etcd(read_at_versions(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_selectors() {
-    with_etcd(selectors(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_namespace_scoping() {
-    with_etcd(namespace_scoping(etcd)).await;
-}
+conformance!(etcd_writes: with_etcd, etcd_store, [
+    create_assigns_versions,
+    update_compare_and_swap,
+    delete_preconditions,
+    dry_runs_change_nothing,
+    stats_follow_writes,
+]);
 
 #[tokio::test]
 async fn etcd_cursor_agrees_with_list() {
     with_etcd(cursor_agrees_with_list(etcd, true)).await;
-}
-
-#[tokio::test]
-async fn etcd_watch_after_resumes() {
-    with_etcd(watch_after_resumes(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_watch_initial_state() {
-    with_etcd(watch_initial_state(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_watch_scoped() {
-    with_etcd(watch_scoped(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_watch_selection_transitions() {
-    with_etcd(watch_selection_transitions(etcd)).await;
-}
-
-#[tokio::test]
-async fn etcd_create_assigns_versions() {
-    with_etcd(create_assigns_versions(etcd_store)).await;
-}
-
-#[tokio::test]
-async fn etcd_update_compare_and_swap() {
-    with_etcd(update_compare_and_swap(etcd_store)).await;
-}
-
-#[tokio::test]
-async fn etcd_delete_preconditions() {
-    with_etcd(delete_preconditions(etcd_store)).await;
-}
-
-#[tokio::test]
-async fn etcd_dry_runs_change_nothing() {
-    with_etcd(dry_runs_change_nothing(etcd_store)).await;
-}
-
-#[tokio::test]
-async fn etcd_stats_follow_writes() {
-    with_etcd(stats_follow_writes(etcd_store)).await;
 }
 
 #[tokio::test]
