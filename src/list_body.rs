@@ -112,12 +112,12 @@ impl MetadataList {
     }
 
     /// The first item that could not be encoded, once.
-    fn check(&mut self) -> Result<()> {
+    fn take_error(&mut self) -> Result<()> {
         self.error.take().map_or(Ok(()), |e| Err(encoding_list(e)))
     }
 
     fn head(&mut self, metadata: &ListMeta) -> Result<Vec<u8>> {
-        self.check()?;
+        self.take_error()?;
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
         head.extend_from_slice(self.version.api_version().as_bytes());
@@ -187,7 +187,7 @@ impl ListWriter {
             Self::Json(list) => Ok(&mut list.body),
             Self::Table(table) => table.checked_body(),
             Self::Metadata(list) => {
-                list.check()?;
+                list.take_error()?;
                 Ok(&mut list.body)
             }
         }

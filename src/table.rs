@@ -228,7 +228,7 @@ impl TableWriter {
     }
 
     /// The first row that could not be encoded, once.
-    fn check(&mut self) -> Result<()> {
+    fn take_error(&mut self) -> Result<()> {
         self.error.take().map_or(Ok(()), |e| Err(encoding_table(e)))
     }
 
@@ -238,13 +238,13 @@ impl TableWriter {
 
     /// The rows' buffer, after any row that could not be encoded was reported.
     pub(crate) fn checked_body(&mut self) -> Result<&mut ListBody> {
-        self.check()?;
+        self.take_error()?;
         Ok(&mut self.body)
     }
 
     /// Kind, apiVersion, metadata and the column definitions, up to the first row.
     pub(crate) fn head(&mut self, metadata: &ListMeta) -> Result<Vec<u8>> {
-        self.check()?;
+        self.take_error()?;
         let mut head = Vec::with_capacity(256 + self.columns.len());
         head.extend_from_slice(b"{\"kind\":\"Table\",\"apiVersion\":\"");
         head.extend_from_slice(self.version.api_version().as_bytes());

@@ -85,7 +85,7 @@ impl Auth {
 
     /// Finishes a check [`Auth::authorize_sync`] left: sends the review it needs. Ok(None) for an
     /// anonymous call to an always-allowed path, the user otherwise; 401/403 as errors.
-    pub async fn check(
+    pub async fn finish(
         &self,
         step: AuthStep,
         headers: &HeaderMap,

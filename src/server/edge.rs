@@ -220,7 +220,7 @@ impl Edge {
                 step => {
                     let uri = request.uri().clone();
                     let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-                    self.auth.check(step, request.headers_mut(), &info).await
+                    self.auth.finish(step, request.headers_mut(), &info).await
                 }
             };
             if let (Some(auditor), Some(id)) = (&self.audit, &audit_id)

@@ -28,11 +28,11 @@ use super::super::{
 pub struct Params {
     client: kube::Client,
     /// By (apiVersion, kind).
-    kinds: Mutex<HashMap<(String, String), Arc<Kind>>>,
+    kinds: Mutex<HashMap<(String, String), Arc<WatchedKind>>>,
 }
 
 /// One watched kind.
-struct Kind {
+struct WatchedKind {
     store: reflector::Store<DynamicObject>,
     /// Whether a write has waited once for its first list: later ones do not wait (a kind
     /// the server may not list fails at once, as kube-apiserver's "not yet synced").
@@ -41,7 +41,7 @@ struct Kind {
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Kind {
+impl Drop for WatchedKind {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -62,7 +62,7 @@ impl Params {
     }
 
     /// The watch of `api_version`'s `kind`, started on first use.
-    fn kind(&self, api_version: &str, kind: &str) -> Arc<Kind> {
+    fn kind(&self, api_version: &str, kind: &str) -> Arc<WatchedKind> {
         let mut kinds = self
             .kinds
             .lock()
@@ -87,7 +87,7 @@ impl Params {
                         }
                     }
                 });
-                Arc::new(Kind {
+                Arc::new(WatchedKind {
                     store,
                     waited: AtomicBool::new(false),
                     task,
