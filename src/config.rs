@@ -7,15 +7,14 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use crate::{
-    auth::source::{self, StaticSources},
-    resources::Llama,
+    auth::source::StaticSources,
     rest::RestSettings,
-    server::{self, AppState, AuthOptions, ShutdownTiming, StateOptions},
+    server::{self, InflightLimits, ReviewCache, ShutdownTiming},
     store::{
-        PodCache, Store,
-        etcd::{EtcdClient, EtcdConfig, EtcdStore},
+        PodCache, StorageFactory,
+        etcd::{EtcdClient, EtcdConfig},
     },
-    tls::{self, ServingFiles, ServingTls},
+    tls::{self, ServingFiles},
 };
 
 /// How log lines are written (`--log-format`).
@@ -347,8 +346,6 @@ impl CertsArgs {
     }
 }
 
-/// A duration flag: at least a second, at most a year (so deadlines computed from it never
-/// overflow).
 /// Whether `url` is this server listening on `addr`: its port, on a loopback address or
 /// `localhost` (the development kubeconfig's `https://127.0.0.1:<port>`), or on the address
 /// bound.
@@ -365,11 +362,13 @@ fn names_this_server(url: &axum::http::Uri, addr: SocketAddr) -> bool {
     port == addr.port() && local
 }
 
+/// A duration flag: at least a second, at most a year (so deadlines computed from it never
+/// overflow).
 fn seconds(value: u64) -> Duration {
     Duration::from_secs(value.clamp(1, 365 * 24 * 3600))
 }
 
-/// Where Llamas live (`--storage`).
+/// Where Llamas, and every other writable kind, live (`--storage`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Storage {
     /// In this process: the embedded default.
@@ -538,59 +537,33 @@ impl Args {
             .transpose()
     }
 
-    /// Runs the command, or serves until SIGTERM/SIGINT: logging, certificates, the cluster
-    /// (when there is one) for FarmPods, TokenReview and SubjectAccessReview, then the
-    /// listener. Returns when the server has stopped.
-    pub async fn run(self) -> anyhow::Result<()> {
-        if let Some(Command::Certs(certs)) = &self.command {
-            return certs.run();
-        }
-        let started = std::time::Instant::now();
-        self.init_logging()?;
-        crate::recovery::install_hook();
-        let mut sources = StaticSources {
-            requestheader_ca: Self::read(&self.requestheader_client_ca_file)?,
-            requestheader_allowed_names: self.requestheader_allowed_names.clone(),
-            client_ca: Self::read(&self.client_ca_file)?,
-            dev_ca: None,
-        };
-        let listener = std::net::TcpListener::bind(self.bind)
-            .with_context(|| format!("binding {}", self.bind))?;
-        let addr = listener.local_addr()?;
-        let files = match (&self.tls_cert_file, &self.tls_private_key_file) {
-            (Some(cert), Some(key)) => ServingFiles {
+    /// The serving certificate's files: `--tls-cert-file` and its key, or the development ones
+    /// in `--cert-dir` (made when missing, with a kubeconfig for `addr`), whose CA then also
+    /// authenticates clients (the kubeconfig's identity). A server given a certificate never
+    /// trusts a development CA.
+    fn serving_files(&self, addr: SocketAddr) -> anyhow::Result<(ServingFiles, Option<String>)> {
+        if let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_private_key_file) {
+            let files = ServingFiles {
                 cert: cert.clone(),
                 key: key.clone(),
-            },
-            _ => {
-                let ca = tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(addr))
-                    .with_context(|| {
-                        format!("preparing dev certificates in {}", self.cert_dir.display())
-                    })?;
-                // Our own dev CA signs the kubeconfig's client certificate. A server given a
-                // certificate never trusts a dev CA.
-                sources.dev_ca = Some(ca);
-                tracing::info!(
-                    kubeconfig = %self.cert_dir.join(tls::KUBECONFIG).display(),
-                    "development certificates ready"
-                );
-                ServingFiles {
-                    cert: self.cert_dir.join(tls::TLS_CERT),
-                    key: self.cert_dir.join(tls::TLS_KEY),
-                }
-            }
-        };
-        let authn_config = source::build(&sources, None);
-        let serving = ServingTls::load(files, authn_config.handshake_cas())?;
-        tokio::spawn(
-            serving
-                .clone()
-                .reload_loop(Duration::from_secs(self.cert_reload_interval.max(1))),
+            };
+            return Ok((files, None));
+        }
+        let ca = tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(addr)).with_context(
+            || format!("preparing dev certificates in {}", self.cert_dir.display()),
+        )?;
+        tracing::info!(
+            kubeconfig = %self.cert_dir.join(tls::KUBECONFIG).display(),
+            "development certificates ready"
         );
-        let tracing_provider = self.start_tracing()?;
-        let auditor = self.auditor().await?;
-        let cluster = self.cluster_client(addr).await?;
-        let farmpods = match (self.synthetic_pods, &cluster) {
+        Ok((ServingFiles::development(&self.cert_dir), Some(ca)))
+    }
+
+    /// Where the kinds' objects live (`--storage`, `--etcd-*`; the memory store seeded as
+    /// `--no-sample-data` and `--synthetic-llamas` say), and the FarmPods: synthetic, the Pods
+    /// of `cluster`, or none (503).
+    pub fn storage(&self, cluster: Option<&kube::Client>) -> anyhow::Result<StorageFactory> {
+        let pods = match (self.synthetic_pods, cluster) {
             (Some(count), _) => PodCache::synthetic(count),
             (None, Some(client)) => {
                 PodCache::start(client.clone(), self.farmpod_namespaces.clone())
@@ -602,85 +575,83 @@ impl Args {
                 PodCache::without_cluster()
             }
         };
-        let auth = AuthOptions {
-            config: authn_config,
-            cluster: cluster.clone(),
-            allow_ttl: Duration::from_secs(self.authorization_cache_ttl),
-            deny_ttl: Duration::from_secs(self.authorization_deny_cache_ttl),
-            token_ttl: Duration::from_secs(self.authentication_cache_ttl),
-        }
-        .build();
-        if let Some(client) = cluster.clone() {
-            tokio::spawn(source::follow_configmap(
-                client,
-                sources,
-                auth.clone(),
-                serving.clone(),
-            ));
-        }
-        let (llamas, etcd_checks): (Arc<dyn Store<Llama>>, _) = match self.storage {
-            Storage::Memory => (
-                crate::group::memory_llamas(!self.no_sample_data, self.synthetic_llamas),
-                Vec::new(),
-            ),
+        Ok(match self.storage {
+            Storage::Memory => StorageFactory::memory(pods).seed(crate::resources::llama::seed(
+                !self.no_sample_data,
+                self.synthetic_llamas,
+            )),
             Storage::Etcd => {
                 let client =
                     EtcdClient::new(self.etcd_config()?).map_err(|e| anyhow::anyhow!("{e}"))?;
-                tracing::info!(servers = ?self.etcd_servers, prefix = %self.etcd_prefix, "Llamas are stored in etcd");
-                let store = EtcdStore::<Llama>::start(client, &self.etcd_prefix);
-                let checks = store.readiness_checks();
-                (store, checks)
+                tracing::info!(servers = ?self.etcd_servers, prefix = %self.etcd_prefix, "objects are stored in etcd");
+                StorageFactory::etcd(client, &self.etcd_prefix, pods)
             }
+        })
+    }
+
+    /// Runs the command, or serves until SIGTERM/SIGINT: logging, the listener, certificates,
+    /// the cluster (when there is one) for FarmPods, TokenReview, SubjectAccessReview and
+    /// admission, the storage, then [`server::build`] with the binary's kinds
+    /// ([`crate::group::register`]). Returns when the server has stopped.
+    pub async fn run(self) -> anyhow::Result<()> {
+        if let Some(Command::Certs(certs)) = &self.command {
+            return certs.run();
+        }
+        let started = std::time::Instant::now();
+        self.init_logging()?;
+        crate::recovery::install_hook();
+        let auth_sources = StaticSources {
+            requestheader_ca: Self::read(&self.requestheader_client_ca_file)?,
+            requestheader_allowed_names: self.requestheader_allowed_names.clone(),
+            client_ca: Self::read(&self.client_ca_file)?,
+            dev_ca: None,
         };
-        let enabled = |plugin: &str| !self.disable_admission_plugins.iter().any(|p| p == plugin);
-        // One watch of the cluster's Namespaces serves NamespaceLifecycle and the webhooks'
-        // namespaceSelectors.
-        let watched = cluster.clone().map(crate::namespaces::Namespaces::start);
-        let namespaces = watched.clone().filter(|_| enabled("NamespaceLifecycle"));
-        let admission = match (&cluster, watched) {
-            (Some(client), Some(namespaces)) => {
-                crate::admission::Admission::for_cluster(client, namespaces, enabled)
-            }
-            _ => crate::admission::Admission::default(),
-        };
+        let listener = std::net::TcpListener::bind(self.bind)
+            .with_context(|| format!("binding {}", self.bind))?;
+        let addr = listener.local_addr()?;
+        // Before the cluster: an exported KUBECONFIG may be the development one written here.
+        let (serving, dev_ca) = self.serving_files(addr)?;
+        let tracing_provider = self.start_tracing()?;
+        let auditor = self.auditor().await?;
+        let cluster = self.cluster_client(addr).await?;
+        let storage = self.storage(cluster.as_ref())?;
         let mut rest = self.rest_settings();
         rest.garbage_collection = cluster.is_some();
-        let (state, shutdown) = AppState::farm(
-            llamas,
-            farmpods,
-            StateOptions {
-                rest,
-                auth,
-                namespaces,
-                admission,
-                audit: auditor.clone(),
-                inflight: crate::server::InflightLimits {
-                    read_only: self.max_requests_inflight,
-                    mutating: self.max_mutating_requests_inflight,
-                },
+        let config = server::Config {
+            listener,
+            serving,
+            cert_reload_interval: Duration::from_secs(self.cert_reload_interval),
+            auth_sources: StaticSources {
+                dev_ca,
+                ..auth_sources
             },
-        )?;
-        for check in etcd_checks {
-            state.health.add_readiness_check(check);
-        }
-        let app = server::app(state);
-        let limits = crate::connection::Limits {
-            header_read: seconds(self.header_read_timeout),
-            idle: seconds(self.idle_timeout),
-            write_stall: seconds(self.write_timeout),
+            review_cache: ReviewCache {
+                allow: Duration::from_secs(self.authorization_cache_ttl),
+                deny: Duration::from_secs(self.authorization_deny_cache_ttl),
+                token: Duration::from_secs(self.authentication_cache_ttl),
+            },
+            cluster,
+            follow_auth_configmap: true,
+            storage,
+            kinds: crate::group::register,
+            rest,
+            disable_admission_plugins: self.disable_admission_plugins.clone(),
+            audit: auditor.clone(),
+            inflight: InflightLimits {
+                read_only: self.max_requests_inflight,
+                mutating: self.max_mutating_requests_inflight,
+            },
+            limits: crate::connection::Limits {
+                header_read: seconds(self.header_read_timeout),
+                idle: seconds(self.idle_timeout),
+                write_stall: seconds(self.write_timeout),
+            },
         };
-        let bound = server::bind(listener, serving.config.clone(), limits)?;
-        let served = server::serve(
-            bound,
-            app,
-            shutdown,
-            ShutdownTiming {
-                delay: Duration::from_secs(self.shutdown_delay),
-                grace: Duration::from_secs(self.shutdown_grace),
-            },
-            started,
-        )
-        .await;
+        let timing = ShutdownTiming {
+            delay: Duration::from_secs(self.shutdown_delay),
+            grace: Duration::from_secs(self.shutdown_grace),
+        };
+        let served = server::build(config).await?.serve(timing, started).await;
         // The last events and spans go out before the process ends.
         if let Some(auditor) = &auditor
             && tokio::time::timeout(Duration::from_secs(10), auditor.flush())
@@ -780,6 +751,26 @@ mod tests {
             args.etcd_servers,
             ["https://10.0.0.1:2379", "https://10.0.0.2:2379"]
         );
+    }
+
+    #[tokio::test]
+    async fn the_storage_follows_the_flags() {
+        use clap::Parser;
+
+        use crate::{resources::Llama, store::Store};
+        let objects = |flags: &[&str]| {
+            let args = Args::try_parse_from(["farm-apiserver"].iter().chain(flags)).unwrap();
+            let storage = args.storage(None).unwrap();
+            async move {
+                let llamas = storage.store::<Llama>().stats().await.unwrap().objects;
+                let pods = storage.pods().stats().await.unwrap().objects;
+                (llamas, pods)
+            }
+        };
+        assert_eq!(objects(&[]).await, (1, 0), "dolly, and no cluster");
+        assert_eq!(objects(&["--no-sample-data"]).await, (0, 0));
+        let bench = ["--synthetic-llamas", "3", "--synthetic-pods", "2"];
+        assert_eq!(objects(&bench).await, (4, 2));
     }
 
     #[test]

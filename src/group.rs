@@ -1,15 +1,17 @@
 //! The one place kinds are installed: `ApiGroup::new().serve::<Llama>(store)` gives the kind
-//! its REST endpoints, its discovery entry and OpenAPI paths, its metrics label and its
-//! `apiserver_storage_objects` series. What the kind is comes from its own file
-//! ([`ServedResource`]); what it may do (read-only or not) from its store.
+//! its REST endpoints, its discovery entry and OpenAPI paths, its metrics label, its
+//! `apiserver_storage_objects` series and its store's readiness checks. What the kind is comes
+//! from its own file ([`ServedResource`]); what it may do (read-only or not) from its store.
+//! [`register`] lists the kinds farm-apiserver serves, one line each.
 
 use std::sync::Arc;
 
 use crate::{
+    health::Check,
     resource::{ResourceInfo, ServedResource},
     resources::{FarmPod, Llama},
     rest::{Endpoints, RestContext},
-    store::{MemoryStore, PodCache, Store},
+    store::{StorageFactory, Store},
 };
 
 type Install = Box<dyn FnOnce(Endpoints, RestContext) -> anyhow::Result<Endpoints> + Send>;
@@ -19,6 +21,7 @@ type Install = Box<dyn FnOnce(Endpoints, RestContext) -> anyhow::Result<Endpoint
 pub struct ApiGroup {
     resources: Vec<ResourceInfo>,
     installs: Vec<Install>,
+    checks: Vec<Check>,
 }
 
 impl ApiGroup {
@@ -28,10 +31,12 @@ impl ApiGroup {
     }
 
     /// Serves `K` from `store`: every verb the store supports (get, list and watch from any
-    /// store; create, update, patch, delete and deletecollection when it is writable).
+    /// store; create, update, patch, delete and deletecollection when it is writable), ready
+    /// when the store's readiness checks pass.
     pub fn serve<K: ServedResource>(mut self, store: Arc<dyn Store<K>>) -> Self {
         self.resources
             .push(ResourceInfo::of::<K>(store.writable().is_some()));
+        self.checks.extend(store.clone().readiness_checks());
         self.installs.push(Box::new(move |endpoints, ctx| {
             endpoints.with::<K>(store, ctx)
         }));
@@ -41,6 +46,11 @@ impl ApiGroup {
     /// The served kinds' facts, in discovery order.
     pub fn resources(&self) -> &[ResourceInfo] {
         &self.resources
+    }
+
+    /// What the kinds' stores add to `/readyz`.
+    pub fn readiness_checks(&self) -> &[Check] {
+        &self.checks
     }
 
     /// The kinds' REST endpoints, sharing `ctx`; fails on the first kind whose schema does not
@@ -56,26 +66,15 @@ impl ApiGroup {
     }
 }
 
-/// farm-apiserver's kinds: Llamas from `llamas` (memory by default), FarmPods from the Pod
-/// watch cache.
-pub fn farm(llamas: Arc<dyn Store<Llama>>, farmpods: Arc<PodCache>) -> ApiGroup {
-    ApiGroup::new()
-        .serve::<Llama>(llamas)
-        .serve::<FarmPod>(farmpods)
-}
-
-/// The Llama store of the embedded default: in memory, with the sample `default/dolly` when
-/// `sample` and `synthetic` generated Llamas (benchmarks).
-pub fn memory_llamas(sample: bool, synthetic: usize) -> Arc<MemoryStore<Llama>> {
-    let llamas = MemoryStore::<Llama>::default();
-    // A fresh store cannot refuse these: the names are distinct.
-    if sample {
-        let _ = llamas.insert(crate::resources::llama::sample());
-    }
-    for i in 0..synthetic {
-        let _ = llamas.insert(crate::resources::llama::synthetic(i));
-    }
-    Arc::new(llamas)
+/// The kinds farm-apiserver serves, added to `group` in discovery order, one line each: a
+/// writable kind's store comes from `storage` (memory or etcd, as `--storage` says), FarmPods
+/// from the Pod watch cache. The binary and the tests' servers serve what this lists
+/// ([`crate::server::Config::kinds`]); a new kind is its file in `src/resources/` and its line
+/// here.
+pub fn register(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
+    group
+        .serve::<Llama>(storage.store())
+        .serve::<FarmPod>(storage.pods())
 }
 
 #[cfg(test)]
@@ -83,17 +82,24 @@ mod tests {
     use kube::Resource;
 
     use super::*;
-    use crate::resource::{GROUP, VERSION};
+    use crate::{
+        resource::{GROUP, VERSION},
+        store::PodCache,
+    };
 
-    #[test]
-    fn verbs_follow_the_store() {
-        let group = farm(memory_llamas(false, 0), PodCache::without_cluster());
+    #[tokio::test]
+    async fn verbs_follow_the_store() {
+        let storage = StorageFactory::memory(PodCache::without_cluster());
+        let group = register(ApiGroup::new(), &storage);
         let [llamas, farmpods] = group.resources() else {
             panic!("two kinds")
         };
         assert!(llamas.writable && llamas.verbs.contains(&"create"));
         assert!(!farmpods.writable);
         assert_eq!(farmpods.verbs, ["get", "list", "watch"]);
+        // The stores' readiness comes with them: the Pod cache's two checks.
+        let checks: Vec<_> = group.readiness_checks().iter().map(|c| c.name).collect();
+        assert_eq!(checks, ["farmpod-cache-synced", "farmpod-watch"]);
     }
 
     #[test]

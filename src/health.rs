@@ -86,10 +86,18 @@ impl Health {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Adds a check to `/readyz`, run on every readiness request.
+    /// Adds a check to `/readyz`, run on every readiness request. A check named as one already
+    /// there joins it (two kinds in etcd: one `etcd` check that both must pass).
     pub fn add_readiness_check(&self, check: Check) {
-        if let Ok(mut checks) = self.readiness.write() {
-            checks.push(check);
+        let Ok(mut checks) = self.readiness.write() else {
+            return;
+        };
+        match checks.iter_mut().find(|c| c.name == check.name) {
+            Some(existing) => {
+                let (first, second) = (existing.run.clone(), check.run);
+                existing.run = Arc::new(move || first().and_then(|()| second()));
+            }
+            None => checks.push(check),
         }
     }
 
@@ -273,5 +281,17 @@ mod tests {
         ] {
             assert!(!super::is_probe(path), "{path}");
         }
+    }
+
+    #[test]
+    fn checks_of_one_name_are_one_check_that_all_must_pass() {
+        use super::{Check, Health, Probe};
+        let health = Health::new();
+        health.add_readiness_check(Check::new("etcd", || Ok(())));
+        health.add_readiness_check(Check::new("etcd", || Err("barns not read yet".into())));
+        let outcomes = health.checks(Probe::Readyz);
+        let names: Vec<_> = outcomes.iter().map(|o| o.name).collect();
+        assert_eq!(names, ["ping", "shutdown", "etcd"]);
+        assert_eq!(outcomes[2].result, Err("barns not read yet".to_owned()));
     }
 }

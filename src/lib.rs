@@ -11,6 +11,10 @@
 //! [`table`], [`watch`] and [`negotiate`] shape responses; [`error`] turns every failure into a
 //! `meta/v1 Status`.
 //!
+//! Start-up is one function, [`server::build`], called by the binary ([`config::Args::run`])
+//! and by the tests' servers alike: the kinds are [`group::register`]'s, each on the store
+//! [`store::StorageFactory`] makes for it.
+//!
 //! The `_sync` (and `_now`) convention: a method so named answers without a future when all
 //! it needs is in memory, and returns None when only its async counterpart can answer
 //! ([`store::Store::get_sync`], [`rest::Target::call_sync`], [`auth::Auth::authorize_sync`]). A

@@ -63,6 +63,17 @@ pub struct ServingFiles {
     pub key: PathBuf,
 }
 
+impl ServingFiles {
+    /// The development serving certificate and key in `dir`, as [`ensure_dev_certificates`]
+    /// writes them.
+    pub fn development(dir: &Path) -> Self {
+        Self {
+            cert: dir.join(TLS_CERT),
+            key: dir.join(TLS_KEY),
+        }
+    }
+}
+
 /// Installs ring as the process's rustls provider; a second call is harmless.
 pub fn install_default_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -105,6 +105,15 @@ pub fn sample() -> Llama {
     }
 }
 
+/// What a memory store of Llamas starts with: the sample `default/dolly` when `sample`, then
+/// `synthetic` generated Llamas (benchmarks).
+pub fn seed(sample: bool, synthetic: usize) -> impl Iterator<Item = Llama> + Send + 'static {
+    sample
+        .then(self::sample)
+        .into_iter()
+        .chain((0..synthetic).map(self::synthetic))
+}
+
 /// Generated Llama `llama-<i>` in namespace `bench-<i % 10>`, for benchmarks.
 pub fn synthetic(i: usize) -> Llama {
     let mut llama = sample();

@@ -1,5 +1,6 @@
-//! Wiring: the shared state and the one service factory ([`app`]); `edge.rs` is what every
-//! request passes, `listen.rs` serves it over TLS with graceful shutdown.
+//! Wiring: the one start-up ([`build`] from a [`Config`]), the shared state and the one service
+//! factory ([`app`]); `edge.rs` is what every request passes, `listen.rs` serves it over TLS
+//! with graceful shutdown.
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,9 +13,11 @@ use axum::{
 };
 use tokio_util::sync::CancellationToken;
 
+mod build;
 mod edge;
 mod inflight;
 mod listen;
+pub use build::{Config, ReviewCache, Server, build};
 pub use inflight::InflightLimits;
 
 pub use edge::App;
@@ -24,13 +27,11 @@ pub use listen::{Bound, Running, ShutdownTiming, bind, serve};
 use crate::{
     auth::{self, Auth, Authenticator, AuthnConfig, Authorizer},
     discovery::{self, DiscoveryDocuments},
-    group::{self, ApiGroup},
+    group::ApiGroup,
     health::{self, Health},
     metrics::Metrics,
     openapi::{self, OpenApiDocuments},
-    resources::Llama,
     rest::{self, RestContext, RestSettings},
-    store::{PodCache, Store},
 };
 
 /// Ends watches and tells the health checks the server is going away. Dropping it does
@@ -79,8 +80,8 @@ pub struct AppState {
 /// Who is trusted, and the cluster that reviews tokens and access.
 #[derive(Clone)]
 pub struct AuthOptions {
-    /// The trusted CAs and front-proxy settings at start; with a cluster, `config::Args::run`
-    /// replaces them whenever the `extension-apiserver-authentication` ConfigMap changes.
+    /// The trusted CAs and front-proxy settings at start; with a cluster, [`build`] has them
+    /// replaced whenever the `extension-apiserver-authentication` ConfigMap changes.
     pub config: AuthnConfig,
     /// TokenReview and SubjectAccessReview go here; None = standalone.
     pub cluster: Option<kube::Client>,
@@ -152,22 +153,8 @@ impl Default for StateOptions {
 }
 
 impl AppState {
-    /// farm-apiserver's kinds: Llamas from `llamas`, FarmPods from `farmpods` (whose sync
-    /// readiness joins `/readyz`). Fails as [`AppState::new`] does.
-    pub fn farm(
-        llamas: Arc<dyn Store<Llama>>,
-        farmpods: Arc<PodCache>,
-        options: StateOptions,
-    ) -> anyhow::Result<(Self, Shutdown)> {
-        let (state, shutdown) = Self::new(group::farm(llamas, farmpods.clone()), options)?;
-        for check in farmpods.readiness_checks() {
-            state.health.add_readiness_check(check);
-        }
-        Ok((state, shutdown))
-    }
-
-    /// Serves the kinds of `group`. Fails, naming the kind, when a kind's schema does not
-    /// convert for field management (server-side apply).
+    /// Serves the kinds of `group`, ready when their stores are. Fails, naming the kind, when
+    /// a kind's schema does not convert for field management (server-side apply).
     pub fn new(group: ApiGroup, options: StateOptions) -> anyhow::Result<(Self, Shutdown)> {
         let watches = CancellationToken::new();
         let health = Health::new();
@@ -199,6 +186,9 @@ impl AppState {
         }
         if let Some(check) = rest.admission.readiness_check() {
             health.add_readiness_check(check);
+        }
+        for check in group.readiness_checks() {
+            health.add_readiness_check(check.clone());
         }
         let (resources, endpoints) = group.endpoints(&rest)?;
         let inflight = Arc::new(inflight::Inflight::new(options.inflight, &metrics));

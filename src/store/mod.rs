@@ -4,8 +4,10 @@
 //! stats are asked for asynchronously, a list cursor may wait for its next page, objects can be
 //! made from JSON already encoded, and continue tokens belong to each store. What every store
 //! must do is checked by one conformance suite (`tests/it/store_conformance.rs`).
+//! [`StorageFactory`] makes each kind's store as the flags say (memory or etcd).
 
 pub mod etcd;
+pub mod factory;
 pub mod memory;
 pub mod pod_cache;
 
@@ -23,11 +25,13 @@ use serde::Serialize;
 
 use crate::{
     error::{Error, Result},
+    health::Check,
     resource::{ObjectKey, ServedResource},
     selector::Filter,
 };
 
 pub use etcd::EtcdStore;
+pub use factory::StorageFactory;
 pub use memory::MemoryStore;
 pub use pod_cache::PodCache;
 
@@ -433,6 +437,11 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     /// Not ready (a cache still syncing, a backend unreachable) answers 503.
     fn check_ready(&self) -> Result<()> {
         Ok(())
+    }
+    /// What the store adds to `/readyz` (a cache's sync, its backend's reach); none by default.
+    /// [`crate::group::ApiGroup::serve`] registers them with the kind.
+    fn readiness_checks(self: Arc<Self>) -> Vec<Check> {
+        Vec::new()
     }
     /// The store's writes, when it takes any: a kind whose store has none is read-only (get,
     /// list and watch in discovery; 405 for the other verbs).

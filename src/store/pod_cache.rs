@@ -205,27 +205,6 @@ impl PodCache {
             }
         }
     }
-
-    /// Readiness: not ready until the first sync. A broken watch after that keeps the server
-    /// ready (Llamas and the last FarmPod view still serve) and shows in `/readyz/farmpod-watch`.
-    pub fn readiness_checks(self: &Arc<Self>) -> Vec<Check> {
-        let synced = self.clone();
-        let watch = self.clone();
-        vec![
-            Check::new("farmpod-cache-synced", move || match synced.state() {
-                CacheState::Syncing { pending } => {
-                    Err(format!("{pending} Pod watch(es) not synced yet"))
-                }
-                _ => Ok(()),
-            }),
-            Check::informational("farmpod-watch", move || match watch.state() {
-                CacheState::Synced {
-                    degraded: Some(reason),
-                } => Err(format!("serving the last synced view: {reason}")),
-                _ => Ok(()),
-            }),
-        ]
-    }
 }
 
 #[async_trait]
@@ -275,6 +254,27 @@ impl Store<FarmPod> for PodCache {
             )),
             CacheState::Synced { .. } => Ok(()),
         }
+    }
+
+    /// Readiness: not ready until the first sync. A broken watch after that keeps the server
+    /// ready (Llamas and the last FarmPod view still serve) and shows in `/readyz/farmpod-watch`.
+    fn readiness_checks(self: Arc<Self>) -> Vec<Check> {
+        let synced = self.clone();
+        let watch = self;
+        vec![
+            Check::new("farmpod-cache-synced", move || match synced.state() {
+                CacheState::Syncing { pending } => {
+                    Err(format!("{pending} Pod watch(es) not synced yet"))
+                }
+                _ => Ok(()),
+            }),
+            Check::informational("farmpod-watch", move || match watch.state() {
+                CacheState::Synced {
+                    degraded: Some(reason),
+                } => Err(format!("serving the last synced view: {reason}")),
+                _ => Ok(()),
+            }),
+        ]
     }
 }
 

@@ -184,12 +184,8 @@ async fn too_old_resource_version_is_410_error_event() {
         ..Default::default()
     });
     let (options, peer) = common::oneshot_identity();
-    let (state, _shutdown) = farm_apiserver::server::AppState::farm(
-        std::sync::Arc::new(store.clone()),
-        farm_apiserver::store::PodCache::without_cluster(),
-        options,
-    )
-    .unwrap();
+    let group = farm_apiserver::group::ApiGroup::new().serve::<Llama>(std::sync::Arc::new(store));
+    let (state, _shutdown) = farm_apiserver::server::AppState::new(group, options).unwrap();
     let app = farm_apiserver::server::app(state.clone());
     for i in 0..5 {
         let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": format!("o{i}")}, "spec": {"weight": 1, "height": 1}});
@@ -676,10 +672,11 @@ async fn kubectl_get_watch_prints_the_first_event(storage: TestStorage) {
 #[tokio::test]
 async fn large_unlimited_lists_are_streamed_and_read_whole_by_every_client() {
     let server = TestServer::start().await;
+    let writes = server.llamas.writable().unwrap();
     for i in 0..3_000 {
-        server
-            .llamas
-            .insert(farm_apiserver::resources::llama::synthetic(i))
+        writes
+            .create(farm_apiserver::resources::llama::synthetic(i), false)
+            .await
             .expect("create");
     }
     let all = 3_001; // and dolly

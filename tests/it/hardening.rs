@@ -10,13 +10,15 @@ use async_trait::async_trait;
 use axum::http::StatusCode;
 use common::{oneshot::*, oneshot_identity};
 use farm_apiserver::{
-    Result, recovery,
+    Result,
+    group::ApiGroup,
+    recovery,
     resource::ObjectKey,
     resources::Llama,
     server::{self, AppState},
     store::{
-        ListRequest, MemoryStore, Object, PageInfo, PodCache, Preconditions, Store, StoreStats,
-        WatchRequest, WatchStream, WritableStore,
+        ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store, StoreStats, WatchRequest,
+        WatchStream, WritableStore,
     },
 };
 use http_body_util::BodyExt;
@@ -232,12 +234,8 @@ impl WritableStore<Llama> for Panicky {
 #[tokio::test]
 async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
     let (options, peer) = oneshot_identity();
-    let (state, _shutdown) = AppState::farm(
-        Arc::new(Panicky(MemoryStore::default())),
-        PodCache::without_cluster(),
-        options,
-    )
-    .unwrap();
+    let group = ApiGroup::new().serve::<Llama>(Arc::new(Panicky(MemoryStore::default())));
+    let (state, _shutdown) = AppState::new(group, options).unwrap();
     let app = App {
         router: server::app(state.clone()),
         peer,

@@ -7,7 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
-use farm_apiserver::{server::InflightLimits, store::Store as _};
+use farm_apiserver::server::InflightLimits;
 use serde_json::json;
 
 const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";

@@ -2,9 +2,10 @@
 //! drives the real server a different way.
 //!
 //! - `router`, `hardening`, `properties`, `third_kind`: the whole HTTP surface with `oneshot`
-//!   (no socket), including a kind declared in the test crate alone.
+//!   (no socket), including kinds declared in the test crate alone (`barn` is one, in its file).
 //! - `e2e_tls`, `security`: over the real TLS listener with kube::Client, kubectl and a raw
-//!   HTTPS client replaying the aggregator's requests.
+//!   HTTPS client replaying the aggregator's requests; `adding_a_kind`: Barn added to the
+//!   binary's kinds with one line. Their servers start as the binary does (`server::build`).
 //! - `farmpods`: the FarmPod cache fed by a fake kube-apiserver; `store_conformance`: every
 //!   store against one contract.
 //! - `binary`: the shipped binary (signals, restarts); `manifests`, `openapi_snapshot`:
@@ -12,8 +13,10 @@
 //! - `e2e_cluster`: through a real kube-apiserver when `FARM_E2E_KUBECONFIG` is set;
 //!   `e2e_node`: the image and manifests installed on a real node when that cluster has one.
 
+mod barn;
 mod common;
 
+mod adding_a_kind;
 mod admission;
 mod apply;
 mod audit;

@@ -15,7 +15,7 @@ use clap::Parser;
 use common::install::{self, Rendered};
 use farm_apiserver::{
     config::{Args, LogFormat},
-    server::{self, AppState},
+    server,
 };
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -159,12 +159,7 @@ fn quantity(value: &Value) -> f64 {
 /// Status of `GET path` as kubelet sends a probe: no client certificate, no credentials.
 async fn probe(path: &str) -> u16 {
     let (options, _admin) = common::oneshot_identity();
-    let (state, shutdown) = AppState::farm(
-        farm_apiserver::group::memory_llamas(true, 0),
-        farm_apiserver::store::PodCache::without_cluster(),
-        options,
-    )
-    .unwrap();
+    let (state, shutdown) = common::memory_state(true, options);
     let response = server::app(state)
         .oneshot(Request::get(path).body(Body::empty()).unwrap())
         .await

@@ -332,14 +332,8 @@ fn endpoints() -> &'static farm_apiserver::rest::Endpoints {
         std::sync::OnceLock::new();
     ENDPOINTS.get_or_init(|| {
         let (options, _) = common::oneshot_identity();
-        let llamas = farm_apiserver::group::memory_llamas(false, 0);
         runtime().block_on(async {
-            let (state, _shutdown) = farm_apiserver::server::AppState::farm(
-                llamas,
-                farm_apiserver::store::PodCache::without_cluster(),
-                options,
-            )
-            .unwrap();
+            let (state, _shutdown) = common::memory_state(false, options);
             state.endpoints.clone()
         })
     })

@@ -5,7 +5,7 @@ use crate::common;
 
 use axum::http::StatusCode;
 use common::{TestStorage, oneshot::*, oneshot_identity as identity};
-use farm_apiserver::server::{self, AppState};
+use farm_apiserver::server;
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -449,7 +449,7 @@ async fn generate_name_dry_run_and_already_exists(storage: TestStorage) {
 #[tokio::test]
 async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     let (app, state) = app_with_state();
-    let before = state.counts();
+    let before = state.stats().await.unwrap();
     let ns = format!("{BASE}/namespaces/default/llamas");
     let json_ct = [("content-type", "application/json")];
     let cases: Vec<(&str, String, u16, &str)> = vec![
@@ -529,7 +529,7 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     .await
     .status(400, "BadRequest");
     assert_eq!(
-        state.counts(),
+        state.stats().await.unwrap(),
         before,
         "rejected writes must not touch the store"
     );
@@ -826,12 +826,7 @@ async fn deletecollection_honours_selectors(storage: TestStorage) {
 #[tokio::test]
 async fn health_endpoints() {
     let (options, peer) = identity();
-    let (state, shutdown) = AppState::farm(
-        farm_apiserver::group::memory_llamas(true, 0),
-        farm_apiserver::store::PodCache::without_cluster(),
-        options,
-    )
-    .unwrap();
+    let (state, shutdown) = common::memory_state(true, options);
     let app = App {
         router: server::app(state),
         peer,

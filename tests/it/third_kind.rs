@@ -1,16 +1,16 @@
-//! A kind is one file plus one line: Barn (namespaced) and Pasture (cluster-scoped) are declared
-//! here, in the test crate alone, registered with `ApiGroup::serve`, and get discovery, OpenAPI,
-//! Tables, every verb, their own strategy hooks, selectable fields and metrics. Silo's schema
-//! does not convert for server-side apply: a server with it fails to start.
+//! A kind is one file plus one line: Barn (namespaced, in `barn.rs`) and Pasture
+//! (cluster-scoped) are declared in the test crate alone, registered with `ApiGroup::serve`, and
+//! get discovery, OpenAPI, Tables, every verb, their own strategy hooks, selectable fields and
+//! metrics. Silo's schema does not convert for server-side apply: a server with it fails to
+//! start.
 
-use crate::common;
+use crate::{barn::Barn, common};
 
 use std::sync::Arc;
 
 use common::oneshot::{App, Reply, call, get};
 use farm_apiserver::{
     columns::{AGE_COLUMN, ColumnDefinition, age},
-    error::FieldError,
     group::ApiGroup,
     resource::ServedResource,
     server::{self, AppState},
@@ -20,91 +20,6 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-
-/// A barn of the farm.
-#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[kube(
-    group = "farm.example.com",
-    version = "v1alpha",
-    kind = "Barn",
-    plural = "barns",
-    namespaced,
-    status = "BarnStatus",
-    shortname = "bn",
-    category = "farm"
-)]
-pub struct BarnSpec {
-    /// Colour of the barn; defaults to red.
-    #[serde(default)]
-    pub color: String,
-    /// Stalls in the barn; fixed once built.
-    pub stalls: u32,
-}
-
-/// What the barn's controller observed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct BarnStatus {
-    /// Whether the barn is ready for llamas.
-    pub ready: bool,
-    /// What the controller last did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
-}
-
-impl ServedResource for Barn {
-    type Spec = BarnSpec;
-    const STATUS_SUBRESOURCE: bool = true;
-
-    fn set_status_from(&mut self, from: &Self) {
-        self.status = from.status.clone();
-    }
-
-    fn status_schema(generator: &mut schemars::SchemaGenerator) -> Option<schemars::Schema> {
-        Some(generator.subschema_for::<BarnStatus>())
-    }
-
-    const SINGULAR: &'static str = "barn";
-    const CATEGORIES: &'static [&'static str] = &["farm"];
-    const DESCRIPTION: &'static str = "Barn is a barn of the farm (a test kind).";
-    const SELECTABLE_FIELDS: &'static [&'static str] = &["spec.color"];
-
-    fn columns() -> Vec<ColumnDefinition> {
-        vec![
-            ColumnDefinition::new("Color", "string", "Colour of the barn."),
-            AGE_COLUMN,
-        ]
-    }
-
-    fn cells(&self, now: jiff::Timestamp) -> Vec<Value> {
-        vec![json!(self.spec.color), age(&self.metadata, now)]
-    }
-
-    fn prepare_for_create(&mut self) {
-        // The status is the controller's, written through /status only.
-        self.status = None;
-        if self.spec.color.is_empty() {
-            self.spec.color = "red".into();
-        }
-    }
-
-    fn validate_update(&self, old: &Self) -> Vec<FieldError> {
-        (self.spec.stalls != old.spec.stalls)
-            .then(|| FieldError::invalid("spec.stalls", self.spec.stalls, "field is immutable"))
-            .into_iter()
-            .collect()
-    }
-
-    fn warnings(&self, _old: Option<&Self>) -> Vec<String> {
-        (self.spec.stalls > 100)
-            .then(|| "more than 100 stalls is a lot of barn".to_owned())
-            .into_iter()
-            .collect()
-    }
-
-    fn field(&self, name: &str) -> Option<String> {
-        (name == "spec.color").then(|| self.spec.color.clone())
-    }
-}
 
 /// A pasture: cluster-scoped.
 #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

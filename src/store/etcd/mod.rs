@@ -139,18 +139,6 @@ impl<K: ServedResource> EtcdStore<K> {
         self.shared.cache.resource_version()
     }
 
-    /// Readiness: not ready until the cache holds etcd's objects, nor while etcd is unreachable.
-    pub fn readiness_checks(self: &Arc<Self>) -> Vec<Check> {
-        let store = self.clone();
-        vec![Check::new("etcd", move || {
-            match &*store.shared.feed.borrow() {
-                Feed::Watching => Ok(()),
-                Feed::Syncing => Err("the cache has not read etcd yet".into()),
-                Feed::Broken(reason) => Err(reason.clone()),
-            }
-        })]
-    }
-
     fn key(&self, key: &ObjectKey) -> Vec<u8> {
         let mut out = self.shared.prefix.clone();
         if K::namespaced() {
@@ -558,6 +546,18 @@ impl<K: ServedResource> Store<K> for EtcdStore<K> {
                 "etcd is unavailable: {reason}"
             ))),
         }
+    }
+
+    /// Readiness (`etcd`, one check however many kinds etcd keeps): not ready until the
+    /// cache holds etcd's objects, nor while etcd is unreachable.
+    fn readiness_checks(self: Arc<Self>) -> Vec<Check> {
+        vec![Check::new("etcd", move || {
+            match &*self.shared.feed.borrow() {
+                Feed::Watching => Ok(()),
+                Feed::Syncing => Err("the cache has not read etcd yet".into()),
+                Feed::Broken(reason) => Err(reason.clone()),
+            }
+        })]
     }
 
     fn writable(&self) -> Option<&dyn WritableStore<K>> {

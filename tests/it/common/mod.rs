@@ -10,6 +10,9 @@ pub mod install;
 pub mod oneshot;
 pub mod otlp;
 pub mod process;
+pub mod storage;
+
+pub use storage::{TestStorage, memory_state, seed_etcd, storage_on};
 
 use std::{
     net::SocketAddr,
@@ -23,9 +26,11 @@ use bytes::Bytes;
 use farm_apiserver::{
     auth::PeerCertificates,
     auth::source::{self, StaticSources},
+    group::{self, ApiGroup},
+    resources::Llama,
     rest::RestSettings,
     server::{self, AppState, AuthOptions, Shutdown, StateOptions},
-    store::PodCache,
+    store::{PodCache, StorageFactory, Store},
     tls::{self, DevCa, ServingFiles, ServingTls, load_certs},
 };
 use http_body_util::{BodyExt, Full};
@@ -69,12 +74,16 @@ pub fn install_crypto() {
     farm_apiserver::tls::install_default_provider();
 }
 
+/// A farm-apiserver started as the binary starts one ([`server::build`]), on a loopback port,
+/// its development certificates and kubeconfig in `dir`.
 pub struct TestServer {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub state: AppState,
-    /// The server's Llama store (in memory).
-    pub llamas: Arc<farm_apiserver::store::MemoryStore<farm_apiserver::resources::Llama>>,
+    /// The server's Llama store (memory or etcd).
+    pub llamas: Arc<dyn Store<Llama>>,
+    /// Where its kinds live: `storage.store::<K>()` is the store it serves `K` from.
+    pub storage: StorageFactory,
     pub serving: Arc<ServingTls>,
     pub shutdown: Shutdown,
     /// The listener until [`TestServer::stopped`] takes it.
@@ -82,41 +91,7 @@ pub struct TestServer {
     /// Starts the listener's graceful stop (its grace: 1 s).
     stop: Arc<tokio::sync::Notify>,
     /// The etcd of an etcd-backed server, stopped with it.
-    _etcd: Option<etcd::Etcd>,
-}
-
-/// Where a test server keeps its Llamas: the Llama API tests run on both (see
-/// [`on_both_storages`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TestStorage {
-    /// The embedded default.
-    Memory,
-    /// A real etcd of the server's own (`common::etcd`).
-    Etcd,
-}
-
-/// Runs each listed `async fn name(storage: TestStorage)` as two tests, `on_memory::name` and
-/// `on_etcd::name`: one Llama API suite for both storages, not two copies.
-#[macro_export]
-macro_rules! on_both_storages {
-    ($($name:ident),* $(,)?) => {
-        mod on_memory {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name($crate::common::TestStorage::Memory).await
-                }
-            )*
-        }
-        mod on_etcd {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name($crate::common::TestStorage::Etcd).await
-                }
-            )*
-        }
-    };
+    pub etcd: Option<etcd::Etcd>,
 }
 
 impl Drop for TestServer {
@@ -157,6 +132,8 @@ pub struct Options {
     pub audit: Option<Arc<farm_apiserver::audit::Auditor>>,
     /// The bounds on requests in flight.
     pub inflight: farm_apiserver::server::InflightLimits,
+    /// The kinds served: the binary's by default.
+    pub kinds: fn(ApiGroup, &StorageFactory) -> ApiGroup,
 }
 
 impl Default for Options {
@@ -177,6 +154,7 @@ impl Default for Options {
             webhooks: false,
             audit: None,
             inflight: Default::default(),
+            kinds: group::register,
         }
     }
 }
@@ -206,107 +184,83 @@ impl TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let ca = tls::ensure_dev_certificates(dir.path(), &tls::local_url(addr)).expect("certs");
-        let files = ServingFiles {
-            cert: dir.path().join(tls::TLS_CERT),
-            key: dir.path().join(tls::TLS_KEY),
-        };
-        let sources = StaticSources {
-            requestheader_ca: options.requestheader.as_ref().map(|r| r.0.clone()),
-            requestheader_allowed_names: options.requestheader.as_ref().map(|r| r.1.clone()),
-            client_ca: None,
-            dev_ca: options.trust_dev_ca.then_some(ca),
-        };
-        let authn = source::build(&sources, None);
-        let serving = ServingTls::load(files, authn.handshake_cas()).expect("tls config");
-        let auth = AuthOptions {
-            config: authn,
-            cluster: options.cluster.clone(),
-            ..Default::default()
+        let pods = options.farmpods.unwrap_or_else(PodCache::without_cluster);
+        let (storage, etcd) = storage_on(options.storage, pods, options.sample_data)
+            .await
+            .expect("etcd (start_on checks)");
+        let mut disabled = Vec::new();
+        if !options.namespace_lifecycle {
+            disabled.push("NamespaceLifecycle");
         }
-        .build();
-        if let (true, Some(client)) = (options.follow_configmap, options.cluster.clone()) {
-            tokio::spawn(source::follow_configmap(
-                client,
-                sources,
-                auth.clone(),
-                serving.clone(),
-            ));
+        if !options.webhooks {
+            disabled.extend([
+                "MutatingAdmissionPolicy",
+                "MutatingAdmissionWebhook",
+                "ValidatingAdmissionWebhook",
+                "ValidatingAdmissionPolicy",
+            ]);
         }
-        let llamas = farm_apiserver::group::memory_llamas(options.sample_data, 0);
-        use farm_apiserver::store::Store as _;
-        let (store, etcd): (Arc<dyn farm_apiserver::store::Store<_>>, _) = match options.storage {
-            TestStorage::Memory => (llamas.clone(), None),
-            TestStorage::Etcd => {
-                let etcd = etcd::Etcd::start().await.expect("etcd (start_on checks)");
-                let store =
-                    farm_apiserver::store::EtcdStore::<farm_apiserver::resources::Llama>::start(
-                        etcd.client(),
-                        "/farm.example.com/",
-                    );
-                while store.check_ready().is_err() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                if options.sample_data {
-                    let writes = store.writable().expect("writable");
-                    writes
-                        .create(farm_apiserver::resources::llama::sample(), false)
-                        .await
-                        .expect("seeding dolly");
-                }
-                (store as _, Some(etcd))
-            }
-        };
-        let (state, shutdown) = AppState::farm(
-            store,
-            options.farmpods.unwrap_or_else(PodCache::without_cluster),
-            StateOptions {
-                rest: RestSettings {
-                    bookmark_interval: options.bookmark_interval,
-                    request_timeout: options.request_timeout,
-                    garbage_collection: options.garbage_collection,
-                    ..Default::default()
-                },
-                auth,
-                namespaces: options
-                    .cluster
-                    .clone()
-                    .filter(|_| options.namespace_lifecycle)
-                    .map(farm_apiserver::namespaces::Namespaces::start),
-                admission: match (&options.cluster, options.webhooks) {
-                    (Some(client), true) => farm_apiserver::admission::Admission::for_cluster(
-                        client,
-                        farm_apiserver::namespaces::Namespaces::start(client.clone()),
-                        |_| true,
-                    ),
-                    _ => Default::default(),
-                },
-                audit: options.audit.clone(),
-                inflight: options.inflight,
+        let (requestheader_ca, requestheader_allowed_names) = options.requestheader.unzip();
+        let config = server::Config {
+            auth_sources: StaticSources {
+                requestheader_ca,
+                requestheader_allowed_names,
+                client_ca: None,
+                dev_ca: options.trust_dev_ca.then(|| ca.clone()),
             },
-        )
-        .unwrap();
-        let app = server::app(state.clone());
-        // The server's own start-up path: bound, then spawned until the test server drops.
+            cluster: options.cluster,
+            follow_auth_configmap: options.follow_configmap,
+            kinds: options.kinds,
+            rest: RestSettings {
+                bookmark_interval: options.bookmark_interval,
+                request_timeout: options.request_timeout,
+                garbage_collection: options.garbage_collection,
+                ..Default::default()
+            },
+            disable_admission_plugins: disabled.into_iter().map(String::from).collect(),
+            audit: options.audit,
+            inflight: options.inflight,
+            limits: options.limits,
+            ..server::Config::new(
+                listener,
+                ServingFiles::development(dir.path()),
+                storage.clone(),
+            )
+        };
+        // The binary's start-up, then spawned until the test server drops.
+        let server = server::build(config).await.expect("server");
+        let (state, shutdown, serving) = (
+            server.state.clone(),
+            server.shutdown.clone(),
+            server.serving.clone(),
+        );
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopping = stop.clone();
-        let running = server::bind(listener, serving.config.clone(), options.limits)
-            .expect("listener")
-            .spawn(
-                app,
-                async move { stopping.notified().await },
-                Duration::from_secs(1),
-            );
+        let running = server.spawn(
+            async move { stopping.notified().await },
+            Duration::from_secs(1),
+        );
         running.listening().await;
+        let llamas = storage.store::<Llama>();
+        if etcd.is_some() {
+            let probe = RawClient::new(addr, &ca, None, Alpn::Http1);
+            let ready = || {
+                let probe = probe.clone();
+                async move { probe.get("/readyz/etcd", &[]).await.status == 200 }
+            };
+            seed_etcd(ready, llamas.as_ref(), options.sample_data).await;
+        }
         Self {
             addr,
             dir,
             state,
             llamas,
+            storage,
             serving,
             shutdown,
             running: Some(running),
             stop,
-            _etcd: etcd,
+            etcd,
         }
     }
 

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use farm_apiserver::{
     auth::PeerCertificates,
-    group,
+    group::{self, ApiGroup},
     resources::Llama,
     server::{self, AppState},
-    store::{MemoryStore, PodCache},
+    store::{PodCache, Store},
 };
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -44,52 +44,35 @@ pub async fn app_on_with(
     storage: super::TestStorage,
     gc: bool,
 ) -> Option<(App, Option<super::etcd::Etcd>)> {
-    use farm_apiserver::store::Store as _;
     let (mut options, peer) = identity();
     options.rest.garbage_collection = gc;
-    let (llamas, etcd): (Arc<dyn farm_apiserver::store::Store<Llama>>, _) = match storage {
-        super::TestStorage::Memory => (group::memory_llamas(true, 0), None),
-        super::TestStorage::Etcd => {
-            let etcd = super::etcd::Etcd::start().await?;
-            let store = farm_apiserver::store::EtcdStore::<Llama>::start(
-                etcd.client(),
-                "/farm.example.com/",
-            );
-            while store.check_ready().is_err() {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            store
-                .writable()
-                .expect("writable")
-                .create(farm_apiserver::resources::llama::sample(), false)
-                .await
-                .expect("seeding dolly");
-            (store as _, Some(etcd))
-        }
+    let (storage, etcd) = super::storage_on(storage, PodCache::without_cluster(), true).await?;
+    let (state, _shutdown) =
+        AppState::new(group::register(ApiGroup::new(), &storage), options).unwrap();
+    let app = App {
+        router: server::app(state),
+        peer,
     };
-    let (state, _shutdown) = AppState::farm(llamas, PodCache::without_cluster(), options).unwrap();
-    Some((
-        App {
-            router: server::app(state),
-            peer,
-        },
-        etcd,
-    ))
+    if etcd.is_some() {
+        let ready = || async { get(&app, "/readyz/etcd").await.status == StatusCode::OK };
+        super::seed_etcd(ready, storage.store::<Llama>().as_ref(), true).await;
+    }
+    Some((app, etcd))
 }
 
-/// The app, and its Llama store.
-pub fn app_with_state() -> (App, Arc<MemoryStore<Llama>>) {
+/// The app (in memory, with dolly), and its Llama store.
+pub fn app_with_state() -> (App, Arc<dyn Store<Llama>>) {
     let (options, peer) = identity();
-    let llamas = group::memory_llamas(true, 0);
+    let storage = super::storage::memory(PodCache::without_cluster(), true);
     // Dropping the shutdown handle ends nothing: watches stay open.
     let (state, _shutdown) =
-        AppState::farm(llamas.clone(), PodCache::without_cluster(), options).unwrap();
+        AppState::new(group::register(ApiGroup::new(), &storage), options).unwrap();
     (
         App {
             router: server::app(state),
             peer,
         },
-        llamas,
+        storage.store(),
     )
 }
 

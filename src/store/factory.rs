@@ -1,0 +1,165 @@
+//! Where the served kinds' objects live, decided once (from `--storage` and the `--etcd-*`
+//! flags, or by a test): every writable kind in this process's memory or every one in etcd,
+//! and FarmPods in the Pod watch cache. A kind asks for its store by type
+//! ([`StorageFactory::store`]), so adding one names no storage of its own.
+
+use std::{
+    any::{Any, TypeId},
+    collections::HashMap,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use super::{EtcdStore, MemoryStore, PodCache, Store, etcd::EtcdClient};
+use crate::resource::ServedResource;
+
+/// Makes the store of any served kind `K`: one per kind, however often it is asked for.
+/// Cheap to clone; clones share the stores made.
+#[derive(Clone)]
+pub struct StorageFactory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    /// The FarmPod cache: a read-only source of its own, whatever the backend.
+    pods: Arc<PodCache>,
+    /// Each kind's first objects in memory (`Box<dyn Iterator<Item = K>>`), until its store is
+    /// made.
+    seeds: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
+    /// The stores made so far (`Arc<dyn Store<K>>`), by kind.
+    made: Mutex<HashMap<TypeId, Box<dyn Any + Send + Sync>>>,
+}
+
+enum Backend {
+    Memory,
+    Etcd {
+        client: Arc<EtcdClient>,
+        /// Every key is under it (`/farm.example.com/`), then the kind's plural.
+        prefix: String,
+    },
+}
+
+/// What [`StorageFactory::seed`] keeps for `K`.
+type Seed<K> = Box<dyn Iterator<Item = K> + Send>;
+
+impl StorageFactory {
+    fn new(backend: Backend, pods: Arc<PodCache>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                pods,
+                seeds: Mutex::default(),
+                made: Mutex::default(),
+            }),
+        }
+    }
+
+    /// Every kind in this process's memory (lost on restart): the embedded default.
+    pub fn memory(pods: Arc<PodCache>) -> Self {
+        Self::new(Backend::Memory, pods)
+    }
+
+    /// Every kind in the etcd `client` reaches, under `prefix` (`/farm.example.com/`): one
+    /// key per object, `<prefix><plural>/<namespace>/<name>`, shared by every replica.
+    pub fn etcd(client: Arc<EtcdClient>, prefix: impl Into<String>, pods: Arc<PodCache>) -> Self {
+        Self::new(
+            Backend::Etcd {
+                client,
+                prefix: prefix.into(),
+            },
+            pods,
+        )
+    }
+
+    /// The objects `K`'s store starts with in memory (samples, benchmarks' synthetic objects),
+    /// inserted when the store is made; etcd storage never seeds, its objects are etcd's.
+    /// Seeds given after the store is made are not used.
+    pub fn seed<K: ServedResource>(
+        self,
+        objects: impl IntoIterator<Item = K, IntoIter: Send + 'static>,
+    ) -> Self {
+        if matches!(self.inner.backend, Backend::Memory) {
+            let seed: Seed<K> = Box::new(objects.into_iter());
+            self.inner
+                .seeds
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(TypeId::of::<K>(), Box::new(seed));
+        }
+        self
+    }
+
+    /// `K`'s store: made on the first call (a memory store with its seed, or an etcd store
+    /// that starts reading etcd), the same one after.
+    pub fn store<K: ServedResource>(&self) -> Arc<dyn Store<K>> {
+        let mut made = self
+            .inner
+            .made
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(store) = made
+            .get(&TypeId::of::<K>())
+            .and_then(|s| s.downcast_ref::<Arc<dyn Store<K>>>())
+        {
+            return store.clone();
+        }
+        let store: Arc<dyn Store<K>> = match &self.inner.backend {
+            Backend::Memory => {
+                let store = MemoryStore::<K>::default();
+                let seed = self
+                    .inner
+                    .seeds
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&TypeId::of::<K>())
+                    .and_then(|s| s.downcast::<Seed<K>>().ok());
+                for object in seed.into_iter().flatten() {
+                    // A fresh store refuses only a name given twice: that seed is dropped.
+                    if let Err(error) = store.insert(object) {
+                        tracing::warn!(%error, kind = %K::kind(&()), "a seed object was not stored");
+                    }
+                }
+                Arc::new(store)
+            }
+            Backend::Etcd { client, prefix } => EtcdStore::<K>::start(client.clone(), prefix),
+        };
+        made.insert(TypeId::of::<K>(), Box::new(store.clone()));
+        store
+    }
+
+    /// The FarmPod cache (read-only; 503 until synced, and without a cluster).
+    pub fn pods(&self) -> Arc<PodCache> {
+        self.inner.pods.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        resource::ObjectKey,
+        resources::{Llama, llama},
+    };
+
+    #[tokio::test]
+    async fn one_memory_store_per_kind_seeded_once() {
+        let storage = StorageFactory::memory(PodCache::without_cluster())
+            .seed([llama::sample(), llama::synthetic(1)]);
+        let llamas = storage.store::<Llama>();
+        assert!(Arc::ptr_eq(&llamas, &storage.clone().store::<Llama>()));
+        assert_eq!(llamas.stats().await.unwrap().objects, 2);
+        let dolly = ObjectKey {
+            namespace: "default".into(),
+            name: "dolly".into(),
+        };
+        assert!(llamas.get(&dolly).await.is_ok());
+        assert!(llamas.writable().is_some());
+        assert!(storage.pods().writable().is_none());
+    }
+
+    #[tokio::test]
+    async fn without_a_seed_a_store_starts_empty() {
+        let storage = StorageFactory::memory(PodCache::without_cluster());
+        assert_eq!(storage.store::<Llama>().stats().await.unwrap().objects, 0);
+    }
+}
