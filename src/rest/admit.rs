@@ -11,7 +11,7 @@ use super::{
     KindApi, MAX_BODY_BYTES,
     options::FieldValidation,
     patch::{apply_json_patch_within, json_len},
-    strategy::{Part, decode_object},
+    strategy::{Subresource, decode_object},
 };
 use crate::{
     admission::{
@@ -60,7 +60,7 @@ fn to_json<K: ServedResource>(object: &K) -> Result<Value> {
 /// The attributes of a write of `K` by the request's `user`.
 pub(crate) fn attributes<'a, K: ServedResource>(
     operation: Operation,
-    part: Part,
+    part: Subresource,
     namespace: &'a str,
     name: &'a str,
     user: Option<&'a UserInfo>,
@@ -70,8 +70,8 @@ pub(crate) fn attributes<'a, K: ServedResource>(
     let mut attributes = Attributes::of::<K>(
         operation,
         match part {
-            Part::Object => "",
-            Part::Status => "status",
+            Subresource::Object => "",
+            Subresource::Status => "status",
         },
         namespace,
         name,
@@ -319,7 +319,7 @@ pub(crate) async fn admit_update<K: ServedResource>(
     attributes: &Attributes<'_>,
     object: &mut K,
     current: &K,
-    part: Part,
+    part: Subresource,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
     let resource_version = object.meta().resource_version.clone();
@@ -332,7 +332,7 @@ pub(crate) async fn admit_update<K: ServedResource>(
         // The resourceVersion the write compares with is the one the request read, not one a
         // webhook made up (which would fail the write again and again).
         object.meta_mut().resource_version = resource_version;
-        if part == Part::Status {
+        if part == Subresource::Status {
             let sent = std::mem::replace(object, current.clone());
             *object = super::strategy::written_part(sent, current, part);
         }

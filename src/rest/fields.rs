@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::body;
 use super::options::{FIELD_MANAGER_MAX_LENGTH, is_print};
-use super::strategy::Part;
+use super::strategy::Subresource;
 use crate::{
     error::{Error, FieldError, Result},
     openapi,
@@ -21,12 +21,12 @@ use crate::{
 /// A kind's field managers: its object's, and its status subresource's when it has one (which
 /// owns `.status` alone, as kube-apiserver's reset fields for a custom resource say).
 #[derive(Debug)]
-pub(crate) struct Fields {
+pub(crate) struct FieldManagers {
     object: FieldManager,
     status: FieldManager,
 }
 
-impl Fields {
+impl FieldManagers {
     /// The field managers of the kind `info` describes, from the schema its OpenAPI publishes
     /// (list and map types included), so apply merges by what clients read there.
     pub(crate) fn of(info: &ResourceInfo) -> std::result::Result<Self, fieldmanager::Error> {
@@ -49,10 +49,10 @@ impl Fields {
         })
     }
 
-    fn of_part(&self, part: Part) -> &FieldManager {
+    fn of_part(&self, part: Subresource) -> &FieldManager {
         match part {
-            Part::Object => &self.object,
-            Part::Status => &self.status,
+            Subresource::Object => &self.object,
+            Subresource::Status => &self.status,
         }
     }
 
@@ -62,7 +62,7 @@ impl Fields {
     /// failing the write.
     pub(crate) fn update<K: ServedResource>(
         &self,
-        part: Part,
+        part: Subresource,
         live: Option<&Stored<K>>,
         next: &mut K,
         manager: &str,
@@ -81,7 +81,7 @@ impl Fields {
     /// conflicts unless `force`.
     pub(crate) fn apply<K: ServedResource>(
         &self,
-        part: Part,
+        part: Subresource,
         live: Option<&Stored<K>>,
         config: &Value,
         manager: &str,
@@ -109,7 +109,7 @@ impl Fields {
     }
 }
 
-impl Fields {
+impl FieldManagers {
     /// `live` with the apply configuration `config` merged in, as a MutatingAdmissionPolicy's
     /// is (SMD's merge, no ownership recorded): a configuration that sets part of an atomic
     /// list, map or struct is refused, as the rest of it would be dropped.

@@ -89,7 +89,7 @@ pub(crate) struct KindApiInner<K> {
     pub(crate) store: Arc<dyn Store<K>>,
     pub(crate) ctx: RestContext,
     /// The kind's field managers (a kind whose schema does not convert is not served).
-    pub(crate) fields: fields::Fields,
+    pub(crate) fields: fields::FieldManagers,
 }
 
 /// A kind's handler state: one `Arc`, so the per-request clone is one atomic increment.

@@ -10,7 +10,7 @@ use axum::{
 };
 
 use super::read::{get_item, get_item_sync, list_all, list_namespaced};
-use super::strategy::Part;
+use super::strategy::Subresource;
 use super::write::{create, delete, delete_collection, patch, update};
 use super::{KindApi, KindApiInner, RestContext};
 use crate::{
@@ -31,10 +31,10 @@ use crate::{
 /// parameters (see PERFORMANCE.md).
 #[derive(Default)]
 pub struct Endpoints {
-    kinds: Vec<Kind>,
+    kinds: Vec<RoutedKind>,
 }
 
-struct Kind {
+struct RoutedKind {
     plural: &'static str,
     namespaced: bool,
     /// `<object>/status` is served.
@@ -50,7 +50,7 @@ pub struct Target<'a> {
     namespace: Option<&'a str>,
     name: Option<&'a str>,
     /// The object or, for `<object>/status`, its status.
-    part: Part,
+    part: Subresource,
 }
 
 /// One kind's REST verbs behind a path.
@@ -59,13 +59,13 @@ pub(crate) trait Endpoint: Send + Sync {
         &self,
         namespace: Option<String>,
         name: Option<String>,
-        part: Part,
+        part: Subresource,
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response>;
 
     /// A GET of one object answered without waiting, when the store holds it in memory; None
     /// when only [`Endpoint::call`] can answer.
-    fn get_sync(
+    fn get_response_sync(
         &self,
         namespace: &str,
         name: &str,
@@ -87,7 +87,7 @@ impl Endpoints {
         ctx: RestContext,
     ) -> anyhow::Result<Self> {
         let info = ResourceInfo::of::<K>(false);
-        let fields = super::fields::Fields::of(&info).map_err(|e| {
+        let fields = super::fields::FieldManagers::of(&info).map_err(|e| {
             anyhow::anyhow!(
                 "kind {} ({}.{}): its schema does not convert for field management: {e}",
                 info.kind,
@@ -97,7 +97,7 @@ impl Endpoints {
         })?;
         let endpoint: Arc<dyn Endpoint> =
             Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx, fields })));
-        self.kinds.push(Kind {
+        self.kinds.push(RoutedKind {
             plural: info.plural,
             namespaced: info.namespaced,
             status: info.status,
@@ -132,8 +132,8 @@ impl Endpoints {
         };
         // The status subresource, when the kind has one; no other.
         let part = match segments.next() {
-            None => Part::Object,
-            Some("status") if kind.status && name.is_some() => Part::Status,
+            None => Subresource::Object,
+            Some("status") if kind.status && name.is_some() => Subresource::Status,
             Some(_) => return None,
         };
         if segments.next().is_some()
@@ -167,7 +167,7 @@ impl Endpoints {
 /// from the path that answers at once to the one that waits.
 pub struct Route {
     endpoint: Arc<dyn Endpoint>,
-    part: Part,
+    part: Subresource,
     /// Namespace and name as the client meant them, or why the path cannot be decoded.
     segments: Result<(Option<String>, Option<String>)>,
 }
@@ -206,8 +206,8 @@ impl<'a> Target<'a> {
             self.plural,
             self.name.unwrap_or(""),
             match self.part {
-                Part::Object => "",
-                Part::Status => "status",
+                Subresource::Object => "",
+                Subresource::Status => "status",
             },
         )
     }
@@ -247,7 +247,9 @@ impl<'a> Target<'a> {
             return None;
         }
         match (path_segment(namespace), path_segment(name)) {
-            (Ok(namespace), Ok(name)) => self.endpoint.get_sync(&namespace, &name, query, headers),
+            (Ok(namespace), Ok(name)) => self
+                .endpoint
+                .get_response_sync(&namespace, &name, query, headers),
             (Err(error), _) | (_, Err(error)) => Some(error.into_response()),
         }
     }
@@ -270,13 +272,13 @@ impl<K: ServedResource> Endpoint for KindApi<K> {
         &self,
         namespace: Option<String>,
         name: Option<String>,
-        part: Part,
+        part: Subresource,
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response> {
         Box::pin(self.clone().serve(namespace, name, part, request))
     }
 
-    fn get_sync(
+    fn get_response_sync(
         &self,
         namespace: &str,
         name: &str,
@@ -297,13 +299,13 @@ impl<K: ServedResource> KindApi<K> {
         self,
         namespace: Option<String>,
         name: Option<String>,
-        part: Part,
+        part: Subresource,
         request: Request,
     ) -> Response {
         let method = request.method().clone();
         let read = method == Method::GET || method == Method::HEAD;
         let writable = self.store.writable().is_some();
-        if part == Part::Status {
+        if part == Subresource::Status {
             // `<object>/status`: get, update and patch (of the status alone).
             let (Some(namespace), Some(name)) = (namespace, name) else {
                 return Error::NoRoute.into_response();

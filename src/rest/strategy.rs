@@ -237,17 +237,17 @@ pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str)
 /// Which part of an object a write may change: the object (its status kept when the kind has a
 /// status subresource) or, through `/status`, its status alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Part {
+pub(crate) enum Subresource {
     Object,
     Status,
 }
 
 /// What a write of `part` makes of `sent`: for `/status`, the stored object with the status
 /// sent (anything else sent is ignored, as kube-apiserver does).
-pub(crate) fn written_part<K: ServedResource>(sent: K, current: &K, part: Part) -> K {
+pub(crate) fn written_part<K: ServedResource>(sent: K, current: &K, part: Subresource) -> K {
     match part {
-        Part::Object => sent,
-        Part::Status => {
+        Subresource::Object => sent,
+        Subresource::Status => {
             let mut next = current.clone();
             next.set_status_from(&sent);
             next.meta_mut().resource_version = sent.meta().resource_version.clone();
@@ -261,9 +261,9 @@ pub(crate) fn written_part<K: ServedResource>(sent: K, current: &K, part: Part) 
 pub(crate) fn prepare_update<K: ServedResource>(
     next: &mut K,
     current: &K,
-    part: Part,
+    part: Subresource,
 ) -> Result<()> {
-    if K::STATUS_SUBRESOURCE && part == Part::Object {
+    if K::STATUS_SUBRESOURCE && part == Subresource::Object {
         next.set_status_from(current);
     }
     let spec_changed = next.spec_changed(current);

@@ -14,7 +14,7 @@ use super::options::{FieldValidation, Query, dry_run_of, parse_delete_options, p
 use super::patch::{PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, with_warnings};
 use super::strategy::{
-    Part, UidSent, check_name, check_namespace, check_uid, decode_body, decode_object,
+    Subresource, UidSent, check_name, check_namespace, check_uid, decode_body, decode_object,
     prepare_create, prepare_update, validate, written_part,
 };
 use super::{KindApi, MAX_BODY_BYTES, admit, body, guaranteed, lifecycle};
@@ -90,7 +90,7 @@ pub(crate) async fn create<K: ServedResource>(
     let name = object.meta().name.clone().unwrap_or_default();
     let attributes = admit::attributes::<K>(
         Operation::Create,
-        Part::Object,
+        Subresource::Object,
         &namespace,
         &name,
         user.as_deref(),
@@ -99,7 +99,7 @@ pub(crate) async fn create<K: ServedResource>(
     );
     // Managed fields first, as kube-apiserver: what webhooks add is nobody's.
     api.fields
-        .update(Part::Object, None, &mut object, &manager)?;
+        .update(Subresource::Object, None, &mut object, &manager)?;
     let (mutated, changed) = admit::mutate(&api, &attributes, &mut object, None)
         .await
         .map_err(|e| e.with_warnings(&warnings))?;
@@ -152,7 +152,7 @@ pub(crate) async fn update<K: ServedResource>(
     api: KindApi<K>,
     namespace: String,
     name: String,
-    part: Part,
+    part: Subresource,
     request: Request,
 ) -> Result<Response> {
     let Sent {
@@ -222,7 +222,7 @@ pub(crate) async fn patch<K: ServedResource>(
     api: KindApi<K>,
     namespace: String,
     name: String,
-    part: Part,
+    part: Subresource,
     request: Request,
 ) -> Result<Response> {
     let (parts, body) = request.into_parts();
@@ -330,7 +330,7 @@ async fn write_update<K: ServedResource>(
     api: &KindApi<K>,
     writer: &dyn WritableStore<K>,
     attributes: &crate::admission::Attributes<'_>,
-    (object, part, manager): (K, Part, &str),
+    (object, part, manager): (K, Subresource, &str),
     (current, from): (&Object<K>, UpdateFrom),
     dry_run: bool,
     warnings: &mut Vec<String>,
@@ -354,7 +354,7 @@ async fn write_update<K: ServedResource>(
 /// A server-side apply of one object (or of its status).
 struct Apply {
     key: ObjectKey,
-    part: Part,
+    part: Subresource,
     dry_run: bool,
     field_validation: FieldValidation,
     output: Output,
@@ -423,7 +423,7 @@ impl Apply {
     ) -> Result<Response> {
         let current = match writer.get_for_update(&self.key, from).await {
             Ok(current) => Some(current),
-            Err(Error::NotFound(_)) if self.part == Part::Object => None,
+            Err(Error::NotFound(_)) if self.part == Subresource::Object => None,
             Err(e) => return Err(e),
         };
         let (api_, config, live) = (api.clone(), config.clone(), current.clone());
@@ -578,7 +578,7 @@ async fn delete_one<K: ServedResource>(
     let preconditions = options.preconditions.clone().unwrap_or_default();
     let attributes = admit::attributes::<K>(
         Operation::Delete,
-        Part::Object,
+        Subresource::Object,
         &key.namespace,
         &key.name,
         user,
