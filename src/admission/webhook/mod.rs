@@ -128,6 +128,36 @@ where
     store
 }
 
+/// A webhook of either kind as a [`Hook`] (k8s-openapi's MutatingWebhook and
+/// ValidatingWebhook share these fields, but no trait).
+macro_rules! hook {
+    ($w:expr) => {{
+        let w = $w;
+        Hook::new(
+            &w.name,
+            &w.client_config,
+            &w.rules,
+            &w.failure_policy,
+            &w.namespace_selector,
+            &w.object_selector,
+            &w.side_effects,
+            w.timeout_seconds,
+            &w.admission_review_versions,
+            &w.match_conditions,
+        )
+    }};
+}
+
+/// A watched kind's configurations in name order (kube-apiserver calls webhooks so).
+fn by_name<C: kube::Resource + Clone>(store: Option<&reflector::Store<C>>) -> Vec<Arc<C>>
+where
+    C::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let mut configurations = store.map(|s| s.state()).unwrap_or_default();
+    configurations.sort_by(|a, b| a.meta().name.cmp(&b.meta().name));
+    configurations
+}
+
 impl Webhooks {
     /// Watches `client`'s MutatingWebhookConfigurations (when `mutating`) and
     /// ValidatingWebhookConfigurations (when `validating`); namespace labels (for
@@ -242,58 +272,24 @@ impl Webhooks {
     }
 
     fn mutating_hooks(&self) -> Vec<Hook> {
-        let mut configurations = self
-            .mutating
-            .as_ref()
-            .map(|s| s.state())
-            .unwrap_or_default();
-        configurations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let configurations = by_name(self.mutating.as_ref());
         configurations
             .iter()
             .flat_map(|c| c.webhooks.iter().flatten().map(move |w| (c, w)))
             .map(|(c, w)| Hook {
                 reinvoke: w.reinvocation_policy.as_deref() == Some("IfNeeded"),
                 configuration: c.metadata.name.clone().unwrap_or_default(),
-                ..Hook::new(
-                    &w.name,
-                    &w.client_config,
-                    &w.rules,
-                    &w.failure_policy,
-                    &w.namespace_selector,
-                    &w.object_selector,
-                    &w.side_effects,
-                    w.timeout_seconds,
-                    &w.admission_review_versions,
-                    &w.match_conditions,
-                )
+                ..hook!(w)
             })
             .collect()
     }
 
     fn validating_hooks(&self) -> Vec<Hook> {
-        let mut configurations = self
-            .validating
-            .as_ref()
-            .map(|s| s.state())
-            .unwrap_or_default();
-        configurations.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let configurations = by_name(self.validating.as_ref());
         configurations
             .iter()
             .flat_map(|c| c.webhooks.iter().flatten())
-            .map(|w| {
-                Hook::new(
-                    &w.name,
-                    &w.client_config,
-                    &w.rules,
-                    &w.failure_policy,
-                    &w.namespace_selector,
-                    &w.object_selector,
-                    &w.side_effects,
-                    w.timeout_seconds,
-                    &w.admission_review_versions,
-                    &w.match_conditions,
-                )
-            })
+            .map(|w| hook!(w))
             .collect()
     }
 
