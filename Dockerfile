@@ -16,8 +16,10 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 # The apply engine, a workspace crate the server depends on.
 COPY fieldmanager ./fieldmanager
-# bench/ is a workspace member: its manifest must be there even though it is not built.
+# bench/ and etcd-proto/ (the etcd client's code generator) are workspace members: their
+# manifests must be there even though they are not built.
 COPY bench ./bench
+COPY etcd-proto ./etcd-proto
 # The dist profile (fat LTO) is what bench/run measures. The target/ cache is one per platform:
 # buildx builds the platforms at the same time, and both would write target/dist/.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -56,7 +56,7 @@ struct Shared<K> {
     /// Consistent reads share etcd checks (see [`EtcdStore::latest`]).
     checks: Checks,
     /// The current watch's request stream, for progress requests.
-    progress: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedSender<bytes::Bytes>>>,
+    progress: std::sync::Mutex<Option<client::Progress>>,
 }
 
 /// The etcd checks consistent reads make, by one task ([`check`]): a read takes a ticket and
@@ -306,9 +306,7 @@ async fn revision_to_reach<K: ServedResource>(shared: &Shared<K>) -> Result<i64,
         .load(std::sync::atomic::Ordering::SeqCst)
         && let Ok(progress) = shared.progress.lock()
         && let Some(requests) = progress.as_ref()
-        && requests
-            .send(bytes::Bytes::from_static(client::PROGRESS_REQUEST))
-            .is_ok()
+        && requests.request()
     {
         return Ok(revision);
     }
@@ -368,7 +366,7 @@ async fn feed<K: ServedResource>(store: EtcdStore<K>) {
         shared.feed.send_replace(Feed::Watching);
         shared.applied.send_modify(|n| *n += 1);
         if let Ok(mut progress) = shared.progress.lock() {
-            *progress = Some(watch.requests.clone());
+            *progress = Some(watch.progress.clone());
         }
         let mut events = watch.events;
         let error = loop {
