@@ -1060,10 +1060,14 @@ async fn run(args: RunArgs) -> Result<()> {
                 Some(cmp.rps_ratio >= 0.85),
             );
         }
-        let written = std::fs::read_to_string(&log)
-            .map(|text| text.lines().count())
-            .unwrap_or(0);
-        println!("  audit events written: {written}");
+        // The log rotates at 100 MiB: its backups (`audit-<time>.log`) count too.
+        let written: usize = std::fs::read_dir(dir.path())?
+            .filter_map(|entry| entry.ok())
+            .filter(|entry| entry.file_name().to_string_lossy().starts_with("audit"))
+            .filter_map(|entry| std::fs::read(entry.path()).ok())
+            .map(|text| text.iter().filter(|&&b| b == b'\n').count())
+            .sum();
+        println!("  audit events written (the last few may still be queued): {written}");
     }
 
     drop(server);

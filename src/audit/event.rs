@@ -23,8 +23,30 @@ pub(super) fn escape_html(line: &mut Vec<u8>) {
 /// `metav1.MicroTime` as JSON writes it: UTC, microseconds (`2006-01-02T15:04:05.000000Z`).
 /// Written digit by digit: `strftime` cost more than the rest of an event's metadata.
 pub(super) fn micro_time(at: jiff::Timestamp) -> String {
+    thread_local! {
+        /// The last second written and its text up to the fraction: a busy server writes
+        /// many events a second.
+        static LAST: std::cell::Cell<(i64, [u8; 20])> = const { std::cell::Cell::new((i64::MIN, [0; 20])) };
+    }
     let micros = at.as_microsecond();
     let (seconds, micro) = (micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000));
+    let mut out = [0u8; 27];
+    let (last, prefix) = LAST.get();
+    if last == seconds {
+        out[..20].copy_from_slice(&prefix);
+    } else {
+        second_text(seconds, &mut out);
+        let mut prefix = [0u8; 20];
+        prefix.copy_from_slice(&out[..20]);
+        LAST.set((seconds, prefix));
+    }
+    digits(micro, &mut out[20..26]);
+    out[26] = b'Z';
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `2006-01-02T15:04:05.` of a second since 1970, into `out[..20]`.
+fn second_text(seconds: i64, out: &mut [u8; 27]) {
     let (days, of_day) = (seconds.div_euclid(86_400), seconds.rem_euclid(86_400));
     // The civil date of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`),
     // cheaper than a time zone's conversion.
@@ -40,7 +62,6 @@ pub(super) fn micro_time(at: jiff::Timestamp) -> String {
         shifted_month - 9
     };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
-    let mut out = [0u8; 27];
     let parts = [
         (year, 0, 4, b'-'),
         (month, 5, 2, b'-'),
@@ -48,17 +69,20 @@ pub(super) fn micro_time(at: jiff::Timestamp) -> String {
         (of_day / 3600, 11, 2, b':'),
         (of_day / 60 % 60, 14, 2, b':'),
         (of_day % 60, 17, 2, b'.'),
-        (micro, 20, 6, b'Z'),
     ];
     for (value, at, width, after) in parts {
-        let mut rest = value.unsigned_abs();
-        for slot in out[at..at + width].iter_mut().rev() {
-            *slot = b'0' + (rest % 10) as u8;
-            rest /= 10;
-        }
+        digits(value, &mut out[at..at + width]);
         out[at + width] = after;
     }
-    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `value`'s last decimal digits, filling `out`.
+fn digits(value: i64, out: &mut [u8]) {
+    let mut rest = value.unsigned_abs();
+    for slot in out.iter_mut().rev() {
+        *slot = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
 }
 
 /// The client's addresses as k8s.io/apiserver's `SourceIPs` reads them: the first
@@ -116,17 +140,20 @@ pub(super) fn ip_text(ip: std::net::IpAddr) -> String {
     text
 }
 
-/// User agents past 1024 bytes are cut, as kube-apiserver cuts them.
-pub(super) fn truncate_agent(agent: &str) -> String {
+/// User agents past 1024 bytes are cut, as kube-apiserver cuts them; invalid UTF-8 is
+/// replaced.
+pub(super) fn truncate_agent(agent: &[u8]) -> Cow<'_, str> {
     const MAX: usize = 1024;
+    let agent =
+        std::str::from_utf8(agent).map_or_else(|_| String::from_utf8_lossy(agent), Cow::Borrowed);
     if agent.len() <= MAX {
-        return agent.to_owned();
+        return agent;
     }
     let mut end = MAX;
     while !agent.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}...TRUNCATED", &agent[..end])
+    Cow::Owned(format!("{}...TRUNCATED", &agent[..end]))
 }
 
 /// The answer's `Audit-Id` header.
@@ -134,26 +161,28 @@ pub fn id_header(id: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(id).ok()
 }
 
-/// `audit.k8s.io/v1` Event, its fields in kube-apiserver's order.
+/// `audit.k8s.io/v1` Event, its fields in kube-apiserver's order. It borrows what it can of
+/// the request while it is written at once ([`Auditor::complete_sync`]); a [`Record`] keeps
+/// it owned ([`Event::into_owned`]).
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct Event {
+pub(super) struct Event<'a> {
     pub(super) kind: &'static str,
     pub(super) api_version: &'static str,
     pub(super) level: Level,
     #[serde(rename = "auditID")]
-    pub(super) audit_id: String,
+    pub(super) audit_id: Cow<'a, str>,
     pub(super) stage: Stage,
     #[serde(rename = "requestURI")]
-    pub(super) request_uri: String,
+    pub(super) request_uri: Cow<'a, str>,
     pub(super) verb: &'static str,
-    pub(super) user: EventUser,
+    pub(super) user: EventUser<'a>,
     #[serde(rename = "sourceIPs", skip_serializing_if = "Vec::is_empty")]
     pub(super) source_ips: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) user_agent: Option<String>,
+    pub(super) user_agent: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) object_ref: Option<ObjectRef>,
+    pub(super) object_ref: Option<ObjectRef<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) response_status: Option<ResponseStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -163,43 +192,44 @@ pub(super) struct Event {
     pub(super) request_received_timestamp: String,
     pub(super) stage_timestamp: String,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub(super) annotations: BTreeMap<String, String>,
+    pub(super) annotations: BTreeMap<Cow<'static, str>, String>,
 }
 
-impl Event {
+impl<'a> Event<'a> {
     /// A request's event as it is received.
     pub(super) fn of(
         level: Level,
-        id: &str,
-        user: Option<&UserInfo>,
-        info: &RequestInfo<'_>,
-        (uri, headers, remote): RequestParts<'_>,
+        id: &'a str,
+        user: Option<&'a UserInfo>,
+        info: &RequestInfo<'a>,
+        (uri, headers, remote): RequestParts<'a>,
     ) -> Self {
         let now = micro_time(jiff::Timestamp::now());
         Self {
             kind: "Event",
             api_version: "audit.k8s.io/v1",
             level,
-            audit_id: id.to_owned(),
+            audit_id: Cow::Borrowed(id),
             stage: Stage::RequestReceived,
-            request_uri: uri
-                .path_and_query()
-                .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned()),
+            request_uri: Cow::Borrowed(
+                uri.path_and_query()
+                    .map_or_else(|| uri.path(), |p| p.as_str()),
+            ),
             verb: info.verb,
             user: user.map(EventUser::of).unwrap_or_default(),
             source_ips: source_ips(headers, remote),
             user_agent: headers
                 .get(axum::http::header::USER_AGENT)
-                .map(|v| truncate_agent(&String::from_utf8_lossy(v.as_bytes()))),
-            object_ref: info.is_resource_request.then(|| ObjectRef {
-                resource: info.resource.to_owned(),
-                namespace: info.namespace.to_owned(),
-                name: info.name.to_owned(),
-                uid: String::new(),
-                api_group: info.api_group.to_owned(),
-                api_version: info.api_version.to_owned(),
-                resource_version: String::new(),
-                subresource: info.subresource.to_owned(),
+                .map(|v| truncate_agent(v.as_bytes())),
+            object_ref: info.is_resource_request.then_some(ObjectRef {
+                resource: Cow::Borrowed(info.resource),
+                namespace: Cow::Borrowed(info.namespace),
+                name: Cow::Borrowed(info.name),
+                uid: Cow::Borrowed(""),
+                api_group: Cow::Borrowed(info.api_group),
+                api_version: Cow::Borrowed(info.api_version),
+                resource_version: Cow::Borrowed(""),
+                subresource: Cow::Borrowed(info.subresource),
             }),
             response_status: None,
             request_object: None,
@@ -209,6 +239,47 @@ impl Event {
             annotations: BTreeMap::new(),
         }
     }
+
+    /// The event, borrowing nothing.
+    pub(super) fn into_owned(self) -> Event<'static> {
+        Event {
+            kind: self.kind,
+            api_version: self.api_version,
+            level: self.level,
+            audit_id: owned(self.audit_id),
+            stage: self.stage,
+            request_uri: owned(self.request_uri),
+            verb: self.verb,
+            user: EventUser {
+                username: owned(self.user.username),
+                uid: owned(self.user.uid),
+                groups: Cow::Owned(self.user.groups.into_owned()),
+                extra: Cow::Owned(self.user.extra.into_owned()),
+            },
+            source_ips: self.source_ips,
+            user_agent: self.user_agent.map(owned),
+            object_ref: self.object_ref.map(|r| ObjectRef {
+                resource: owned(r.resource),
+                namespace: owned(r.namespace),
+                name: owned(r.name),
+                uid: owned(r.uid),
+                api_group: owned(r.api_group),
+                api_version: owned(r.api_version),
+                resource_version: owned(r.resource_version),
+                subresource: owned(r.subresource),
+            }),
+            response_status: self.response_status,
+            request_object: self.request_object,
+            response_object: self.response_object,
+            request_received_timestamp: self.request_received_timestamp,
+            stage_timestamp: self.stage_timestamp,
+            annotations: self.annotations,
+        }
+    }
+}
+
+fn owned(text: Cow<'_, str>) -> Cow<'static, str> {
+    Cow::Owned(text.into_owned())
 }
 
 /// An event's `responseStatus`: the part of a `meta/v1` Status kube-apiserver keeps, in its
@@ -241,45 +312,45 @@ impl ResponseStatus {
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
-pub(super) struct EventUser {
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) username: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) uid: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(super) groups: Vec<String>,
+pub(super) struct EventUser<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) username: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) uid: Cow<'a, str>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub(super) groups: Cow<'a, [String]>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub(super) extra: BTreeMap<String, Vec<String>>,
+    pub(super) extra: Cow<'a, BTreeMap<String, Vec<String>>>,
 }
 
-impl EventUser {
-    pub(super) fn of(user: &UserInfo) -> Self {
+impl<'a> EventUser<'a> {
+    pub(super) fn of(user: &'a UserInfo) -> Self {
         Self {
-            username: user.name.clone(),
-            uid: user.uid.clone(),
-            groups: user.groups.clone(),
-            extra: user.extra.clone(),
+            username: Cow::Borrowed(&user.name),
+            uid: Cow::Borrowed(&user.uid),
+            groups: Cow::Borrowed(&user.groups),
+            extra: Cow::Borrowed(&user.extra),
         }
     }
 }
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct ObjectRef {
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) resource: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) namespace: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) name: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) uid: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) api_group: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) api_version: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) resource_version: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub(super) subresource: String,
+pub(super) struct ObjectRef<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) resource: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) namespace: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) name: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) uid: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) api_group: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) api_version: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) resource_version: Cow<'a, str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub(super) subresource: Cow<'a, str>,
 }

@@ -11,7 +11,20 @@ use serde_json::Value;
 
 use super::{Event, EventUser, Level, ObjectRef, ResponseStatus, Stage};
 
-impl Event {
+impl Event<'_> {
+    /// The event's line at `stage` (its time now, unless it is the request's receipt).
+    pub(super) fn line(&mut self, stage: Stage) -> Vec<u8> {
+        self.stage = stage;
+        if stage != Stage::RequestReceived {
+            self.stage_timestamp = super::micro_time(jiff::Timestamp::now());
+        }
+        let mut line = Vec::with_capacity(1024);
+        self.write_json(&mut line);
+        super::escape_html(&mut line);
+        line.push(b'\n');
+        line
+    }
+
     /// Appends the event's JSON (as `serde_json::to_writer` writes it) to `out`.
     pub(super) fn write_json(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(br#"{"kind":""#);
@@ -188,13 +201,13 @@ impl<'o> Fields<'o> {
     }
 }
 
-fn string_map(out: &mut Vec<u8>, map: &BTreeMap<String, String>) {
+fn string_map<K: AsRef<str>>(out: &mut Vec<u8>, map: &BTreeMap<K, String>) {
     out.push(b'{');
     for (index, (key, text)) in map.iter().enumerate() {
         if index > 0 {
             out.push(b',');
         }
-        string(out, key);
+        string(out, key.as_ref());
         out.push(b':');
         string(out, text);
     }
@@ -291,8 +304,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+    use std::borrow::Cow;
 
-    fn event() -> Event {
+    fn event() -> Event<'static> {
         Event {
             kind: "Event",
             api_version: "audit.k8s.io/v1",
@@ -305,11 +319,11 @@ mod tests {
             user: EventUser {
                 username: "alice".into(),
                 uid: "u-1".into(),
-                groups: vec!["farmers".into(), "system:authenticated".into()],
-                extra: BTreeMap::from([
+                groups: vec!["farmers".into(), "system:authenticated".into()].into(),
+                extra: Cow::Owned(BTreeMap::from([
                     ("scopes".into(), vec!["a".into(), "b\"c".into()]),
                     ("x".into(), vec![]),
-                ]),
+                ])),
             },
             source_ips: vec!["10.0.0.1".into(), "::1".into()],
             user_agent: Some("kubectl/v1.36.0 (linux/amd64) <tab>\t".into()),
@@ -317,11 +331,11 @@ mod tests {
                 resource: "llamas".into(),
                 namespace: "default".into(),
                 name: "dolly".into(),
-                uid: String::new(),
+                uid: "".into(),
                 api_group: "farm.example.com".into(),
                 api_version: "v1alpha".into(),
                 resource_version: "42".into(),
-                subresource: String::new(),
+                subresource: "".into(),
             }),
             response_status: Some(ResponseStatus {
                 status: Some(json!("Failure")),
@@ -379,9 +393,9 @@ mod tests {
         #[test]
         fn any_string_is_escaped_as_serde_json_escapes_it(text in any::<String>(), user_agent in "[\\x00-\\x7f]{0,80}") {
             let mut event = event();
-            event.request_uri = text.clone();
-            event.user.username = text;
-            event.user_agent = Some(user_agent);
+            event.request_uri = text.clone().into();
+            event.user.username = text.into();
+            event.user_agent = Some(user_agent.into());
             prop_assert_eq!(written(&event), serde_json::to_vec(&event).unwrap());
         }
     }

@@ -98,11 +98,50 @@ impl Sink {
             .map_err(|_| Full)
     }
 
+    /// Room for `lines` if there is room for all of them now: held until [`Reserved::send`]
+    /// queues them, given back when dropped.
+    pub fn try_reserve(&self, lines: &[Vec<u8>]) -> Option<Reserved<'_>> {
+        let bytes = lines
+            .iter()
+            .fold(0u32, |sum, line| sum.saturating_add(Self::share(line)));
+        let bytes = self.bytes.clone().try_acquire_many_owned(bytes).ok()?;
+        let slots = self.sender.try_reserve_many(lines.len()).ok()?;
+        Some(Reserved { slots, bytes })
+    }
+
     /// Waits until everything queued so far is written.
     pub async fn flush(&self) {
         let (done, written) = oneshot::channel();
         if self.sender.send(Message::Flush(done)).await.is_ok() {
             let _ = written.await;
+        }
+    }
+}
+
+/// Room in a [`Sink`] for some lines ([`Sink::try_reserve`]).
+pub struct Reserved<'a> {
+    slots: mpsc::PermitIterator<'a, Message>,
+    bytes: OwnedSemaphorePermit,
+}
+
+impl Reserved<'_> {
+    /// Queues `lines`, the ones the room was reserved for, in order.
+    pub fn send(self, mut lines: Vec<Vec<u8>>) {
+        let Reserved {
+            mut slots,
+            mut bytes,
+        } = self;
+        // Each line takes its share of the bytes; the last one what is left.
+        let last = lines.pop();
+        for line in lines {
+            let share = Sink::share(&line) as usize;
+            let (Some(slot), Some(permit)) = (slots.next(), bytes.split(share)) else {
+                return;
+            };
+            slot.send(Message::Line(line, permit));
+        }
+        if let (Some(slot), Some(line)) = (slots.next(), last) {
+            slot.send(Message::Line(line, bytes));
         }
     }
 }

@@ -18,6 +18,7 @@ mod record;
 pub mod webhook;
 
 use std::{
+    borrow::Cow,
     collections::BTreeMap,
     sync::{Arc, Mutex, OnceLock},
 };
@@ -42,6 +43,18 @@ pub type RequestParts<'r> = (&'r Uri, &'r HeaderMap, Option<std::net::IpAddr>);
 
 /// The header that carries a request's audit ID, both ways.
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
+
+/// What the policy says of a request ([`Auditor::judge`]).
+#[derive(Debug)]
+pub enum Judged {
+    /// Nothing of it is written.
+    Unwritten,
+    /// It was allowed and is written so.
+    Allowed(RequestConfig),
+    /// It is written, or may be, and only the way that can wait writes it (authentication
+    /// or authorization failed, or is not known yet).
+    Later,
+}
 
 /// What happens when the backend's buffer is full (`--audit-log-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -108,18 +121,105 @@ impl Auditor {
             .get(&AUDIT_ID)
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
-            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned)
+            .map_or_else(
+                || {
+                    let mut text = uuid::Uuid::encode_buffer();
+                    uuid::Uuid::new_v4()
+                        .hyphenated()
+                        .encode_lower(&mut text)
+                        .to_owned()
+                },
+                str::to_owned,
+            )
     }
 
-    /// Whether the policy writes anything of a request whose authentication went as far as
-    /// `step` (true when that is not known yet: the request is then judged later).
-    pub fn writes(&self, step: &crate::auth::AuthStep, info: &RequestInfo<'_>) -> bool {
+    /// What the policy says of a request whose authentication and authorization went as far
+    /// as `step`.
+    pub fn judge(&self, step: &crate::auth::AuthStep, info: &RequestInfo<'_>) -> Judged {
         use crate::auth::AuthStep;
-        let user = match step {
-            AuthStep::Checked(Ok(user)) | AuthStep::Checked(Err((_, user))) => user.as_deref(),
-            _ => return true,
+        let (user, allowed) = match step {
+            AuthStep::Checked(Ok(user)) => (user.as_deref(), true),
+            AuthStep::Checked(Err((_, user))) => (user.as_deref(), false),
+            _ => return Judged::Later,
         };
-        self.policy.evaluate(user, info).level > Level::None
+        let config = self.policy.evaluate(user, info);
+        match (config.level, allowed) {
+            (Level::None, _) => Judged::Unwritten,
+            (_, true) => Judged::Allowed(config),
+            (_, false) => Judged::Later,
+        }
+    }
+
+    /// Writes the events of an allowed request answered at once (a cached GET) by `user`, as
+    /// [`Auditor::begin`] and [`finish`] would: true when they are written (or dropped by a
+    /// full batch backend). False, with nothing written, when a blocking backend has no room
+    /// for them now or when the answer's body would have to be read (an error's Status, the
+    /// RequestResponse level): the request then goes the way that can wait.
+    pub fn complete_sync(
+        &self,
+        config: &RequestConfig,
+        id: &str,
+        (user, reason): (Option<&UserInfo>, &dyn Fn() -> String),
+        info: &RequestInfo<'_>,
+        request: RequestParts<'_>,
+        code: u16,
+    ) -> bool {
+        if code >= 400 || config.level >= Level::RequestResponse {
+            return false;
+        }
+        let mut event = Event::of(config.level, id, user, info, request);
+        let mut lines = Vec::with_capacity(2);
+        if config.writes(Stage::RequestReceived) {
+            lines.push(event.line(Stage::RequestReceived));
+        }
+        // What authorization decided, as kube-apiserver's authorization filter (after the
+        // audit filter's RequestReceived) notes it.
+        event.annotations.insert(
+            Cow::Borrowed("authorization.k8s.io/decision"),
+            "allow".into(),
+        );
+        event.annotations.insert(
+            Cow::Borrowed("authorization.k8s.io/reason"),
+            user.map(|_| reason()).unwrap_or_default(),
+        );
+        event.response_status = Some(ResponseStatus::code(code));
+        if config.writes(Stage::ResponseComplete) {
+            lines.push(event.line(Stage::ResponseComplete));
+        }
+        if lines.is_empty() {
+            return true;
+        }
+        // Room in every backend first: the events go to all of them, or (a blocking one
+        // being full) to none yet.
+        let mut reserved = Vec::with_capacity(self.backends.len());
+        for backend in &self.backends {
+            let room = backend.sink.try_reserve(&lines);
+            if room.is_none() && backend.mode == Mode::Blocking {
+                return false;
+            }
+            reserved.push(room);
+        }
+        for _ in &lines {
+            self.count_event();
+        }
+        let mut lines = Some(lines);
+        let last = reserved.len().saturating_sub(1);
+        for (index, (backend, room)) in self.backends.iter().zip(reserved).enumerate() {
+            let Some(room) = room else {
+                self.count_error(
+                    backend.plugin,
+                    "audit buffer queue blocked: an event was dropped",
+                );
+                continue;
+            };
+            let copy = if index == last {
+                lines.take().unwrap_or_default()
+            } else {
+                lines.clone().unwrap_or_default()
+            };
+            room.send(copy);
+        }
+        true
     }
 
     /// The record of a request by `user` (None when authentication failed), or None when the
@@ -137,7 +237,7 @@ impl Auditor {
         }
         let record = Arc::new(Record {
             auditor: self.clone(),
-            event: Mutex::new(Event::of(config.level, id, user, info, request)),
+            event: Mutex::new(Event::of(config.level, id, user, info, request).into_owned()),
             config,
         });
         record.emit(Stage::RequestReceived).await;
@@ -157,7 +257,7 @@ impl Auditor {
         if !config.writes(Stage::ResponseStarted) {
             return;
         }
-        let mut event = Event::of(config.level, id, None, info, request);
+        let mut event = Event::of(config.level, id, None, info, request).into_owned();
         event.response_status = Some(ResponseStatus {
             message: Some(message.into()),
             ..ResponseStatus::code(401)
@@ -270,6 +370,15 @@ mod tests {
         ] {
             let at: jiff::Timestamp = text.parse().unwrap();
             assert_eq!(micro_time(at), expected);
+            assert_eq!(
+                micro_time(at),
+                at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+            );
+        }
+        // Times in the second written last reuse its text; the next second's does not.
+        let start: jiff::Timestamp = "2026-11-26T23:59:59.999990Z".parse().unwrap();
+        for micros in 0..20 {
+            let at = start + jiff::SignedDuration::from_micros(micros);
             assert_eq!(
                 micro_time(at),
                 at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()

@@ -9,7 +9,7 @@ use super::*;
 pub struct Record {
     pub(super) auditor: Arc<Auditor>,
     pub(super) config: RequestConfig,
-    pub(super) event: Mutex<Event>,
+    pub(super) event: Mutex<Event<'static>>,
 }
 
 impl Record {
@@ -25,7 +25,10 @@ impl Record {
             return;
         }
         if let Ok(mut event) = self.event.lock() {
-            event.annotations.entry(key.to_owned()).or_insert(value);
+            event
+                .annotations
+                .entry(Cow::Owned(key.to_owned()))
+                .or_insert(value);
         }
     }
 
@@ -41,10 +44,12 @@ impl Record {
         if let Some(reference) = &mut event.object_ref {
             let meta = object.get("metadata");
             let field = |name: &str| {
-                meta.and_then(|m| m.get(name))
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned()
+                Cow::Owned(
+                    meta.and_then(|m| m.get(name))
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
             };
             if reference.name.is_empty() {
                 reference.name = field("name");
@@ -115,16 +120,7 @@ impl Record {
                 .count_error("log", "an audit event could not be written");
             return None;
         };
-        event.stage = stage;
-        if stage != Stage::RequestReceived {
-            event.stage_timestamp = micro_time(jiff::Timestamp::now());
-        }
-        let mut line = Vec::with_capacity(1024);
-        event.write_json(&mut line);
-        drop(event);
-        escape_html(&mut line);
-        line.push(b'\n');
-        Some(line)
+        Some(event.line(stage))
     }
 }
 

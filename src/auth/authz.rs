@@ -352,15 +352,20 @@ impl Authorizer {
 
     /// Why the request was decided as it was, for the audit log (kube-apiserver's
     /// `authorization.k8s.io/reason`): the review's reason, "" when none was asked.
-    pub fn reason(&self, user: &UserInfo, info: &RequestInfo<'_>) -> String {
+    /// `memo` is the connection's, where the decision usually is.
+    pub fn reason(
+        &self,
+        user: &Arc<UserInfo>,
+        info: &RequestInfo<'_>,
+        memo: Option<&DecisionMemo>,
+    ) -> String {
         if always_allowed(info.path) || user.is_system_masters() {
             return String::new();
         }
-        let (key, _) = Self::cache_key(user, info);
-        let cell = match self.cache.lock() {
-            Ok(cache) => cache.get(&key).cloned(),
-            Err(_) => None,
-        };
+        let cell = memo.and_then(|memo| memo.find(user, info)).or_else(|| {
+            let (key, _) = Self::cache_key(user, info);
+            self.cache.lock().ok()?.get(&key).cloned()
+        });
         cell.and_then(|cell| cell.get().map(|d| d.reason.clone()))
             .unwrap_or_default()
     }

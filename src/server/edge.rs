@@ -123,6 +123,7 @@ impl Edge {
     fn handle_sync<B>(
         &self,
         peer: Option<&PeerCertificates>,
+        remote: Option<std::net::IpAddr>,
         request: &mut axum::http::Request<B>,
     ) -> Result<Response, Box<Pending>> {
         let started = Instant::now();
@@ -158,9 +159,15 @@ impl Edge {
             .auth
             .authorize_sync(authenticated, peer, &info, started);
         drop(current);
-        // A traced request, or one the audit policy writes, has its spans or events written
-        // on the way; one the policy leaves out is answered here like any other.
-        if trace.is_some() || self.audit.as_ref().is_some_and(|a| a.writes(&step, &info)) {
+        // A traced request has its spans written on the way, and so has one the audit
+        // policy writes unless it was allowed (its events are written here when it is
+        // answered here); one the policy leaves out is answered here like any other.
+        let audited = match self.audit.as_ref().map(|a| (a, a.judge(&step, &info))) {
+            Some((auditor, audit::Judged::Allowed(config))) => Some((auditor, config)),
+            Some((_, audit::Judged::Later)) => return Err(pending(step, target, trace)),
+            _ => None,
+        };
+        if trace.is_some() {
             return Err(pending(step, target, trace));
         }
         let (response, user) = match step {
@@ -178,16 +185,40 @@ impl Edge {
                     target.call_sync(request.method(), uri.query(), request.headers())
                 });
                 drop(slot);
-                match answered {
-                    Some(response) => (response, user),
-                    None => return Err(pending(AuthStep::Checked(Ok(user)), target, None)),
+                let Some(mut response) = answered else {
+                    return Err(pending(AuthStep::Checked(Ok(user)), target, None));
+                };
+                if let Some((auditor, config)) = &audited {
+                    let id = audit::Auditor::id_of(request.headers());
+                    let written = auditor.complete_sync(
+                        config,
+                        &id,
+                        (user.as_deref(), &|| {
+                            user.as_ref().map_or_else(String::new, |user| {
+                                self.auth
+                                    .authz
+                                    .reason(user, &info, peer.map(|p| &p.decisions))
+                            })
+                        }),
+                        &info,
+                        (uri, request.headers(), remote),
+                        response.status().as_u16(),
+                    );
+                    if !written {
+                        return Err(pending(AuthStep::Checked(Ok(user)), target, None));
+                    }
+                    if let Some(id) = audit::id_header(&id) {
+                        response.headers_mut().insert(audit::AUDIT_ID, id);
+                    }
                 }
+                (response, user)
             }
             AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
             step => return Err(pending(step, target, None)),
         };
         let mut response = response;
         if self.audit.is_some()
+            && !response.headers().contains_key(audit::AUDIT_ID)
             && let Some(id) = audit::id_header(&audit::Auditor::id_of(request.headers()))
         {
             response.headers_mut().insert(audit::AUDIT_ID, id);
@@ -349,7 +380,7 @@ impl Edge {
                 decision.into(),
             );
             let reason = match checked {
-                Ok(Some(user)) | Err((_, Some(user))) => self.auth.authz.reason(user, &info),
+                Ok(Some(user)) | Err((_, Some(user))) => self.auth.authz.reason(user, &info, None),
                 _ => String::new(),
             };
             record.annotate(
@@ -516,16 +547,17 @@ impl App {
             }
         };
         let edge = &self.edge;
-        let pending = match recovery::catch_sync(|| edge.handle_sync(peer, &mut request)) {
-            Some(Ok(response)) => {
-                return Either::Left(std::future::ready(Ok(response)));
-            }
-            Some(Err(pending)) => pending,
-            None => {
-                let response = edge.panicked(request.method(), request.uri());
-                return Either::Left(std::future::ready(Ok(response)));
-            }
-        };
+        let pending =
+            match recovery::catch_sync(|| edge.handle_sync(peer, self.remote, &mut request)) {
+                Some(Ok(response)) => {
+                    return Either::Left(std::future::ready(Ok(response)));
+                }
+                Some(Err(pending)) => pending,
+                None => {
+                    let response = edge.panicked(request.method(), request.uri());
+                    return Either::Left(std::future::ready(Ok(response)));
+                }
+            };
         let edge = self.edge.clone();
         let mut request = request.map(axum::body::Body::new);
         if let Some(remote) = self.remote {

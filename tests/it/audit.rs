@@ -326,6 +326,79 @@ async fn a_full_buffer_drops_events_and_never_holds_a_request() {
     assert!(generated >= 40.0, "{generated}");
 }
 
+/// A GET answered at once writes its events there and then when the backend has room; when a
+/// blocking backend is full it waits its turn (kube-apiserver's blocking mode). Both write the
+/// same events, in order, and nothing is written twice.
+#[tokio::test]
+async fn a_get_answered_at_once_writes_what_a_waiting_one_writes() {
+    let (sink, mut queued) = log::Sink::channel(2);
+    let auditor = Auditor::new(
+        Policy::parse("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules: [{level: Metadata}]")
+            .unwrap(),
+        sink,
+        Mode::Blocking,
+    );
+    let server = TestServer::start_with(Options {
+        audit: Some(auditor),
+        ..Default::default()
+    })
+    .await;
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
+    let url = format!("{LLAMAS}/dolly");
+    let at_once = admin.get(&url, &[("audit-id", "at-once")]).await;
+    assert_eq!(at_once.status, 200);
+    assert_eq!(at_once.header("audit-id"), Some("at-once"));
+    // Its two events fill the buffer: the next GET waits for room.
+    let waiting = tokio::spawn({
+        let (admin, url) = (admin.clone(), url.clone());
+        async move { admin.get(&url, &[("audit-id", "waiting")]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a full blocking backend holds the request"
+    );
+    let mut written = Vec::new();
+    while written.len() < 4 {
+        match tokio::time::timeout(Duration::from_secs(5), queued.recv()).await {
+            Ok(Some(log::Message::Line(line, _))) => {
+                written.push(serde_json::from_slice::<Value>(&line).expect("a JSON line"))
+            }
+            Ok(Some(log::Message::Flush(_))) => {}
+            other => panic!("expected four events, got {written:?} and then {other:?}"),
+        }
+    }
+    let waited = waiting.await.unwrap();
+    assert_eq!(waited.status, 200);
+    assert_eq!(waited.header("audit-id"), Some("waiting"));
+    assert!(queued.try_recv().is_err(), "no event written twice");
+    let ids: Vec<_> = written.iter().map(|e| e["auditID"].clone()).collect();
+    assert_eq!(ids, ["at-once", "at-once", "waiting", "waiting"]);
+    let unstamped = |event: &Value| {
+        let mut event = event.clone();
+        let object = event.as_object_mut().unwrap();
+        for key in ["auditID", "requestReceivedTimestamp", "stageTimestamp"] {
+            assert!(object.remove(key).is_some(), "{key} in {object:?}");
+        }
+        event
+    };
+    assert_eq!(
+        stages(&written[..2]),
+        ["RequestReceived", "ResponseComplete"]
+    );
+    for (now, later) in written[..2].iter().zip(&written[2..]) {
+        assert_eq!(unstamped(now), unstamped(later));
+    }
+    assert_eq!(
+        written[1]["responseStatus"],
+        json!({"metadata": {}, "code": 200})
+    );
+    assert_eq!(
+        written[1]["annotations"]["authorization.k8s.io/decision"],
+        "allow"
+    );
+}
+
 /// Admission's annotations reach the write's ResponseComplete event: a ValidatingAdmissionPolicy
 /// bound with `Audit` (its failure, as kube-apiserver's JSON list), its `auditAnnotations`
 /// (`<policy>/<key>`), and a validating webhook's `auditAnnotations` (`<webhook>/<key>`).
