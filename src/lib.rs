@@ -38,6 +38,7 @@ pub mod namespaces;
 pub mod negotiate;
 pub mod openapi;
 pub mod recovery;
+pub mod reflect;
 pub mod request_info;
 pub mod resource;
 pub mod resources;

@@ -10,12 +10,8 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::{
-    Api,
-    runtime::{WatchStreamExt, reflector, watcher},
-};
+use kube::{Api, runtime::reflector};
 
 use crate::error::{Error, Result, Subject};
 
@@ -28,20 +24,10 @@ pub struct Namespaces {
 impl Namespaces {
     /// Starts watching `client`'s Namespaces.
     pub fn start(client: kube::Client) -> Arc<Self> {
-        let api = Api::<Namespace>::all(client);
-        let (cache, writer) = reflector::store();
-        let stream = reflector(writer, watcher(api.clone(), watcher::Config::default()))
-            .default_backoff()
-            .applied_objects();
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                if let Err(error) = event {
-                    tracing::warn!(%error, "watching Namespaces");
-                }
-            }
-        });
-        Arc::new(Self { cache, api })
+        Arc::new(Self {
+            cache: crate::reflect::start(client.clone()),
+            api: Api::all(client),
+        })
     }
 
     /// Whether an object may be created in `namespace`: 404 when it does not exist, 403 when

@@ -27,11 +27,12 @@ pub use validating::ValidatingPolicies;
 
 use super::{
     Attributes, cel,
-    webhook::{READY_WAIT, call, forbidden, rules, watch},
+    webhook::{READY_WAIT, call, forbidden, rules},
 };
 use crate::{
     error::{Error, Result},
     namespaces::Namespaces,
+    reflect::{self, Reflected},
 };
 
 /// One kind of policy and its bindings, as the cluster has them now.
@@ -45,27 +46,11 @@ pub(crate) struct Watched<
     synced: Arc<AtomicBool>,
 }
 
-impl<P, B> Watched<P, B>
-where
-    P: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    B: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+impl<P: Reflected, B: Reflected> Watched<P, B> {
     /// Watches `client`'s policies of kind `P` and bindings of kind `B`.
     pub(crate) fn start(client: kube::Client) -> Self {
-        let policies: reflector::Store<P> = watch(client.clone());
-        let bindings: reflector::Store<B> = watch(client);
+        let policies: reflector::Store<P> = reflect::start(client.clone());
+        let bindings: reflector::Store<B> = reflect::start(client);
         let synced = Arc::new(AtomicBool::new(false));
         {
             let (policies, bindings, synced) = (policies.clone(), bindings.clone(), synced.clone());

@@ -7,7 +7,6 @@ pub mod rules;
 
 use std::{sync::Arc, time::Duration};
 
-use futures::StreamExt;
 use k8s_openapi::{
     api::admissionregistration::v1::{
         MatchCondition, MutatingWebhookConfiguration, RuleWithOperations,
@@ -15,10 +14,7 @@ use k8s_openapi::{
     },
     apimachinery::pkg::apis::meta::v1::{LabelSelector as ApiLabelSelector, Status},
 };
-use kube::{
-    Api, Resource,
-    runtime::{WatchStreamExt, reflector, watcher},
-};
+use kube::runtime::reflector;
 use serde_json::Value;
 
 use super::{Attributes, Operation, cel, reinvocation::Passes};
@@ -26,6 +22,7 @@ use crate::{
     error::{Error, Result},
     metrics::{Metrics, RejectionLabels, WebhookLabels},
     namespaces::Namespaces,
+    reflect,
 };
 
 /// How long a write waits for the configurations to be listed the first time.
@@ -101,33 +98,6 @@ impl Hook {
     }
 }
 
-/// Starts a reflector of `K` and logs what breaks its watch.
-pub(crate) fn watch<K>(client: kube::Client) -> reflector::Store<K>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let api = Api::<K>::all(client);
-    let (store, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .applied_objects();
-    tokio::spawn(async move {
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(error) = event {
-                tracing::warn!(%error, kind = %K::kind(&()), "watching admission webhook configurations");
-            }
-        }
-    });
-    store
-}
-
 /// A webhook of either kind as a [`Hook`] (k8s-openapi's MutatingWebhook and
 /// ValidatingWebhook share these fields, but no trait).
 macro_rules! hook {
@@ -169,9 +139,9 @@ impl Webhooks {
         validating: bool,
     ) -> Arc<Self> {
         let mutating: Option<reflector::Store<MutatingWebhookConfiguration>> =
-            mutating.then(|| watch(client.clone()));
+            mutating.then(|| reflect::start(client.clone()));
         let validating: Option<reflector::Store<ValidatingWebhookConfiguration>> =
-            validating.then(|| watch(client.clone()));
+            validating.then(|| reflect::start(client.clone()));
         let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         {
             let (mutating, validating, synced) =
