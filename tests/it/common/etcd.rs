@@ -298,9 +298,9 @@ struct Ca {
     cert_pem: String,
 }
 
-/// A CA of etcd's own, a serving certificate for 127.0.0.1 and a client certificate. The
-/// serving certificate is for client authentication too, as kubeadm issues etcd's: with
-/// `--client-cert-auth`, etcd's JSON gateway dials etcd's gRPC with it.
+/// A CA of etcd's own, a serving certificate for 127.0.0.1 (for serving only: the server
+/// speaks gRPC to etcd itself, through no gateway that would dial with it) and a client
+/// certificate.
 fn etcd_pki() -> (String, String, String, String, String) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
@@ -324,10 +324,7 @@ fn etcd_pki() -> (String, String, String, String, String) {
     let (server_cert, server_key) = issue(
         vec!["127.0.0.1".into(), "localhost".into()],
         "etcd",
-        vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ],
+        vec![ExtendedKeyUsagePurpose::ServerAuth],
     );
     let (client_cert, client_key) = issue(
         Vec::new(),
