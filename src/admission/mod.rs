@@ -13,7 +13,10 @@ pub mod policy;
 pub mod reinvocation;
 pub mod webhook;
 
-use std::{borrow::Cow, sync::Arc};
+use std::{
+    borrow::Cow,
+    sync::{Arc, OnceLock},
+};
 
 use serde_json::Value;
 
@@ -205,9 +208,41 @@ impl<'a> ObjectJson<'a> {
     }
 }
 
+/// What every admission plugin reads besides its own configurations: the cluster's
+/// namespaces (for `namespaceSelector`), and the server's metrics and the authorizer that
+/// expressions and `matchConditions` call, both given once the server has them.
+pub struct Environment {
+    pub(crate) namespaces: Arc<crate::namespaces::Namespaces>,
+    metrics: OnceLock<Arc<crate::metrics::Metrics>>,
+    authorizer: OnceLock<Arc<dyn cel::Checker>>,
+}
+
+impl Environment {
+    /// Namespace labels from `namespaces`; no metrics or authorizer yet.
+    pub fn new(namespaces: Arc<crate::namespaces::Namespaces>) -> Arc<Self> {
+        Arc::new(Self {
+            namespaces,
+            metrics: OnceLock::new(),
+            authorizer: OnceLock::new(),
+        })
+    }
+
+    /// Where the plugins count decisions and calls, once the server has them.
+    pub fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
+        self.metrics.get()
+    }
+
+    /// The authorizer, once the server has one.
+    pub fn authorizer(&self) -> Option<&Arc<dyn cel::Checker>> {
+        self.authorizer.get()
+    }
+}
+
 /// The admission chain of a server: the cluster's webhooks, or nothing.
 #[derive(Clone, Default)]
 pub struct Admission {
+    /// What the plugins share (None without a cluster).
+    env: Option<Arc<Environment>>,
     webhooks: Option<Arc<webhook::Webhooks>>,
     policies: Option<Arc<policy::ValidatingPolicies>>,
     mutating_policies: Option<Arc<policy::MutatingPolicies>>,
@@ -224,24 +259,27 @@ impl Admission {
         enabled: impl Fn(&str) -> bool,
     ) -> Self {
         let params = policy::Params::new(client.clone());
-        let mut admission = Self::default();
+        let env = Environment::new(namespaces);
+        let mut admission = Self {
+            env: Some(env.clone()),
+            ..Self::default()
+        };
         if enabled("MutatingAdmissionPolicy") {
             admission = admission.with_mutating_policies(policy::MutatingPolicies::start(
                 params.clone(),
-                namespaces.clone(),
+                env.clone(),
             ));
         }
         if enabled("MutatingAdmissionWebhook") || enabled("ValidatingAdmissionWebhook") {
             admission = admission.with_webhooks(webhook::Webhooks::start(
                 client.clone(),
-                namespaces.clone(),
+                env.clone(),
                 enabled("MutatingAdmissionWebhook"),
                 enabled("ValidatingAdmissionWebhook"),
             ));
         }
         if enabled("ValidatingAdmissionPolicy") {
-            admission =
-                admission.with_policies(policy::ValidatingPolicies::start(params, namespaces));
+            admission = admission.with_policies(policy::ValidatingPolicies::start(params, env));
         }
         admission
     }
@@ -265,14 +303,15 @@ impl Admission {
     /// Answers the `authorizer` checks of policies' expressions and webhooks'
     /// `matchConditions` with `checker`.
     pub fn set_authorizer(&self, checker: Arc<dyn cel::Checker>) {
-        if let Some(webhooks) = &self.webhooks {
-            webhooks.set_authorizer(checker.clone());
+        if let Some(env) = &self.env {
+            let _ = env.authorizer.set(checker);
         }
-        if let Some(policies) = &self.policies {
-            policies.set_authorizer(checker.clone());
-        }
-        if let Some(policies) = &self.mutating_policies {
-            policies.set_authorizer(checker);
+    }
+
+    /// Counts the plugins' decisions and calls in `metrics`.
+    pub fn set_metrics(&self, metrics: Arc<crate::metrics::Metrics>) {
+        if let Some(env) = &self.env {
+            let _ = env.metrics.set(metrics);
         }
     }
 

@@ -168,15 +168,7 @@ impl AppState {
             namespaces: options.namespaces,
             admission: options.admission,
         };
-        if let Some(webhooks) = rest.admission.webhooks() {
-            webhooks.set_metrics(metrics.clone());
-        }
-        if let Some(policies) = rest.admission.policies() {
-            policies.set_metrics(metrics.clone());
-        }
-        if let Some(policies) = rest.admission.mutating_policies() {
-            policies.set_metrics(metrics.clone());
-        }
+        rest.admission.set_metrics(metrics.clone());
         if let Some(checker) = crate::admission::policy::ClusterChecker::start(options.auth.clone())
         {
             rest.admission.set_authorizer(checker);

@@ -17,11 +17,11 @@ use k8s_openapi::{
 use serde_json::Value;
 
 use super::{Common, Params, Watched, compile, inputs, matches};
+use crate::admission::Environment;
 use crate::{
     admission::{Attributes, Operation, cel, reinvocation::Passes, webhook::Patcher},
     error::{Error, Result},
-    metrics::{Metrics, MutationCheckLabels, policy_error_type},
-    namespaces::Namespaces,
+    metrics::{MutationCheckLabels, policy_error_type},
 };
 
 /// Merges an apply configuration into an object, as server-side apply merges (the kind's
@@ -39,13 +39,9 @@ pub struct Appliers<'a> {
 /// The cluster's MutatingAdmissionPolicies and their bindings.
 pub struct MutatingPolicies {
     watched: Watched<MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding>,
-    namespaces: Arc<Namespaces>,
+    env: Arc<Environment>,
     /// The param objects policies name.
     params: Arc<Params>,
-    /// The server's metrics, once it has them.
-    metrics: std::sync::OnceLock<Arc<Metrics>>,
-    /// The `authorizer` expressions see, once the server has one.
-    authorizer: std::sync::OnceLock<Arc<dyn cel::Checker>>,
 }
 
 /// A policy failure: its message, and the reason its Status carries (None: Forbidden).
@@ -55,26 +51,14 @@ struct Failure {
 }
 
 impl MutatingPolicies {
-    /// Watches `client`'s MutatingAdmissionPolicies and bindings; namespace labels from
-    /// `namespaces`.
-    pub fn start(params: Arc<Params>, namespaces: Arc<Namespaces>) -> Arc<Self> {
+    /// Watches `client`'s MutatingAdmissionPolicies and bindings;
+    /// namespace labels, metrics and the authorizer from `env`.
+    pub fn start(params: Arc<Params>, env: Arc<Environment>) -> Arc<Self> {
         Arc::new(Self {
             watched: Watched::start(params.client()),
-            namespaces,
+            env,
             params,
-            metrics: std::sync::OnceLock::new(),
-            authorizer: std::sync::OnceLock::new(),
         })
-    }
-
-    /// Where invocations are counted (`apiserver_mutating_admission_policy_check_*`).
-    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
-        let _ = self.metrics.set(metrics);
-    }
-
-    /// Answers the `authorizer` checks of expressions.
-    pub fn set_authorizer(&self, authorizer: Arc<dyn cel::Checker>) {
-        let _ = self.authorizer.set(authorizer);
     }
 
     /// Whether both watches have listed once.
@@ -117,7 +101,7 @@ impl MutatingPolicies {
             let Some(spec) = &policy.spec else {
                 continue;
             };
-            let namespaces = &self.namespaces;
+            let namespaces = &self.env.namespaces;
             if !matches(
                 namespaces,
                 spec.match_constraints.as_ref(),
@@ -177,7 +161,7 @@ impl MutatingPolicies {
                     .invoke(spec, attributes, object, old, &param, appliers)
                     .await;
                 let changed = *object != before;
-                if let Some(metrics) = self.metrics.get() {
+                if let Some(metrics) = self.env.metrics() {
                     let labels = MutationCheckLabels {
                         policy: policy_name.to_owned(),
                         policy_binding: binding_name.to_owned(),
@@ -224,8 +208,8 @@ impl MutatingPolicies {
             Some(&Arc::new(object.clone())),
             old.map(|old| Arc::new(old.clone())).as_ref(),
             params.clone(),
-            &self.namespaces,
-            self.authorizer.get(),
+            &self.env.namespaces,
+            self.env.authorizer(),
         )
         .await
     }

@@ -15,23 +15,20 @@ use k8s_openapi::{
 use serde_json::Value;
 
 use super::{Common, Params, Watched, compile, inputs, matches};
+use crate::admission::Environment;
 use crate::{
     admission::{Attributes, ObjectJson, cel, webhook::forbidden},
     error::{Error, Result},
-    metrics::{Metrics, policy_error_type},
+    metrics::policy_error_type,
     namespaces::Namespaces,
 };
 
 /// The cluster's ValidatingAdmissionPolicies and their bindings.
 pub struct ValidatingPolicies {
     watched: Watched<ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding>,
-    namespaces: Arc<Namespaces>,
+    env: Arc<Environment>,
     /// The param objects policies name.
     params: Arc<Params>,
-    /// The server's metrics, once it has them.
-    metrics: std::sync::OnceLock<Arc<Metrics>>,
-    /// The `authorizer` expressions see, once the server has one.
-    authorizer: std::sync::OnceLock<Arc<dyn cel::Checker>>,
     /// Each policy's expressions, compiled for the resourceVersion it had then.
     compiled: std::sync::Mutex<HashMap<String, (String, Arc<Compiled>)>>,
 }
@@ -140,15 +137,13 @@ struct Evaluation {
 const MAX_AUDIT_ANNOTATION_BYTES: usize = 10 * 1024;
 
 impl ValidatingPolicies {
-    /// Watches `client`'s ValidatingAdmissionPolicies and bindings; namespace labels from
-    /// `namespaces`.
-    pub fn start(params: Arc<Params>, namespaces: Arc<Namespaces>) -> Arc<Self> {
+    /// Watches `client`'s ValidatingAdmissionPolicies and bindings;
+    /// namespace labels, metrics and the authorizer from `env`.
+    pub fn start(params: Arc<Params>, env: Arc<Environment>) -> Arc<Self> {
         Arc::new(Self {
             watched: Watched::start(params.client()),
-            namespaces,
+            env,
             params,
-            metrics: std::sync::OnceLock::new(),
-            authorizer: std::sync::OnceLock::new(),
             compiled: std::sync::Mutex::default(),
         })
     }
@@ -179,16 +174,6 @@ impl ValidatingPolicies {
         Ok(compiled)
     }
 
-    /// Where decisions are counted (`apiserver_validating_admission_policy_check_*`).
-    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
-        let _ = self.metrics.set(metrics);
-    }
-
-    /// Answers the `authorizer` checks of expressions.
-    pub fn set_authorizer(&self, authorizer: Arc<dyn cel::Checker>) {
-        let _ = self.authorizer.set(authorizer);
-    }
-
     /// Counts one binding's decision for one param.
     fn observe(
         &self,
@@ -198,7 +183,7 @@ impl ValidatingPolicies {
         action: &'static str,
         seconds: f64,
     ) {
-        let Some(metrics) = self.metrics.get() else {
+        let Some(metrics) = self.env.metrics() else {
             return;
         };
         metrics.observe_policy_check(policy, binding, policy_error_type(failure), action, seconds);
@@ -242,7 +227,7 @@ impl ValidatingPolicies {
             };
             // A policy matches nothing without its constraints; a binding narrows them. Only
             // an objectSelector reads the object (its labels).
-            let namespaces = &self.namespaces;
+            let namespaces = &self.env.namespaces;
             let selects =
                 |m: Option<&MatchResources>| m.is_some_and(|m| m.object_selector.is_some());
             let (selected, selected_old) = if selects(spec.match_constraints.as_ref())
@@ -315,8 +300,8 @@ impl ValidatingPolicies {
                                     object.as_ref(),
                                     old.as_ref(),
                                     param,
-                                    &self.namespaces,
-                                    self.authorizer.get(),
+                                    &self.env.namespaces,
+                                    self.env.authorizer(),
                                 )
                                 .await
                             }

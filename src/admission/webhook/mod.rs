@@ -17,11 +17,10 @@ use k8s_openapi::{
 use kube::runtime::reflector;
 use serde_json::Value;
 
-use super::{Attributes, Operation, cel, reinvocation::Passes};
+use super::{Attributes, Environment, Operation, cel, reinvocation::Passes};
 use crate::{
     error::{Error, Result},
-    metrics::{Metrics, RejectionLabels, WebhookLabels},
-    namespaces::Namespaces,
+    metrics::{RejectionLabels, WebhookLabels},
     reflect,
 };
 
@@ -37,12 +36,8 @@ pub struct Webhooks {
     mutating: Option<reflector::Store<MutatingWebhookConfiguration>>,
     /// None when the ValidatingAdmissionWebhook plugin is off.
     validating: Option<reflector::Store<ValidatingWebhookConfiguration>>,
-    namespaces: Arc<Namespaces>,
+    env: Arc<Environment>,
     clients: call::Clients,
-    /// The server's metrics, once it has them.
-    metrics: std::sync::OnceLock<Arc<Metrics>>,
-    /// The `authorizer` matchConditions see, once the server has one.
-    authorizer: std::sync::OnceLock<Arc<dyn cel::Checker>>,
     /// Set once every configuration watch has listed (for `/readyz`).
     synced: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -131,10 +126,10 @@ where
 impl Webhooks {
     /// Watches `client`'s MutatingWebhookConfigurations (when `mutating`) and
     /// ValidatingWebhookConfigurations (when `validating`); namespace labels (for
-    /// `namespaceSelector`) from `namespaces`.
+    /// `namespaceSelector`), metrics and the authorizer from `env`.
     pub fn start(
         client: kube::Client,
-        namespaces: Arc<Namespaces>,
+        env: Arc<Environment>,
         mutating: bool,
         validating: bool,
     ) -> Arc<Self> {
@@ -163,10 +158,8 @@ impl Webhooks {
         Arc::new(Self {
             mutating,
             validating,
-            namespaces,
+            env,
             clients: call::Clients::new(client),
-            metrics: std::sync::OnceLock::new(),
-            authorizer: std::sync::OnceLock::new(),
             synced,
         })
     }
@@ -174,16 +167,6 @@ impl Webhooks {
     /// Whether every configuration watch has listed once.
     pub fn synced(&self) -> bool {
         self.synced.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Where webhook calls are counted (`apiserver_admission_webhook_*`).
-    pub fn set_metrics(&self, metrics: Arc<Metrics>) {
-        let _ = self.metrics.set(metrics);
-    }
-
-    /// Answers the `authorizer` checks of matchConditions.
-    pub fn set_authorizer(&self, authorizer: Arc<dyn cel::Checker>) {
-        let _ = self.authorizer.set(authorizer);
     }
 
     /// Counts a call of `hook` that took `seconds` and, when it refused the write, the code.
@@ -195,7 +178,7 @@ impl Webhooks {
         seconds: f64,
         refused: Option<(&'static str, u16)>,
     ) {
-        let Some(metrics) = self.metrics.get() else {
+        let Some(metrics) = self.env.metrics() else {
             return;
         };
         let r#type = if mutating { "admit" } else { "validating" };
@@ -310,7 +293,7 @@ impl Webhooks {
         if let Some(selector) = namespace_selector
             && !attributes.namespace.is_empty()
         {
-            let labels = self.namespaces.labels(attributes.namespace).await?;
+            let labels = self.env.namespaces.labels(attributes.namespace).await?;
             if !selector.matches(labels.as_ref()) {
                 return Ok(false);
             }
@@ -350,7 +333,7 @@ impl Webhooks {
             ("request".to_owned(), cel::to_cel(&request)),
         ];
         if compiled.iter().any(|e| e.names("authorizer")) {
-            for (name, value) in attributes.authorizer_variables(self.authorizer.get()) {
+            for (name, value) in attributes.authorizer_variables(self.env.authorizer()) {
                 variables.push((name.to_owned(), value));
             }
         }
