@@ -33,6 +33,10 @@ const BACKUP_TIME: &str = "%Y-%m-%dT%H-%M-%S%.3f";
 /// How long the writer lets events gather between writes.
 const BATCH_WAIT: Duration = Duration::from_millis(10);
 
+/// Bytes gathered before a write to the file: a busy server's batch (10 ms of events, about
+/// 600 bytes each) in a few system calls rather than one per 8 KiB.
+const WRITE_BUFFER: usize = 256 * 1024;
+
 /// What the buffer may hold in all, whatever the count of events: an event can carry a 3 MiB
 /// request and its response.
 pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
@@ -218,7 +222,7 @@ impl Output {
         let file = open.open(path)?;
         let size = file.metadata()?.len();
         Ok(Target::File {
-            file: BufWriter::new(file),
+            file: BufWriter::with_capacity(WRITE_BUFFER, file),
             size,
         })
     }
