@@ -1,15 +1,18 @@
 //! Storage behind the REST handlers. Handlers talk to [`Store`] (reads) and [`WritableStore`]
-//! (writes) only: the in-memory store is the embedded default, and the FarmPod watch cache is a
-//! read-only user of the same engine. The contract assumes nothing of memory: revisions and
-//! stats are asked for asynchronously, a list cursor may wait for its next page, objects can be
-//! made from JSON already encoded, and continue tokens belong to each store. What every store
-//! must do is checked by one conformance suite (`tests/it/store_conformance.rs`).
-//! [`StorageFactory`] makes each kind's store as the flags say (memory or etcd).
+//! (writes) only. Stores come in two shapes: the in-memory store, the embedded default, and the
+//! [`WatchCache`] of another server's objects on the same engine, fed by a
+//! [`watch_cache::Source`] (the FarmPods from the cluster's Pods; the etcd store, which adds
+//! compare-and-swap writes). The contract assumes nothing of memory: revisions and stats are
+//! asked for asynchronously, a list cursor may wait for its next page, objects can be made from
+//! JSON already encoded, and continue tokens belong to each store. What every store must do is
+//! checked by one conformance suite (`tests/it/store_conformance.rs`). [`StorageFactory`] makes
+//! each kind's store as the flags say (memory or etcd).
 
 pub mod etcd;
 pub mod factory;
 pub mod memory;
 pub mod pod_cache;
+pub mod watch_cache;
 
 use std::{
     ops::ControlFlow,
@@ -34,6 +37,7 @@ pub use etcd::EtcdStore;
 pub use factory::StorageFactory;
 pub use memory::MemoryStore;
 pub use pod_cache::PodCache;
+pub use watch_cache::{CacheState, WatchCache};
 
 /// A watch event's `type`, as kube-apiserver sends it (BOOKMARK and ERROR are not store
 /// events: see [`WatchItem`]).
@@ -490,6 +494,15 @@ pub trait WritableStore<K: ServedResource>: Store<K> {
         preconditions: &Preconditions,
         dry_run: bool,
     ) -> Result<Object<K>>;
+}
+
+/// The 409 for a write from a resourceVersion that is no longer the object's (kube-apiserver's
+/// words): the client reads again and retries.
+pub fn outdated<K: ServedResource>(name: &str) -> Error {
+    Error::Conflict {
+        subject: K::subject(name),
+        message: "the object has been modified; please apply your changes to the latest version and try again".into(),
+    }
 }
 
 /// The 410 for a continue token whose snapshot is gone (kube-apiserver's wording).

@@ -1,254 +1,92 @@
-//! The FarmPod watch cache: one kube-runtime watcher over Pods (all namespaces, or one per
-//! configured namespace), started at boot, reconnecting with backoff, projecting every Pod into its
-//! FarmPod. Every FarmPod request is answered from memory; none reaches kube-apiserver.
+//! The FarmPod watch cache: a [`WatchCache`] fed by one kube-runtime watcher over Pods (all
+//! namespaces, or one per configured namespace), started at boot, reconnecting with backoff,
+//! projecting every Pod into its FarmPod. Every FarmPod request is answered from memory; none
+//! reaches kube-apiserver.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api,
     runtime::{WatchStreamExt, watcher},
 };
+use tokio::sync::watch;
 
-use super::{
-    ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo, Store, StoreStats,
-    WatchRequest, WatchStream, memory::MemoryStoreConfig,
-};
+use super::watch_cache::{CacheState, Sink, Source, WatchCache};
 use crate::{
     error::{Error, Result},
     health::Check,
-    resource::ObjectKey,
     resources::FarmPod,
 };
 
 /// Said by every FarmPod request when the server runs without a cluster.
 pub const NO_CLUSTER: &str = "FarmPods are a view of a Kubernetes cluster's Pods, and this server has no cluster configured: run it in a cluster (in-cluster config), pass --kubeconfig or set KUBECONFIG (as `mirrord exec` and local development do). Llamas work without a cluster.";
 
-/// How far the cache is from the cluster's Pods: what readiness and FarmPod requests report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CacheState {
-    /// No cluster configured: FarmPods answer 503.
-    NoCluster,
-    /// Waiting for the first complete list of every watched scope.
-    Syncing {
-        /// Watched scopes (namespaces, or all) whose first list has not completed.
-        pending: usize,
-    },
-    /// Synced; `degraded` says why the watch is currently broken (the last view is served).
-    Synced {
-        /// The watch's last error, until an event applies again; None while it is healthy.
-        degraded: Option<String>,
-    },
-}
+/// The FarmPods, a read-only store: the cluster's Pods as FarmPods, their resourceVersions the
+/// Pods' own. Answers 503 until the first sync, and without a cluster; a watch that breaks after
+/// that keeps serving the last view.
+pub type PodCache = WatchCache<FarmPod, PodSource>;
 
-/// The FarmPods, a read-only [`Store`]: a [`MemoryStore`] fed by Pod watchers, its
-/// resourceVersions the Pods' own. Answers 503 until the first sync, and without a cluster.
-///
-/// Its watcher tasks hold it weakly and are aborted when it is dropped: a cache nobody
-/// serves any more watches nothing.
-pub struct PodCache {
-    store: MemoryStore<FarmPod>,
-    state: Mutex<CacheState>,
-    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
-}
-
-impl Drop for PodCache {
-    fn drop(&mut self) {
-        if let Ok(tasks) = self.tasks.get_mut() {
-            for task in tasks.drain(..) {
-                task.abort();
-            }
-        }
-    }
+/// The cluster's Pods, as a [`Source`] of FarmPods: one watcher per scope (a namespace, or all).
+pub struct PodSource {
+    scopes: Vec<(Api<Pod>, Option<String>)>,
 }
 
 impl PodCache {
-    fn with_state(state: CacheState) -> Arc<Self> {
-        Arc::new(Self {
-            // Versions are the Pods' own (kube-apiserver's), not this process's.
-            store: MemoryStore::new(MemoryStoreConfig {
-                first_resource_version: 0,
-                authoritative: false,
-                ..Default::default()
-            }),
-            state: Mutex::new(state),
-            tasks: Mutex::default(),
-        })
-    }
-
-    /// A cache that never syncs: no cluster.
-    pub fn without_cluster() -> Arc<Self> {
-        Self::with_state(CacheState::NoCluster)
-    }
-
-    /// `count` synthetic FarmPods and no cluster: for benchmarks and tests.
-    pub fn synthetic(count: usize) -> Arc<Self> {
-        let cache = Self::with_state(CacheState::Synced { degraded: None });
-        let pods = (0..count)
-            .map(|i| FarmPod::synthetic(i, i as u64 + 1))
-            .collect();
-        // A fresh store accepts any content.
-        let _ = cache.store.replace_external_in(None, pods);
-        cache
-    }
-
-    /// Starts one watcher per scope (`[]` = all namespaces) feeding this cache.
+    /// Starts one watcher per scope (`[]` = all namespaces) feeding a new cache.
     pub fn start(client: kube::Client, namespaces: Vec<String>) -> Arc<Self> {
         let scopes: Vec<Option<String>> = if namespaces.is_empty() {
             vec![None]
         } else {
             namespaces.into_iter().map(Some).collect()
         };
-        let cache = Self::with_state(CacheState::Syncing {
-            pending: scopes.len(),
-        });
-        for scope in scopes {
-            let api: Api<Pod> = match &scope {
-                Some(ns) => Api::namespaced(client.clone(), ns),
-                None => Api::all(client.clone()),
-            };
-            let task = tokio::spawn(Self::feed(Arc::downgrade(&cache), api, scope));
-            if let Ok(mut tasks) = cache.tasks.lock() {
-                tasks.push(task.abort_handle());
-            }
-        }
-        cache
-    }
-
-    /// The cache's state now.
-    pub fn state(&self) -> CacheState {
-        self.state
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or(CacheState::Synced {
-                degraded: Some("state lock poisoned".into()),
+        let pending = scopes.len();
+        let scopes = scopes
+            .into_iter()
+            .map(|scope| {
+                let api = match &scope {
+                    Some(ns) => Api::namespaced(client.clone(), ns),
+                    None => Api::all(client.clone()),
+                };
+                (api, scope)
             })
+            .collect();
+        WatchCache::new(PodSource { scopes }, CacheState::Syncing { pending })
     }
 
-    fn update(&self, f: impl FnOnce(&mut CacheState)) {
-        if let Ok(mut state) = self.state.lock() {
-            f(&mut state);
-        }
+    /// A cache that never syncs: no cluster.
+    pub fn without_cluster() -> Arc<Self> {
+        WatchCache::new(PodSource { scopes: Vec::new() }, CacheState::NoSource)
     }
 
-    fn synced_scope(&self) {
-        self.update(|state| {
-            let next = match &*state {
-                CacheState::Syncing { pending } if *pending > 1 => CacheState::Syncing {
-                    pending: pending - 1,
-                },
-                CacheState::Syncing { .. } => CacheState::Synced { degraded: None },
-                other => other.clone(),
-            };
-            *state = next;
-        });
-    }
-
-    fn degraded(&self, reason: Option<String>) {
-        self.update(|state| {
-            if let CacheState::Synced { degraded } = state {
-                *degraded = reason;
-            }
-        });
-    }
-
-    /// Applies the watch of `scope` to the cache, while there is one.
-    async fn feed(cache: std::sync::Weak<Self>, api: Api<Pod>, scope: Option<String>) {
-        let mut buffer: Vec<FarmPod> = Vec::new();
-        let mut synced_once = false;
-        let stream = watcher(api, watcher::Config::default()).default_backoff();
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            let Some(this) = cache.upgrade() else {
-                return;
-            };
-            let applied = match event {
-                Ok(watcher::Event::Init) => {
-                    buffer.clear();
-                    Ok(())
-                }
-                Ok(watcher::Event::InitApply(pod)) => {
-                    buffer.push(FarmPod::from_pod(&pod));
-                    Ok(())
-                }
-                Ok(watcher::Event::InitDone) => {
-                    let result = this
-                        .store
-                        .replace_external_in(scope.as_deref(), std::mem::take(&mut buffer));
-                    if !synced_once {
-                        synced_once = true;
-                        this.synced_scope();
-                        tracing::info!(
-                            scope = scope.as_deref().unwrap_or("all namespaces"),
-                            "FarmPod cache synced"
-                        );
-                    }
-                    result
-                }
-                Ok(watcher::Event::Apply(pod)) => {
-                    this.store.apply_external(FarmPod::from_pod(&pod))
-                }
-                Ok(watcher::Event::Delete(pod)) => {
-                    this.store.delete_external(FarmPod::from_pod(&pod))
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "Pod watch failed; serving the last synced FarmPods, retrying with backoff");
-                    this.degraded(Some(error.to_string()));
-                    continue;
-                }
-            };
-            match applied {
-                Ok(()) => this.degraded(None),
-                Err(error) => tracing::error!(%error, "could not apply a Pod event"),
-            }
-        }
+    /// `count` synthetic FarmPods and no cluster: for benchmarks and tests.
+    pub fn synthetic(count: usize) -> Arc<Self> {
+        let cache = WatchCache::new(
+            PodSource { scopes: Vec::new() },
+            CacheState::Synced { degraded: None },
+        );
+        let pods = (0..count)
+            .map(|i| FarmPod::synthetic(i, i as u64 + 1))
+            .collect();
+        // A fresh store accepts any content.
+        let _ = cache.sink().cache.replace_external_in(None, pods);
+        cache
     }
 }
 
-#[async_trait]
-impl Store<FarmPod> for PodCache {
-    async fn get(&self, key: &ObjectKey) -> Result<Object<FarmPod>> {
-        self.store.get(key).await
+impl Source<FarmPod> for PodSource {
+    fn feeds(self: &Arc<Self>, sink: &Sink<FarmPod>) -> Vec<BoxFuture<'static, ()>> {
+        self.scopes
+            .iter()
+            .map(|(api, scope)| feed(sink.clone(), api.clone(), scope.clone()).boxed())
+            .collect()
     }
 
-    fn get_sync(&self, namespace: &str, name: &str) -> Option<Result<Object<FarmPod>>> {
-        self.store.get_sync(namespace, name)
-    }
-
-    async fn list_each(
-        &self,
-        request: &ListRequest,
-        visit: &mut (dyn for<'o> FnMut(&'o Object<FarmPod>) + Send),
-    ) -> Result<PageInfo> {
-        self.store.list_each(request, visit).await
-    }
-
-    async fn list(&self, request: &ListRequest) -> Result<ListPage<FarmPod>> {
-        self.store.list(request).await
-    }
-
-    async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<FarmPod>>> {
-        self.store.list_cursor(request).await
-    }
-
-    fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
-        self.store.count_sync(namespace)
-    }
-
-    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<FarmPod>> {
-        self.store.watch(request).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats> {
-        Ok(self.store.counts())
-    }
-
-    fn check_ready(&self) -> Result<()> {
-        match self.state() {
-            CacheState::NoCluster => Err(Error::ServiceUnavailable(NO_CLUSTER.into())),
-            CacheState::Syncing { .. } => Err(Error::ServiceUnavailable(
+    fn check_ready(&self, state: &CacheState) -> Result<()> {
+        match state {
+            CacheState::NoSource => Err(Error::ServiceUnavailable(NO_CLUSTER.into())),
+            CacheState::Syncing { .. } | CacheState::Broken(_) => Err(Error::ServiceUnavailable(
                 "the FarmPod cache has not synced with the cluster's Pods yet; retry shortly"
                     .into(),
             )),
@@ -258,23 +96,67 @@ impl Store<FarmPod> for PodCache {
 
     /// Readiness: not ready until the first sync. A broken watch after that keeps the server
     /// ready (Llamas and the last FarmPod view still serve) and shows in `/readyz/farmpod-watch`.
-    fn readiness_checks(self: Arc<Self>) -> Vec<Check> {
-        let synced = self.clone();
-        let watch = self;
+    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<Check> {
+        let watch = state.clone();
         vec![
-            Check::new("farmpod-cache-synced", move || match synced.state() {
+            Check::new("farmpod-cache-synced", move || match &*state.borrow() {
                 CacheState::Syncing { pending } => {
                     Err(format!("{pending} Pod watch(es) not synced yet"))
                 }
                 _ => Ok(()),
             }),
-            Check::informational("farmpod-watch", move || match watch.state() {
+            Check::informational("farmpod-watch", move || match &*watch.borrow() {
                 CacheState::Synced {
                     degraded: Some(reason),
                 } => Err(format!("serving the last synced view: {reason}")),
                 _ => Ok(()),
             }),
         ]
+    }
+}
+
+/// Applies the Pod watch of `scope` to the cache, for as long as the cache runs it.
+async fn feed(sink: Sink<FarmPod>, api: Api<Pod>, scope: Option<String>) {
+    let mut buffer: Vec<FarmPod> = Vec::new();
+    let mut synced_once = false;
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        let applied = match event {
+            Ok(watcher::Event::Init) => {
+                buffer.clear();
+                Ok(())
+            }
+            Ok(watcher::Event::InitApply(pod)) => {
+                buffer.push(FarmPod::from_pod(&pod));
+                Ok(())
+            }
+            Ok(watcher::Event::InitDone) => {
+                let result = sink
+                    .cache
+                    .replace_external_in(scope.as_deref(), std::mem::take(&mut buffer));
+                if !synced_once {
+                    synced_once = true;
+                    sink.synced();
+                    tracing::info!(
+                        scope = scope.as_deref().unwrap_or("all namespaces"),
+                        "FarmPod cache synced"
+                    );
+                }
+                result
+            }
+            Ok(watcher::Event::Apply(pod)) => sink.cache.apply_external(FarmPod::from_pod(&pod)),
+            Ok(watcher::Event::Delete(pod)) => sink.cache.delete_external(FarmPod::from_pod(&pod)),
+            Err(error) => {
+                tracing::warn!(%error, "Pod watch failed; serving the last synced FarmPods, retrying with backoff");
+                sink.degraded(Some(error.to_string()));
+                continue;
+            }
+        };
+        match applied {
+            Ok(()) => sink.degraded(None),
+            Err(error) => tracing::error!(%error, "could not apply a Pod event"),
+        }
     }
 }
 
@@ -291,7 +173,7 @@ mod tests {
     use crate::{
         negotiate::MetaVersion,
         selector::{Filter, LabelSelector},
-        store::{WatchItem, WatchStart},
+        store::{ListRequest, Store, WatchItem, WatchRequest, WatchStart},
         table::{self, IncludeObject},
     };
 
@@ -339,7 +221,7 @@ mod tests {
     async fn synced(cache: &Arc<PodCache>, expected_rv: u64) {
         for _ in 0..200 {
             if matches!(cache.state(), CacheState::Synced { .. })
-                && cache.store.counts().resource_version >= expected_rv
+                && cache.sink().cache.counts().resource_version >= expected_rv
             {
                 return;
             }
@@ -348,7 +230,7 @@ mod tests {
         panic!(
             "cache did not sync: {:?} {:?}",
             cache.state(),
-            cache.store.counts()
+            cache.sink().cache.counts()
         );
     }
 
@@ -447,7 +329,7 @@ mod tests {
     fn synthetic_cache_is_ready_without_a_cluster() {
         let cache = PodCache::synthetic(100);
         cache.check_ready().unwrap();
-        assert_eq!(cache.store.counts().objects, 100);
+        assert_eq!(cache.sink().cache.counts().objects, 100);
         assert_eq!(
             PodCache::without_cluster()
                 .check_ready()

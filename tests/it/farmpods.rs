@@ -38,7 +38,7 @@ async fn ready_server(fake: &Arc<FakeKube>) -> TestServer {
     wait_until("the FarmPod cache to sync", || {
         matches!(
             cache.state(),
-            farm_apiserver::store::pod_cache::CacheState::Synced { .. }
+            farm_apiserver::store::CacheState::Synced { .. }
         )
     })
     .await;
@@ -407,7 +407,7 @@ async fn kubectl_get_farmpods() {
 /// dropped, its Pod watch is closed (the fake kube-apiserver sees its watch go).
 #[tokio::test]
 async fn dropping_the_cache_ends_its_watch() {
-    use farm_apiserver::store::pod_cache::CacheState;
+    use farm_apiserver::store::CacheState;
     let fake = FakeKube::start().await;
     let before = fake.open_watches();
     let cache = PodCache::start(fake.client().await, Vec::new());

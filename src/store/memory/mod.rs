@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::{
     Event, EventType, LendObjects, ListCursor, ListRequest, Object, PageInfo, Preconditions,
     ReadAt, Store, StoreStats, Stored, WatchItem, WatchRequest, WatchStart, WatchStream,
-    WritableStore, expired_continue, too_old,
+    WritableStore, expired_continue, outdated, too_old,
 };
 use crate::{
     error::{Error, Result},
@@ -548,10 +548,7 @@ impl<K: ServedResource> WritableStore<K> for MemoryStore<K> {
             .get(&key)
             .ok_or_else(|| Error::NotFound(K::subject(&key.name)))?;
         if current.meta().resource_version != object.meta().resource_version {
-            return Err(Error::Conflict {
-                subject: K::subject(&key.name),
-                message: "the object has been modified; please apply your changes to the latest version and try again".into(),
-            });
+            return Err(outdated::<K>(&key.name));
         }
         if dry_run {
             return Ok(Stored::new(object));
