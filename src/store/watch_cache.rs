@@ -41,23 +41,12 @@ pub enum CacheState {
     Broken(String),
 }
 
-/// What a read asks of the cache, for [`Source::prepare`].
-#[derive(Debug, Clone, Copy)]
-pub enum Read<'r> {
-    /// An object or the stats, as of now.
-    Latest,
-    /// A list's page, at the state it asks for.
-    List(&'r ListRequest),
-    /// A watch, from wherever it starts.
-    Watch,
-}
-
 /// Where a watch cache's objects come from: a list, then a stream of changes, again after each
 /// break, applied to a [`Sink`] by tasks the source makes. What the cache answers in each
 /// [`CacheState`] is the source's to say.
 pub trait Source<K: ServedResource>: Send + Sync + Sized + 'static {
     /// Whether a read waits for the cache to catch up with the source first (etcd's consistent
-    /// reads, in [`Source::prepare`]): then no read is served without a future
+    /// reads, in [`Source::catch_up`]): then no read is served without a future
     /// ([`Store::get_sync`] is None).
     const CONSISTENT_READS: bool = false;
 
@@ -71,10 +60,25 @@ pub trait Source<K: ServedResource>: Send + Sync + Sized + 'static {
     /// What the cache adds to `/readyz`, reading its state from `state`.
     fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<Check>;
 
-    /// Brings the cache to where `read` reads, before the cache serves it; nothing by default
-    /// (a read is served from whatever the cache holds).
-    fn prepare(&self, _sink: &Sink<K>, _read: Read<'_>) -> impl Future<Output = Result<()>> + Send {
+    /// Brings the cache up to date with the source as of now, before a read of the latest
+    /// state (an object, the stats); nothing by default (a read is served from whatever the
+    /// cache holds). One method per kind of read, so that a GET's future holds no list's.
+    fn catch_up(&self, _sink: &Sink<K>) -> impl Future<Output = Result<()>> + Send {
         std::future::ready(Ok(()))
+    }
+
+    /// Brings the cache to where a list's page reads (the state `request` asks for).
+    fn prepare_list(
+        &self,
+        _sink: &Sink<K>,
+        _request: &ListRequest,
+    ) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// Whether a watch may start now.
+    fn prepare_watch(&self, _sink: &Sink<K>) -> Result<()> {
+        Ok(())
     }
 
     /// The writes of a cache fed by this source, when it takes any (etcd's compare-and-swap):
@@ -214,7 +218,7 @@ impl<K: ServedResource, S: Source<K>> WatchCache<K, S> {
 #[async_trait]
 impl<K: ServedResource, S: Source<K>> Store<K> for WatchCache<K, S> {
     async fn get(&self, key: &ObjectKey) -> Result<Object<K>> {
-        self.source.prepare(&self.sink, Read::Latest).await?;
+        self.source.catch_up(&self.sink).await?;
         self.sink.cache.get(key).await
     }
 
@@ -230,12 +234,12 @@ impl<K: ServedResource, S: Source<K>> Store<K> for WatchCache<K, S> {
         request: &ListRequest,
         visit: &mut (dyn for<'o> FnMut(&'o Object<K>) + Send),
     ) -> Result<PageInfo> {
-        self.source.prepare(&self.sink, Read::List(request)).await?;
+        self.source.prepare_list(&self.sink, request).await?;
         self.sink.cache.list_each(request, visit).await
     }
 
     async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<K>>> {
-        self.source.prepare(&self.sink, Read::List(request)).await?;
+        self.source.prepare_list(&self.sink, request).await?;
         self.sink.cache.list_cursor(request).await
     }
 
@@ -244,12 +248,12 @@ impl<K: ServedResource, S: Source<K>> Store<K> for WatchCache<K, S> {
     }
 
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>> {
-        self.source.prepare(&self.sink, Read::Watch).await?;
+        self.source.prepare_watch(&self.sink)?;
         self.sink.cache.watch(request).await
     }
 
     async fn stats(&self) -> Result<StoreStats> {
-        self.source.prepare(&self.sink, Read::Latest).await?;
+        self.source.catch_up(&self.sink).await?;
         Ok(self.sink.cache.counts())
     }
 

@@ -32,7 +32,7 @@ use client::{KeyValue, WatchEvent, prefix_end};
 
 use super::{
     ListRequest, ReadAt, WritableStore,
-    watch_cache::{CacheState, Read, Sink, Source, WatchCache},
+    watch_cache::{CacheState, Sink, Source, WatchCache},
 };
 use crate::{
     error::{Error, Result},
@@ -154,14 +154,19 @@ impl<K: ServedResource> Source<K> for EtcdSource {
         })]
     }
 
-    /// A read of the latest state (a get, the stats) catches up with etcd first; a list also
-    /// brings the cache to the snapshot it reads; a watch only needs the feed up.
-    async fn prepare(&self, sink: &Sink<K>, read: Read<'_>) -> Result<()> {
-        match read {
-            Read::Latest => self.catch_up(sink).await,
-            Read::List(request) => self.prepare_list(sink, request).await,
-            Read::Watch => ready(&sink.state()),
-        }
+    /// A read of the latest state (a get, the stats) catches up with etcd first.
+    async fn catch_up(&self, sink: &Sink<K>) -> Result<()> {
+        self.reach_latest(sink).await
+    }
+
+    /// A list also brings the cache to the snapshot it reads.
+    async fn prepare_list(&self, sink: &Sink<K>, request: &ListRequest) -> Result<()> {
+        self.reach_list(sink, request).await
+    }
+
+    /// A watch only needs the feed up.
+    fn prepare_watch(&self, sink: &Sink<K>) -> Result<()> {
+        ready(&sink.state())
     }
 
     fn writable(cache: &EtcdStore<K>) -> Option<&dyn WritableStore<K>> {
@@ -201,7 +206,7 @@ impl EtcdSource {
     }
 
     /// Waits until the cache has caught up with etcd as of now (see the module docs).
-    async fn catch_up<K: ServedResource>(&self, sink: &Sink<K>) -> Result<()> {
+    async fn reach_latest<K: ServedResource>(&self, sink: &Sink<K>) -> Result<()> {
         ready(&sink.state())?;
         let revision = self.latest().await?.max(0) as u64;
         let caught_up = || sink.cache.resource_version() >= revision;
@@ -230,7 +235,7 @@ impl EtcdSource {
         if sink.cache.resource_version() >= revision {
             return Ok(());
         }
-        self.catch_up(sink).await?;
+        self.reach_latest(sink).await?;
         let current = sink.cache.resource_version();
         if current >= revision {
             Ok(())
@@ -242,14 +247,14 @@ impl EtcdSource {
     /// Brings the cache to where `request` reads: as of now for a first page, and the snapshot
     /// a continue token (from any replica) or an Exact list names, read from etcd at its
     /// revision when the cache does not keep it, as kube-apiserver reads such pages from etcd.
-    async fn prepare_list<K: ServedResource>(
+    async fn reach_list<K: ServedResource>(
         &self,
         sink: &Sink<K>,
         request: &ListRequest,
     ) -> Result<()> {
         if request.continue_token.is_none() {
             match request.read_at {
-                ReadAt::Latest => self.catch_up(sink).await?,
+                ReadAt::Latest => self.reach_latest(sink).await?,
                 ReadAt::Any => ready(&sink.state())?,
                 ReadAt::NotOlderThan(revision) | ReadAt::Exact(revision) => {
                     self.reach(sink, revision).await?
