@@ -44,6 +44,18 @@ pub type RequestParts<'r> = (&'r Uri, &'r HeaderMap, Option<std::net::IpAddr>);
 /// The header that carries a request's audit ID, both ways.
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
 
+/// `value` `count` times: clones first and itself last, so one backend gets no copy.
+fn copies<T: Clone>(value: T, count: usize) -> impl Iterator<Item = T> {
+    let mut value = Some(value);
+    (1..=count).filter_map(move |n| {
+        if n == count {
+            value.take()
+        } else {
+            value.clone()
+        }
+    })
+}
+
 /// What the policy says of a request ([`Auditor::judge`]).
 #[derive(Debug)]
 pub enum Judged {
@@ -150,9 +162,9 @@ impl Auditor {
         }
     }
 
-    /// Writes the events of an allowed request answered at once (a cached GET) by `user`, as
-    /// [`Auditor::begin`] and [`finish`] would: true when they are written (or dropped by a
-    /// full batch backend). False, with nothing written, when a blocking backend has no room
+    /// Writes the events of an allowed request answered at once (a cached GET) by `user`
+    /// (`reason`: authorization's, "" without a user), as [`Auditor::begin`] and [`finish`]
+    /// would: true when they are written (or dropped by a full batch backend). False, with nothing written, when a blocking backend has no room
     /// for them now or when the answer's body would have to be read (an error's Status, the
     /// RequestResponse level): the request then goes the way that can wait.
     pub fn complete_sync(
@@ -178,10 +190,9 @@ impl Auditor {
             Cow::Borrowed("authorization.k8s.io/decision"),
             "allow".into(),
         );
-        event.annotations.insert(
-            Cow::Borrowed("authorization.k8s.io/reason"),
-            user.map(|_| reason()).unwrap_or_default(),
-        );
+        event
+            .annotations
+            .insert(Cow::Borrowed("authorization.k8s.io/reason"), reason());
         event.response_status = Some(ResponseStatus::code(code));
         if config.writes(Stage::ResponseComplete) {
             lines.push(event.line(Stage::ResponseComplete));
@@ -202,22 +213,15 @@ impl Auditor {
         for _ in &lines {
             self.count_event();
         }
-        let mut lines = Some(lines);
-        let last = reserved.len().saturating_sub(1);
-        for (index, (backend, room)) in self.backends.iter().zip(reserved).enumerate() {
-            let Some(room) = room else {
-                self.count_error(
+        let mut copies = copies(lines, reserved.iter().flatten().count());
+        for (backend, room) in self.backends.iter().zip(reserved) {
+            match (room, copies.next()) {
+                (Some(room), Some(copy)) => room.send(copy),
+                _ => self.count_error(
                     backend.plugin,
                     "audit buffer queue blocked: an event was dropped",
-                );
-                continue;
-            };
-            let copy = if index == last {
-                lines.take().unwrap_or_default()
-            } else {
-                lines.clone().unwrap_or_default()
-            };
-            room.send(copy);
+                ),
+            }
         }
         true
     }
@@ -281,14 +285,8 @@ impl Auditor {
     /// buffer is full (batch).
     async fn send(&self, line: Vec<u8>) {
         self.count_event();
-        let last = self.backends.len().saturating_sub(1);
-        let mut line = Some(line);
-        for (index, backend) in self.backends.iter().enumerate() {
-            let copy = if index == last {
-                line.take().unwrap_or_default()
-            } else {
-                line.clone().unwrap_or_default()
-            };
+        let copies = copies(line, self.backends.len());
+        for (backend, copy) in self.backends.iter().zip(copies) {
             match backend.mode {
                 Mode::Blocking => {
                     if backend.sink.send(copy).await.is_err() {
@@ -395,6 +393,13 @@ mod tests {
                 at.strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
             );
         }
+    }
+
+    #[test]
+    fn copies_are_as_many_as_asked() {
+        assert_eq!(copies(vec![1u8], 3).collect::<Vec<_>>(), [[1], [1], [1]]);
+        assert_eq!(copies(vec![1u8], 1).collect::<Vec<_>>(), [[1]]);
+        assert_eq!(copies(vec![1u8], 0).count(), 0);
     }
 
     #[test]
