@@ -170,14 +170,24 @@ impl DevCa {
 
     /// A serving certificate for `sans`, signed by this CA. Returns (cert PEM, key PEM).
     pub fn issue_serving(&self, sans: &[&str]) -> Result<(String, String)> {
-        let key = KeyPair::generate()?;
         let mut params =
             CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())?;
         params.distinguished_name = DistinguishedName::new();
         params
             .distinguished_name
             .push(DnType::CommonName, "farm-apiserver");
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign(params, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// Signs `params` for `usage`, valid from a day ago for a year, with a new key. Returns
+    /// (cert PEM, key PEM).
+    fn sign(
+        &self,
+        mut params: CertificateParams,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<(String, String)> {
+        let key = KeyPair::generate()?;
+        params.extended_key_usages = vec![usage];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let now = time_now();
         params.not_before = now - rcgen_days(1);
@@ -188,7 +198,6 @@ impl DevCa {
 
     /// A client certificate: user = CN, groups = O. Returns (cert PEM, key PEM).
     pub fn issue_client(&self, user: &str, groups: &[&str]) -> Result<(String, String)> {
-        let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, user);
@@ -197,13 +206,7 @@ impl DevCa {
                 .distinguished_name
                 .push(DnType::OrganizationName, *group);
         }
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        let now = time_now();
-        params.not_before = now - rcgen_days(1);
-        params.not_after = now + rcgen_days(365);
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((cert.pem(), key.serialize_pem()))
+        self.sign(params, ExtendedKeyUsagePurpose::ClientAuth)
     }
 }
 

@@ -201,149 +201,80 @@ struct Operation {
     id: &'static str,
     description: &'static str,
     action: &'static str,
-    /// Served only for a writable kind.
-    writes: bool,
     query: Query,
     body: Body,
     answers: &'static [(&'static str, &'static str, Answer)],
 }
 
+impl Operation {
+    /// Served only for a writable kind.
+    fn writes(&self) -> bool {
+        self.method != "get"
+    }
+}
+
+/// An [`Operation`], one line of the table.
+#[allow(clippy::too_many_arguments)]
+const fn op(
+    place: Place,
+    method: &'static str,
+    id: &'static str,
+    description: &'static str,
+    action: &'static str,
+    query: Query,
+    body: Body,
+    answers: &'static [(&'static str, &'static str, Answer)],
+) -> Operation {
+    Operation {
+        place,
+        method,
+        id,
+        description,
+        action,
+        query,
+        body,
+        answers,
+    }
+}
+
 const OK_OBJECT: &[(&str, &str, Answer)] = &[("200", "OK", Answer::Object)];
 const OK_LIST: &[(&str, &str, Answer)] = &[("200", "OK", Answer::List)];
+const CREATED: &[(&str, &str, Answer)] = &[
+    ("200", "OK", Answer::Object),
+    ("201", "Created", Answer::Object),
+];
+const DELETED: &[(&str, &str, Answer)] = &[
+    ("200", "OK", Answer::Object),
+    ("202", "Accepted", Answer::Status),
+];
 
 /// Every operation of a kind but the list across namespaces. No strategic-merge-patch among
 /// the patches: kubectl then computes JSON merge patches.
+#[rustfmt::skip]
 const OPERATIONS: &[Operation] = &[
-    Operation {
-        place: Place::Collection,
-        method: "get",
-        id: "list{scope}{kind}",
-        description: "list or watch objects of kind {kind}",
-        action: "list",
-        writes: false,
-        query: Query::List,
-        body: Body::None,
-        answers: OK_LIST,
-    },
-    Operation {
-        place: Place::Collection,
-        method: "post",
-        id: "create{scope}{kind}",
-        description: "create a {kind}",
-        action: "post",
-        writes: true,
-        query: Query::Write,
-        body: Body::Object,
-        answers: &[
-            ("200", "OK", Answer::Object),
-            ("201", "Created", Answer::Object),
-        ],
-    },
-    Operation {
-        place: Place::Collection,
-        method: "delete",
-        id: "deleteCollection{scope}{kind}",
-        description: "delete collection of {kind}",
-        action: "deletecollection",
-        writes: true,
-        query: Query::List,
-        body: Body::None,
-        answers: OK_LIST,
-    },
-    Operation {
-        place: Place::Item,
-        method: "get",
-        id: "read{scope}{kind}",
-        description: "read the specified {kind}",
-        action: "get",
-        writes: false,
-        query: Query::None,
-        body: Body::None,
-        answers: OK_OBJECT,
-    },
-    Operation {
-        place: Place::Item,
-        method: "put",
-        id: "replace{scope}{kind}",
-        description: "replace the specified {kind}",
-        action: "put",
-        writes: true,
-        query: Query::Write,
-        body: Body::Object,
-        answers: OK_OBJECT,
-    },
-    Operation {
-        place: Place::Item,
-        method: "patch",
-        id: "patch{scope}{kind}",
-        description: "partially update the specified {kind}",
-        action: "patch",
-        writes: true,
-        query: Query::Write,
-        body: Body::Patch,
-        answers: OK_OBJECT,
-    },
-    Operation {
-        place: Place::Item,
-        method: "delete",
-        id: "delete{scope}{kind}",
-        description: "delete a {kind}",
-        action: "delete",
-        writes: true,
-        query: Query::Delete,
-        body: Body::None,
-        answers: &[
-            ("200", "OK", Answer::Object),
-            ("202", "Accepted", Answer::Status),
-        ],
-    },
-    Operation {
-        place: Place::Status,
-        method: "get",
-        id: "read{scope}{kind}Status",
-        description: "read status of the specified {kind}",
-        action: "get",
-        writes: false,
-        query: Query::None,
-        body: Body::None,
-        answers: OK_OBJECT,
-    },
-    Operation {
-        place: Place::Status,
-        method: "put",
-        id: "replace{scope}{kind}Status",
-        description: "replace status of the specified {kind}",
-        action: "put",
-        writes: true,
-        query: Query::Write,
-        body: Body::Object,
-        answers: OK_OBJECT,
-    },
-    Operation {
-        place: Place::Status,
-        method: "patch",
-        id: "patch{scope}{kind}Status",
-        description: "partially update status of the specified {kind}",
-        action: "patch",
-        writes: true,
-        query: Query::Write,
-        body: Body::Patch,
-        answers: OK_OBJECT,
-    },
+    op(Place::Collection, "get", "list{scope}{kind}", "list or watch objects of kind {kind}", "list", Query::List, Body::None, OK_LIST),
+    op(Place::Collection, "post", "create{scope}{kind}", "create a {kind}", "post", Query::Write, Body::Object, CREATED),
+    op(Place::Collection, "delete", "deleteCollection{scope}{kind}", "delete collection of {kind}", "deletecollection", Query::List, Body::None, OK_LIST),
+    op(Place::Item, "get", "read{scope}{kind}", "read the specified {kind}", "get", Query::None, Body::None, OK_OBJECT),
+    op(Place::Item, "put", "replace{scope}{kind}", "replace the specified {kind}", "put", Query::Write, Body::Object, OK_OBJECT),
+    op(Place::Item, "patch", "patch{scope}{kind}", "partially update the specified {kind}", "patch", Query::Write, Body::Patch, OK_OBJECT),
+    op(Place::Item, "delete", "delete{scope}{kind}", "delete a {kind}", "delete", Query::Delete, Body::None, DELETED),
+    op(Place::Status, "get", "read{scope}{kind}Status", "read status of the specified {kind}", "get", Query::None, Body::None, OK_OBJECT),
+    op(Place::Status, "put", "replace{scope}{kind}Status", "replace status of the specified {kind}", "put", Query::Write, Body::Object, OK_OBJECT),
+    op(Place::Status, "patch", "patch{scope}{kind}Status", "partially update status of the specified {kind}", "patch", Query::Write, Body::Patch, OK_OBJECT),
 ];
 
 /// The list across namespaces of a namespaced kind (`/apis/<group>/<version>/<plural>`).
-const LIST_ALL: Operation = Operation {
-    place: Place::Collection,
-    method: "get",
-    id: "list{kind}ForAllNamespaces",
-    description: "list or watch objects of kind {kind}",
-    action: "list",
-    writes: false,
-    query: Query::List,
-    body: Body::None,
-    answers: OK_LIST,
-};
+const LIST_ALL: Operation = op(
+    Place::Collection,
+    "get",
+    "list{kind}ForAllNamespaces",
+    "list or watch objects of kind {kind}",
+    "list",
+    Query::List,
+    Body::None,
+    OK_LIST,
+);
 
 /// The operations of `resources`, by path.
 pub(super) fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
@@ -410,7 +341,7 @@ pub(super) fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, V
         }
         let (mut collection, mut item, mut status_ops) = (Map::new(), Map::new(), Map::new());
         for op in OPERATIONS {
-            if (op.writes && !info.writable) || (op.place == Place::Status && !info.status) {
+            if (op.writes() && !info.writable) || (op.place == Place::Status && !info.status) {
                 continue;
             }
             let place = match op.place {

@@ -115,6 +115,41 @@ pub(crate) fn write_options(dry_run: bool, manager: &str) -> Value {
     options
 }
 
+/// A create's admission once its managed fields are set: mutating admission (an object it
+/// changed is prepared again, as the client's body was; `renamed` says whether it may take
+/// another name, as a POST's may and an apply's may not), validation, then validating
+/// admission, which sees the name as stored. The warnings go to `warnings`.
+pub(crate) async fn admit_create<K: ServedResource>(
+    api: &KindApi<K>,
+    attributes: Attributes<'_>,
+    object: &mut K,
+    renamed: bool,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let (mutated, changed) = mutate(api, &attributes, object, None)
+        .await
+        .map_err(|e| e.with_warnings(warnings))?;
+    warnings.extend(mutated);
+    if changed {
+        object.meta_mut().uid = None;
+        super::strategy::prepare_create(object, attributes.namespace)?;
+        if !renamed {
+            super::strategy::check_name(object, attributes.name)?;
+        }
+    }
+    warnings.extend(super::strategy::validate(object, None)?);
+    let name = object.meta().name.clone().unwrap_or_default();
+    let attributes = Attributes {
+        name: &name,
+        ..attributes
+    };
+    let validated = validate(api, &attributes, Some(object), None)
+        .await
+        .map_err(|e| e.with_warnings(warnings))?;
+    warnings.extend(validated);
+    Ok(())
+}
+
 /// Mutating admission of `object` (`old`: the stored object of an update): the
 /// MutatingAdmissionPolicies, then the mutating webhooks, then the policies with
 /// `reinvocationPolicy: IfNeeded` again if the webhooks changed the object. Returns the

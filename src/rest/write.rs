@@ -15,7 +15,7 @@ use super::patch::{PatchType, apply_patch, json_len, patch_type};
 use super::response::{json_response, object_response, with_warnings};
 use super::strategy::{
     Subresource, UidSent, check_name, check_namespace, check_uid, decode_body, decode_object,
-    prepare_create, prepare_update, validate, written_part,
+    prepare_create, prepare_update, written_part,
 };
 use super::{KindApi, MAX_BODY_BYTES, admit, body, guaranteed, lifecycle};
 use crate::{
@@ -28,12 +28,38 @@ use crate::{
     table::IncludeObject,
 };
 
+/// Who writes, and how: what a write's admission attributes are made of.
+struct Author {
+    user: Option<Arc<crate::auth::UserInfo>>,
+    dry_run: bool,
+    manager: String,
+}
+
+impl Author {
+    /// The attributes of a write of `K` by this author.
+    fn attributes<'a, K: ServedResource>(
+        &'a self,
+        operation: Operation,
+        part: Subresource,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> crate::admission::Attributes<'a> {
+        admit::attributes::<K>(
+            operation,
+            part,
+            namespace,
+            name,
+            self.user.as_deref(),
+            self.dry_run,
+            admit::write_options(self.dry_run, &self.manager),
+        )
+    }
+}
+
 /// What a create or an update (PUT) sent: its options, and its body decoded (off the async
 /// workers) with the warnings that gave.
 struct Sent<K> {
-    user: Option<std::sync::Arc<crate::auth::UserInfo>>,
-    dry_run: bool,
-    manager: String,
+    author: Author,
     output: Output,
     object: K,
     warnings: Vec<String>,
@@ -61,9 +87,11 @@ impl<K: ServedResource> Sent<K> {
             })
             .await?;
         Ok(Self {
-            user,
-            dry_run,
-            manager,
+            author: Author {
+                user,
+                dry_run,
+                manager,
+            },
             output,
             object,
             warnings,
@@ -77,51 +105,21 @@ pub(crate) async fn create<K: ServedResource>(
     request: Request,
 ) -> Result<Response> {
     let Sent {
-        user,
-        dry_run,
-        manager,
+        author,
         output,
         mut object,
-        warnings,
+        mut warnings,
     } = Sent::read(&api, request, "CreateOptions").await?;
     prepare_create(&mut object, &namespace)?;
-    admit_create(&api, &object).await?;
-    let mut warnings = warnings;
+    namespace_lifecycle(&api, &object).await?;
     let name = object.meta().name.clone().unwrap_or_default();
-    let attributes = admit::attributes::<K>(
-        Operation::Create,
-        Subresource::Object,
-        &namespace,
-        &name,
-        user.as_deref(),
-        dry_run,
-        admit::write_options(dry_run, &manager),
-    );
+    let attributes =
+        author.attributes::<K>(Operation::Create, Subresource::Object, &namespace, &name);
     // Managed fields first, as kube-apiserver: what webhooks add is nobody's.
     api.fields
-        .update(Subresource::Object, None, &mut object, &manager)?;
-    let (mutated, changed) = admit::mutate(&api, &attributes, &mut object, None)
-        .await
-        .map_err(|e| e.with_warnings(&warnings))?;
-    warnings.extend(mutated);
-    if changed {
-        // What the webhooks wrote is checked as the client's body was.
-        object.meta_mut().uid = None;
-        prepare_create(&mut object, &namespace)?;
-    }
-    warnings.extend(validate(&object, None)?);
-    // Validating webhooks see the name as stored (a mutating webhook may have renamed it).
-    let name = object.meta().name.clone().unwrap_or_default();
-    let attributes = crate::admission::Attributes {
-        name: &name,
-        ..attributes
-    };
-    warnings.extend(
-        admit::validate(&api, &attributes, Some(&object), None)
-            .await
-            .map_err(|e| e.with_warnings(&warnings))?,
-    );
-    let created = api.writer()?.create(object, dry_run).await?;
+        .update(Subresource::Object, None, &mut object, &author.manager)?;
+    admit::admit_create(&api, attributes, &mut object, true, &mut warnings).await?;
+    let created = api.writer()?.create(object, author.dry_run).await?;
     let response = object_response(
         &created,
         output,
@@ -132,7 +130,7 @@ pub(crate) async fn create<K: ServedResource>(
 }
 
 /// NamespaceLifecycle admission of a create, when the server has a cluster's namespaces.
-async fn admit_create<K: ServedResource>(api: &KindApi<K>, object: &K) -> Result<()> {
+async fn namespace_lifecycle<K: ServedResource>(api: &KindApi<K>, object: &K) -> Result<()> {
     let (Some(namespaces), true) = (&api.ctx.namespaces, K::namespaced()) else {
         return Ok(());
     };
@@ -156,22 +154,14 @@ pub(crate) async fn update<K: ServedResource>(
     request: Request,
 ) -> Result<Response> {
     let Sent {
-        user,
-        dry_run,
-        manager,
+        author,
         output,
         object,
         warnings,
     } = Sent::read(&api, request, "UpdateOptions").await?;
     check_name(&object, &name)?;
     check_namespace(&object, &namespace)?;
-    if object
-        .meta()
-        .resource_version
-        .as_deref()
-        .unwrap_or("")
-        .is_empty()
-    {
+    if no_resource_version(&object) {
         return Err(Error::Invalid {
             subject: K::invalid_subject(&name),
             causes: vec![FieldError::invalid(
@@ -185,16 +175,9 @@ pub(crate) async fn update<K: ServedResource>(
     let writer = api.writer()?;
     // A PUT names the resourceVersion it replaces: a conflict is the client's to resolve.
     let pinned = AtomicBool::new(true);
-    let attributes = admit::attributes::<K>(
-        Operation::Update,
-        part,
-        &namespace,
-        &name,
-        user.as_deref(),
-        dry_run,
-        admit::write_options(dry_run, &manager),
-    );
-    let (object, warnings, manager, api, key) = (&object, &warnings, &manager, &api, &key);
+    let attributes = author.attributes::<K>(Operation::Update, part, &namespace, &name);
+    let (object, warnings, manager, api, key) = (&object, &warnings, &author.manager, &api, &key);
+    let dry_run = author.dry_run;
     let attributes = &attributes;
     let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
         let current = writer.get_for_update(key, from).await?;
@@ -238,36 +221,37 @@ pub(crate) async fn patch<K: ServedResource>(
     let body = body::read(body).await?;
     let (manager, force) =
         query.field_manager("PatchOptions", Some(patch_type == PatchType::Apply))?;
-    let manager = manager_or_user_agent(manager, &headers);
+    let author = Author {
+        user,
+        dry_run,
+        manager: manager_or_user_agent(manager, &headers),
+    };
     let key = ObjectKey::new(&namespace, &name);
     if patch_type == PatchType::Apply {
         let apply = Apply {
             key,
             part,
-            dry_run,
             field_validation,
             output,
-            manager,
             force,
-            user,
+            author,
         };
         return apply.run(api, &body).await;
     }
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let writer = api.writer()?;
     let pinned = AtomicBool::new(false);
-    let attributes = admit::attributes::<K>(
-        Operation::Update,
-        part,
-        &namespace,
-        &name,
-        user.as_deref(),
-        dry_run,
-        admit::write_options(dry_run, &manager),
-    );
+    let attributes = author.attributes::<K>(Operation::Update, part, &namespace, &name);
     let attributes = &attributes;
-    let (api, key, body, name, namespace, manager, pinned_ref) =
-        (&api, &key, &body, &name, &namespace, &manager, &pinned);
+    let (api, key, body, name, namespace, manager, pinned_ref) = (
+        &api,
+        &key,
+        &body,
+        &name,
+        &namespace,
+        &author.manager,
+        &pinned,
+    );
     guaranteed::retry(writer, &pinned, |from| async move {
         let pinned = pinned_ref;
         let current = writer.get_for_update(key, from).await?;
@@ -283,12 +267,7 @@ pub(crate) async fn patch<K: ServedResource>(
             })
             .await?;
         // Patch after patch must not grow an object past what one request may send.
-        let size = json_len(&object);
-        if size > MAX_BODY_BYTES {
-            return Err(Error::RequestEntityTooLarge(format!(
-                "the patched object would be {size} bytes, limit is {MAX_BODY_BYTES}"
-            )));
-        }
+        check_size(&object, "patched")?;
         check_name(&object, name)?;
         check_namespace(&object, namespace)?;
         check_uid(&object, current.as_ref(), UidSent::Field)?;
@@ -296,13 +275,7 @@ pub(crate) async fn patch<K: ServedResource>(
             object.meta().resource_version != current.meta().resource_version,
             Ordering::Relaxed,
         );
-        if object
-            .meta()
-            .resource_version
-            .as_deref()
-            .unwrap_or("")
-            .is_empty()
-        {
+        if no_resource_version(&object) {
             object.meta_mut().resource_version = current.meta().resource_version.clone();
         }
         let mut warnings = warnings;
@@ -321,6 +294,26 @@ pub(crate) async fn patch<K: ServedResource>(
         Ok(with_warnings(response, &warnings))
     })
     .await
+}
+
+/// Whether `object` names no resourceVersion.
+fn no_resource_version<K: ServedResource>(object: &K) -> bool {
+    object
+        .meta()
+        .resource_version
+        .as_deref()
+        .is_none_or(str::is_empty)
+}
+
+/// A patched or applied object (`what`) may not grow past what one request may send.
+fn check_size<K: ServedResource>(object: &K, what: &str) -> Result<()> {
+    let size = json_len(object);
+    if size > MAX_BODY_BYTES {
+        return Err(Error::RequestEntityTooLarge(format!(
+            "the {what} object would be {size} bytes, limit is {MAX_BODY_BYTES}"
+        )));
+    }
+    Ok(())
 }
 
 /// The last steps of an update (PUT or patch) of `current` (read `from` the cache or the
@@ -355,13 +348,10 @@ async fn write_update<K: ServedResource>(
 struct Apply {
     key: ObjectKey,
     part: Subresource,
-    dry_run: bool,
     field_validation: FieldValidation,
     output: Output,
-    manager: String,
     force: bool,
-    /// Who applies (for admission).
-    user: Option<Arc<crate::auth::UserInfo>>,
+    author: Author,
 }
 
 impl Apply {
@@ -401,15 +391,8 @@ impl Apply {
         &self,
         operation: Operation,
     ) -> crate::admission::Attributes<'_> {
-        admit::attributes::<K>(
-            operation,
-            self.part,
-            &self.key.namespace,
-            &self.key.name,
-            self.user.as_deref(),
-            self.dry_run,
-            admit::write_options(self.dry_run, &self.manager),
-        )
+        self.author
+            .attributes::<K>(operation, self.part, &self.key.namespace, &self.key.name)
     }
 
     async fn attempt<K: ServedResource>(
@@ -427,7 +410,7 @@ impl Apply {
             Err(e) => return Err(e),
         };
         let (api_, config, live) = (api.clone(), config.clone(), current.clone());
-        let (part, manager, force) = (self.part, self.manager.clone(), self.force);
+        let (part, manager, force) = (self.part, self.author.manager.clone(), self.force);
         let field_validation = self.field_validation;
         let (mut object, mut warnings) = api
             .ctx
@@ -439,12 +422,7 @@ impl Apply {
                 decode_object::<K>(applied, field_validation)
             })
             .await?;
-        let size = json_len(&object);
-        if size > MAX_BODY_BYTES {
-            return Err(Error::RequestEntityTooLarge(format!(
-                "the applied object would be {size} bytes, limit is {MAX_BODY_BYTES}"
-            )));
-        }
+        check_size(&object, "applied")?;
         check_name(&object, &self.key.name)?;
         check_namespace(&object, &self.key.namespace)?;
         let (object, status) = match current {
@@ -459,25 +437,11 @@ impl Apply {
                 }
                 object.meta_mut().resource_version = None;
                 prepare_create(&mut object, &self.key.namespace)?;
-                admit_create(api, &object).await?;
+                namespace_lifecycle(api, &object).await?;
                 let attributes = self.attributes::<K>(Operation::Create);
-                let (mutated, changed) = admit::mutate(api, &attributes, &mut object, None)
-                    .await
-                    .map_err(|e| e.with_warnings(&warnings))?;
-                warnings.extend(mutated);
-                if changed {
-                    object.meta_mut().uid = None;
-                    prepare_create(&mut object, &self.key.namespace)?;
-                    check_name(&object, &self.key.name)?;
-                }
-                warnings.extend(validate(&object, None)?);
-                warnings.extend(
-                    admit::validate(api, &attributes, Some(&object), None)
-                        .await
-                        .map_err(|e| e.with_warnings(&warnings))?,
-                );
+                admit::admit_create(api, attributes, &mut object, false, &mut warnings).await?;
                 (
-                    writer.create(object, self.dry_run).await?,
+                    writer.create(object, self.author.dry_run).await?,
                     StatusCode::CREATED,
                 )
             }
@@ -502,7 +466,7 @@ impl Apply {
                 )
                 .await?;
                 (
-                    guaranteed::write(writer, object, &current, from, self.dry_run).await?,
+                    guaranteed::write(writer, object, &current, from, self.author.dry_run).await?,
                     StatusCode::OK,
                 )
             }

@@ -184,27 +184,19 @@ impl Expression {
             Some(fields)
         });
         let types = object_types(program.expression());
-        let metered = cost::instrument(program.expression());
-        if types.is_empty() {
-            return Ok(Self {
-                program,
-                source: source.to_owned(),
-                simple,
-                names,
-                variables,
-                object_fields,
-                metered,
-                env: env(),
-            });
-        }
-        let mut own = new_env();
-        for name in &types {
-            own.add_type(AnyStruct::new(name, None))
+        let (program, env) = if types.is_empty() {
+            (program, env())
+        } else {
+            let mut own = new_env();
+            for name in &types {
+                own.add_type(AnyStruct::new(name, None))
+                    .map_err(|e| format!("compilation failed: {e}"))?;
+            }
+            let program = own
+                .compile(source)
                 .map_err(|e| format!("compilation failed: {e}"))?;
-        }
-        let program = own
-            .compile(source)
-            .map_err(|e| format!("compilation failed: {e}"))?;
+            (program, Arc::new(own))
+        };
         let metered = cost::instrument(program.expression());
         Ok(Self {
             program,
@@ -214,7 +206,7 @@ impl Expression {
             variables,
             object_fields,
             metered,
-            env: Arc::new(own),
+            env,
         })
     }
 

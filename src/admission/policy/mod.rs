@@ -133,29 +133,13 @@ pub(crate) async fn matches(
     {
         return Ok(false);
     }
-    let object_selector = rules::selector(resources.object_selector.as_ref())
-        .map_err(|e| Error::Internal(format!("objectSelector: {e}")))?;
-    // The labels are read only for a selector to judge them.
-    if object_selector.is_some()
-        && !rules::object_matches(
-            &object_selector,
-            rules::labels_of(object).as_ref(),
-            rules::labels_of(old).as_ref(),
-            object.is_some(),
-            old.is_some(),
-        )
-    {
-        return Ok(false);
-    }
-    let namespace_selector = rules::selector(resources.namespace_selector.as_ref())
-        .map_err(|e| Error::Internal(format!("namespaceSelector: {e}")))?;
-    if let Some(selector) = namespace_selector
-        && !attributes.namespace.is_empty()
-    {
-        let labels = namespaces.labels(attributes.namespace).await?;
-        return Ok(selector.matches(labels.as_ref()));
-    }
-    Ok(true)
+    rules::Selectors::parse(
+        resources.object_selector.as_ref(),
+        resources.namespace_selector.as_ref(),
+    )
+    .map_err(Error::Internal)?
+    .take(attributes, object, old, namespaces)
+    .await
 }
 
 /// The inputs every policy expression sees: `object`, `oldObject` (typed by the kind's

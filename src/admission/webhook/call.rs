@@ -429,17 +429,22 @@ pub fn review(
         "dryRun": attributes.dry_run,
         "options": attributes.options_object(),
     });
-    for (field, value) in [
+    for (field, value) in names(attributes) {
+        request[field] = json!(value);
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+}
+
+/// The AdmissionRequest's subresource, name and namespace fields that are not empty.
+fn names<'a>(attributes: &Attributes<'a>) -> impl Iterator<Item = (&'static str, &'a str)> {
+    [
         ("subResource", attributes.subresource),
         ("requestSubResource", attributes.subresource),
         ("name", attributes.name),
         ("namespace", attributes.namespace),
-    ] {
-        if !value.is_empty() {
-            request[field] = json!(value);
-        }
-    }
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+    ]
+    .into_iter()
+    .filter(|(_, value)| !value.is_empty())
 }
 
 /// CEL's `request` variable: the AdmissionRequest of `attributes` without its objects (they
@@ -461,15 +466,8 @@ pub fn request_variable(attributes: &Attributes<'_>) -> Value {
     request.insert("userInfo".into(), user_info(attributes));
     request.insert("dryRun".into(), Value::Bool(attributes.dry_run));
     request.insert("options".into(), attributes.options_object());
-    for (field, value) in [
-        ("subResource", attributes.subresource),
-        ("requestSubResource", attributes.subresource),
-        ("name", attributes.name),
-        ("namespace", attributes.namespace),
-    ] {
-        if !value.is_empty() {
-            request.insert(field.into(), Value::String(value.into()));
-        }
+    for (field, value) in names(attributes) {
+        request.insert(field.into(), Value::String(value.into()));
     }
     Value::Object(request)
 }

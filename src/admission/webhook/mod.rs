@@ -274,29 +274,16 @@ impl Webhooks {
         {
             return Ok(false);
         }
-        let object_selector = rules::selector(hook.object_selector.as_ref()).map_err(|e| {
-            Error::Internal(format!("webhook {:?}: objectSelector: {e}", hook.name))
-        })?;
-        if !rules::object_matches(
-            &object_selector,
-            rules::labels_of(object).as_ref(),
-            rules::labels_of(old).as_ref(),
-            object.is_some(),
-            old.is_some(),
-        ) {
-            return Ok(false);
-        }
-        let namespace_selector =
-            rules::selector(hook.namespace_selector.as_ref()).map_err(|e| {
-                Error::Internal(format!("webhook {:?}: namespaceSelector: {e}", hook.name))
-            })?;
-        if let Some(selector) = namespace_selector
-            && !attributes.namespace.is_empty()
+        let selectors = rules::Selectors::parse(
+            hook.object_selector.as_ref(),
+            hook.namespace_selector.as_ref(),
+        )
+        .map_err(|e| Error::Internal(format!("webhook {:?}: {e}", hook.name)))?;
+        if !selectors
+            .take(attributes, object, old, &self.env.namespaces)
+            .await?
         {
-            let labels = self.env.namespaces.labels(attributes.namespace).await?;
-            if !selector.matches(labels.as_ref()) {
-                return Ok(false);
-            }
+            return Ok(false);
         }
         if !hook.match_conditions.is_empty() {
             return self.conditions_hold(hook, attributes, object, old).await;

@@ -130,6 +130,56 @@ pub fn object_matches(
     (has_object && selector.matches(object)) || (has_old && selector.matches(old))
 }
 
+/// A webhook's or a policy binding's selectors, parsed (None: everything).
+pub struct Selectors {
+    object: Option<LabelSelector>,
+    namespace: Option<LabelSelector>,
+}
+
+impl Selectors {
+    /// Err names the selector that does not parse (`objectSelector: ...`).
+    pub fn parse(
+        object: Option<&ApiLabelSelector>,
+        namespace: Option<&ApiLabelSelector>,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            object: selector(object).map_err(|e| format!("objectSelector: {e}"))?,
+            namespace: selector(namespace).map_err(|e| format!("namespaceSelector: {e}"))?,
+        })
+    }
+
+    /// Whether they take a write of `object` (`old`: the stored one): the object's or the old
+    /// object's labels match the objectSelector, then the namespace's labels match the
+    /// namespaceSelector (a cluster-scoped write always does). Labels are read only for a
+    /// selector to judge them.
+    pub async fn take(
+        &self,
+        attributes: &Attributes<'_>,
+        object: Option<&serde_json::Value>,
+        old: Option<&serde_json::Value>,
+        namespaces: &crate::namespaces::Namespaces,
+    ) -> crate::error::Result<bool> {
+        if self.object.is_some()
+            && !object_matches(
+                &self.object,
+                labels_of(object).as_ref(),
+                labels_of(old).as_ref(),
+                object.is_some(),
+                old.is_some(),
+            )
+        {
+            return Ok(false);
+        }
+        if let Some(selector) = &self.namespace
+            && !attributes.namespace.is_empty()
+        {
+            let labels = namespaces.labels(attributes.namespace).await?;
+            return Ok(selector.matches(labels.as_ref()));
+        }
+        Ok(true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -356,12 +356,7 @@ impl EtcdClient {
             revision,
             ..Default::default()
         };
-        let reply = self
-            .unary("/etcdserverpb.KV/Range", true, |channel| {
-                let request = self.request(request.clone());
-                async move { KvClient::new(channel).range(request).await }
-            })
-            .await?;
+        let reply = self.range_call(request).await?;
         Ok(reply.into())
     }
 
@@ -374,13 +369,17 @@ impl EtcdClient {
             count_only: true,
             ..Default::default()
         };
-        let reply = self
-            .unary("/etcdserverpb.KV/Range", true, |channel| {
-                let request = self.request(request.clone());
-                async move { KvClient::new(channel).range(request).await }
-            })
-            .await?;
+        let reply = self.range_call(request).await?;
         Ok(revision(reply.header))
+    }
+
+    /// One Range call (a read: sent again to the next endpoint when one does not answer).
+    async fn range_call(&self, request: pb::RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
+        self.unary("/etcdserverpb.KV/Range", true, |channel| {
+            let request = self.request(request.clone());
+            async move { KvClient::new(channel).range(request).await }
+        })
+        .await
     }
 
     /// A unary gRPC call, failing over to the next endpoint when one does not answer. A call

@@ -202,6 +202,20 @@ impl<K: ServedResource> MemoryStore<K> {
         let _ = shared.events_tx.send(event);
     }
 
+    /// Stores `object` as the next revision (`type_` says how) and returns it as stored.
+    fn commit_next(
+        state: &mut State<K>,
+        shared: &Shared<K>,
+        type_: EventType,
+        mut object: K,
+    ) -> Object<K> {
+        let rv = state.current.resource_version + 1;
+        set_resource_version(&mut object, rv);
+        let object = Stored::new(object);
+        Self::commit(state, shared, rv, type_, object.clone());
+        object
+    }
+
     fn write(&self) -> Result<std::sync::RwLockWriteGuard<'_, State<K>>> {
         self.shared.state.write().map_err(|_| lock_poisoned())
     }
@@ -253,7 +267,7 @@ impl<K: ServedResource> MemoryStore<K> {
         self.create_sync(object, false)
     }
 
-    fn create_sync(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
+    fn create_sync(&self, object: K, dry_run: bool) -> Result<Object<K>> {
         let key = ObjectKey::of(object.meta());
         let mut state = self.write()?;
         if state.current.objects.contains_key(&key) {
@@ -262,17 +276,12 @@ impl<K: ServedResource> MemoryStore<K> {
         if dry_run {
             return Ok(Stored::new(object));
         }
-        let rv = state.current.resource_version + 1;
-        set_resource_version(&mut object, rv);
-        let object = Stored::new(object);
-        Self::commit(
+        Ok(Self::commit_next(
             &mut state,
             &self.shared,
-            rv,
             EventType::Added,
-            object.clone(),
-        );
-        Ok(object)
+            object,
+        ))
     }
 
     /// The store's resourceVersion (what a watch cache has reached), without taking a snapshot.
@@ -539,7 +548,7 @@ impl<K: ServedResource> WritableStore<K> for MemoryStore<K> {
         self.create_sync(object, dry_run)
     }
 
-    async fn update(&self, mut object: K, dry_run: bool) -> Result<Object<K>> {
+    async fn update(&self, object: K, dry_run: bool) -> Result<Object<K>> {
         let key = ObjectKey::of(object.meta());
         let mut state = self.write()?;
         let current = state
@@ -553,17 +562,12 @@ impl<K: ServedResource> WritableStore<K> for MemoryStore<K> {
         if dry_run {
             return Ok(Stored::new(object));
         }
-        let rv = state.current.resource_version + 1;
-        set_resource_version(&mut object, rv);
-        let object = Stored::new(object);
-        Self::commit(
+        Ok(Self::commit_next(
             &mut state,
             &self.shared,
-            rv,
             EventType::Modified,
-            object.clone(),
-        );
-        Ok(object)
+            object,
+        ))
     }
 
     async fn delete(
@@ -583,17 +587,12 @@ impl<K: ServedResource> WritableStore<K> for MemoryStore<K> {
         if dry_run {
             return Ok(current);
         }
-        let rv = state.current.resource_version + 1;
-        let mut deleted = (*current).clone();
-        set_resource_version(&mut deleted, rv);
-        let deleted = Stored::new(deleted);
-        Self::commit(
+        let deleted = (*current).clone();
+        Ok(Self::commit_next(
             &mut state,
             &self.shared,
-            rv,
             EventType::Deleted,
-            deleted.clone(),
-        );
-        Ok(deleted)
+            deleted,
+        ))
     }
 }
