@@ -177,23 +177,13 @@ pub(crate) async fn update<K: ServedResource>(
     let pinned = AtomicBool::new(true);
     let attributes = author.attributes::<K>(Operation::Update, part, &namespace, &name);
     let (object, warnings, manager, api, key) = (&object, &warnings, &author.manager, &api, &key);
-    let dry_run = author.dry_run;
-    let attributes = &attributes;
+    let to = (api, writer, &attributes, author.dry_run);
     let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_uid(object, current.as_ref(), UidSent::Precondition)?;
         let mut warnings = warnings.clone();
         let sent = (object.clone(), part, manager.as_str());
-        let updated = write_update(
-            api,
-            writer,
-            attributes,
-            sent,
-            (&current, from),
-            dry_run,
-            &mut warnings,
-        )
-        .await?;
+        let updated = write_update(to, sent, (&current, from), &mut warnings).await?;
         Ok((updated, warnings))
     })
     .await?;
@@ -242,16 +232,10 @@ pub(crate) async fn patch<K: ServedResource>(
     let writer = api.writer()?;
     let pinned = AtomicBool::new(false);
     let attributes = author.attributes::<K>(Operation::Update, part, &namespace, &name);
-    let attributes = &attributes;
-    let (api, key, body, name, namespace, manager, pinned_ref) = (
-        &api,
-        &key,
-        &body,
-        &name,
-        &namespace,
-        &author.manager,
-        &pinned,
-    );
+    let manager = &author.manager;
+    let (api, key, body, name, namespace, pinned_ref) =
+        (&api, &key, &body, &name, &namespace, &pinned);
+    let to = (api, writer, &attributes, dry_run);
     guaranteed::retry(writer, &pinned, |from| async move {
         let pinned = pinned_ref;
         let current = writer.get_for_update(key, from).await?;
@@ -280,16 +264,7 @@ pub(crate) async fn patch<K: ServedResource>(
         }
         let mut warnings = warnings;
         let sent = (object, part, manager.as_str());
-        let updated = write_update(
-            api,
-            writer,
-            attributes,
-            sent,
-            (&current, from),
-            dry_run,
-            &mut warnings,
-        )
-        .await?;
+        let updated = write_update(to, sent, (&current, from), &mut warnings).await?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
     })
@@ -320,12 +295,14 @@ fn check_size<K: ServedResource>(object: &K, what: &str) -> Result<()> {
 /// source) by `manager`: the part it writes kept, the object prepared, its managed fields
 /// updated, admitted (warnings added to `warnings`), and written.
 async fn write_update<K: ServedResource>(
-    api: &KindApi<K>,
-    writer: &dyn WritableStore<K>,
-    attributes: &crate::admission::Attributes<'_>,
+    (api, writer, attributes, dry_run): (
+        &KindApi<K>,
+        &dyn WritableStore<K>,
+        &crate::admission::Attributes<'_>,
+        bool,
+    ),
     (object, part, manager): (K, Subresource, &str),
     (current, from): (&Object<K>, UpdateFrom),
-    dry_run: bool,
     warnings: &mut Vec<String>,
 ) -> Result<Object<K>> {
     let mut object = written_part(object, current.as_ref(), part);
