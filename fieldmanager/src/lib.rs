@@ -13,7 +13,8 @@
 //! and calls it on every write.
 //!
 //! Public: [`Schema`] (from OpenAPI v3), [`FieldManager`] (update and
-//! apply), [`Error`] and [`Conflict`], and [`typed`]'s merge of an apply
+//! apply), [`Versions`] (a kind's other versions, SMD's converter),
+//! [`Error`] and [`Conflict`], and [`typed`]'s merge of an apply
 //! configuration without ownership (MutatingAdmissionPolicy's).
 //!
 //! Layout: `path` and `set` (field paths and sets, FieldsV1), `schema`
@@ -39,6 +40,19 @@ pub use manager::FieldManager;
 pub use schema::Schema;
 
 use conflict::conflict_message;
+
+/// The versions of a kind served in several (SMD's `Converter`): a manager's
+/// fields are recorded at the version it wrote, and a write at another
+/// version is compared with them, and prunes them, at theirs.
+pub trait Versions: Send + Sync + std::fmt::Debug {
+    /// The schema of `version` (an apiVersion, e.g.
+    /// `farm.example.com/v1alpha`); None when the kind has no such version
+    /// (sets recorded at it are dropped, as SMD's missing versions are).
+    fn schema(&self, version: &str) -> Option<&Schema>;
+    /// `object` (its `apiVersion` says at which version it is) converted to
+    /// `version`; None when it cannot be.
+    fn convert(&self, object: &serde_json::Value, version: &str) -> Option<serde_json::Value>;
+}
 
 /// Errors of field management. Messages (the `Display` text) are
 /// kube-apiserver's where it has one.

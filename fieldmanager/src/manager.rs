@@ -32,6 +32,8 @@ pub struct FieldManager {
     subresource: String,
     reset: FieldSet,
     strip: FieldSet,
+    /// The kind's other versions, when it has any.
+    versions: Option<std::sync::Arc<dyn super::Versions>>,
 }
 
 fn f(name: &str) -> PathElement {
@@ -80,7 +82,16 @@ impl FieldManager {
             subresource: subresource.to_string(),
             reset: FieldSet::new(),
             strip,
+            versions: None,
         }
+    }
+
+    /// For a kind served in several versions: managers that wrote at
+    /// another version keep their fields there, and conflicts with them
+    /// are found at their version (SMD's converter).
+    pub fn with_versions(mut self, versions: std::sync::Arc<dyn super::Versions>) -> Self {
+        self.versions = Some(versions);
+        self
     }
 
     /// For a kind with a status subresource: kube's reset fields (the
@@ -102,6 +113,7 @@ impl FieldManager {
         Updater {
             schema: &self.schema,
             ignored: &self.reset,
+            versions: self.versions.as_deref(),
         }
     }
 

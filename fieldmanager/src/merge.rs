@@ -2,20 +2,22 @@
 //! and applies, conflicts, and pruning of fields an applier stopped
 //! applying.
 //!
-//! This server serves one version, so SMD's version converter is the
-//! identity for sets of that version; sets recorded at any other version
-//! behave as kube's "missing version" (they are dropped).
+//! A kind served in several versions has its managers' sets at each of
+//! them: the updater compares, and prunes, in each manager's own version,
+//! converting the objects there ([`crate::Versions`], SMD's `Converter`).
+//! Sets at a version the kind does not have are SMD's "missing version":
+//! they are dropped.
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use serde_json::Value;
 
-use super::Error;
 use super::conflict::Conflict;
 use super::path::values_equal;
 use super::schema::Schema;
 use super::set::FieldSet;
 use super::typed::{self, Comparison};
+use super::{Error, Versions};
 
 /// What one manager owns, at which API version, and whether by apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,31 +34,67 @@ pub(crate) struct VersionedSet {
 pub(crate) type ManagedFields = BTreeMap<String, VersionedSet>;
 
 /// Computes new ownership for updates and merges applied configurations.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub(crate) struct Updater<'a> {
-    /// Schema of the objects.
+    /// Schema of the objects, at the version written.
     pub(crate) schema: &'a Schema,
     /// Fields never tracked (reset fields; SMD `IgnoredFields`), removed
     /// with everything below them.
     pub(crate) ignored: &'a FieldSet,
+    /// The kind's other versions; None: only the version written.
+    pub(crate) versions: Option<&'a dyn Versions>,
 }
 
-impl Updater<'_> {
-    /// SMD `reconcileManagedFieldsWithSchemaChanges` with a single-version
-    /// converter: sets at another version are a missing version and are
-    /// dropped (schema changes are not reconciled: the schema is static).
+/// An object at one version, with that version's schema and ignored fields.
+struct AtVersion<'a> {
+    object: Cow<'a, Value>,
+    schema: &'a Schema,
+    ignored: Cow<'a, FieldSet>,
+}
+
+impl<'a> Updater<'a> {
+    /// `object` (at `from`) at `version`: itself, or
+    /// converted; None for a version the kind does not have (SMD's missing
+    /// version).
+    fn at<'v>(&self, object: &'v Value, from: &str, version: &str) -> Option<AtVersion<'v>>
+    where
+        'a: 'v,
+    {
+        if version == from {
+            return Some(AtVersion {
+                object: Cow::Borrowed(object),
+                schema: self.schema,
+                ignored: Cow::Borrowed(self.ignored),
+            });
+        }
+        let versions = self.versions?;
+        let schema = versions.schema(version)?;
+        let object = versions.convert(object, version)?;
+        Some(AtVersion {
+            object: Cow::Owned(object),
+            schema,
+            // The reset fields are top-level fields, the same in every version.
+            ignored: Cow::Borrowed(self.ignored),
+        })
+    }
+
+    /// Whether the kind has `version` (besides `written`).
+    fn has(&self, version: &str, written: &str) -> bool {
+        version == written || self.versions.is_some_and(|v| v.schema(version).is_some())
+    }
+
+    /// SMD `reconcileManagedFieldsWithSchemaChanges`: sets at a version
+    /// the kind does not have are dropped (schema changes are not
+    /// reconciled: the schemas are static).
     fn reconcile(&self, managers: ManagedFields, version: &str) -> ManagedFields {
         managers
             .into_iter()
-            .filter(|(_, vs)| vs.api_version == version)
+            .filter(|(_, vs)| self.has(&vs.api_version, version))
             .collect()
     }
 
     fn compare(&self, live: &Value, new: &Value) -> Result<Comparison, Error> {
-        let mut c = typed::compare(self.schema, live, new)
-            .map_err(|e| Error::Internal(format!("failed to compare objects: {e}")))?;
-        c.exclude_fields(self.ignored);
-        Ok(c)
+        compare_at(self.schema, self.ignored, live, new)
     }
 
     /// SMD `Updater.update`: other managers lose the fields that changed
@@ -72,17 +110,40 @@ impl Updater<'_> {
         force: bool,
     ) -> Result<(ManagedFields, Comparison), Error> {
         let compare = self.compare(live, new)?;
-        let changed = compare.modified.union(&compare.added);
+        // Each manager's set is compared with the change at its version.
+        let mut at_versions: BTreeMap<String, Option<Comparison>> = BTreeMap::new();
         let mut conflicts: BTreeMap<String, FieldSet> = BTreeMap::new();
-        managers.retain(|m, vs| m == workflow || vs.api_version == version);
+        let mut removed: BTreeMap<String, FieldSet> = BTreeMap::new();
+        let mut missing = Vec::new();
         for (manager, vs) in &managers {
             if manager == workflow {
                 continue;
             }
-            let c = vs.set.intersection(&changed);
+            let compare = if vs.api_version == version {
+                &compare
+            } else {
+                if !at_versions.contains_key(&vs.api_version) {
+                    let c = self.compare_at_version(live, new, version, &vs.api_version)?;
+                    at_versions.insert(vs.api_version.clone(), c);
+                }
+                match &at_versions[&vs.api_version] {
+                    Some(c) => c,
+                    None => {
+                        missing.push(manager.clone());
+                        continue;
+                    }
+                }
+            };
+            let c = vs.set.intersection(&compare.modified.union(&compare.added));
             if !c.is_empty() {
                 conflicts.insert(manager.clone(), c);
             }
+            if !compare.removed.is_empty() {
+                removed.insert(manager.clone(), compare.removed.clone());
+            }
+        }
+        for manager in missing {
+            managers.remove(&manager);
         }
         if !force && !conflicts.is_empty() {
             let list = conflicts
@@ -100,8 +161,8 @@ impl Updater<'_> {
             if let Some(c) = conflicts.get(manager) {
                 vs.set = vs.set.difference(c);
             }
-            if manager != workflow && !compare.removed.is_empty() {
-                vs.set = vs.set.difference(&compare.removed);
+            if let Some(r) = removed.get(manager) {
+                vs.set = vs.set.difference(r);
             }
         }
         managers.retain(|_, vs| !vs.set.is_empty());
@@ -182,17 +243,10 @@ impl Updater<'_> {
         Ok((Some(new), managers))
     }
 
-    fn field_set(&self, v: &Value) -> Result<FieldSet, Error> {
-        typed::to_field_set(self.schema, v)
-            .map_err(|e| Error::Internal(format!("failed to create field set: {e}")))
-    }
-
-    fn named(&self, s: &FieldSet) -> FieldSet {
-        s.ensure_named_fields_are_members(self.schema, Some(self.schema.root()))
-    }
-
     /// SMD `prune`: removes a field or item iff the applier applied it
     /// last time, did not apply it now, and no other manager owns it.
+    /// SMD `prune` at the version of the applier's last set, then back at
+    /// `version` (the version written).
     fn prune(
         &self,
         merged: Value,
@@ -201,24 +255,99 @@ impl Updater<'_> {
         version: &str,
     ) -> Result<Value, Error> {
         let Some(last) = last else { return Ok(merged) };
-        if last.set.is_empty() || last.api_version != version {
+        if last.set.is_empty() {
             return Ok(merged);
         }
-        let pruned = typed::remove_items(self.schema, &merged, &self.named(&last.set));
-        // addBackOwnedItems (only the served version can be converted).
-        let mut managed = FieldSet::new();
-        for vs in managers.values().filter(|vs| vs.api_version == version) {
-            managed = managed.union(&vs.set);
+        let Some(at) = self.at(&merged, version, &last.api_version) else {
+            return Ok(merged);
+        };
+        let (schema, merged_at) = (at.schema, at.object.as_ref());
+        let pruned = typed::remove_items(schema, merged_at, &named(schema, &last.set));
+        // addBackOwnedItems: every version's managers, the pruned one's first.
+        let mut managed_at: BTreeMap<&str, FieldSet> = BTreeMap::new();
+        for vs in managers.values() {
+            let set = managed_at.entry(&vs.api_version).or_default();
+            *set = set.union(&vs.set);
         }
-        let merged_set = self.named(&self.field_set(&merged)?);
-        let pruned_set = self.named(&self.field_set(&pruned)?);
-        let keep = pruned_set.union(&self.named(&managed));
-        let pruned = typed::remove_items(self.schema, &merged, &merged_set.difference(&keep));
-        // addBackDanglingItems: only remove what the applier owned before.
-        let pruned_set = self.named(&self.field_set(&pruned)?);
+        let mut pruned = Cow::Owned(pruned);
+        let mut merged_here: Cow<Value> = Cow::Borrowed(merged_at);
+        let mut here = last.api_version.as_str();
+        let first = managed_at.remove_entry(here);
+        for (v, managed) in first.into_iter().chain(managed_at) {
+            let (Some(m), Some(p)) = (self.at(&merged_here, here, v), self.at(&pruned, here, v))
+            else {
+                return Err(Error::Internal(format!(
+                    "failed to convert the object to {v}"
+                )));
+            };
+            let schema = m.schema;
+            let merged_set = named(schema, &field_set(schema, &m.object)?);
+            let pruned_set = named(schema, &field_set(schema, &p.object)?);
+            let keep = pruned_set.union(&named(schema, &managed));
+            let kept = typed::remove_items(schema, &m.object, &merged_set.difference(&keep));
+            merged_here = Cow::Owned(m.object.into_owned());
+            pruned = Cow::Owned(kept);
+            here = v;
+        }
+        // addBackDanglingItems: only remove what the applier owned before
+        // (at the last set's version).
+        let (Some(m), Some(p)) = (
+            self.at(&merged_here, here, &last.api_version),
+            self.at(&pruned, here, &last.api_version),
+        ) else {
+            return Ok(merged);
+        };
+        let schema = m.schema;
+        let merged_set = named(schema, &field_set(schema, &m.object)?);
+        let pruned_set = named(schema, &field_set(schema, &p.object)?);
         let remove = merged_set
             .difference(&pruned_set)
-            .intersection(&self.named(&last.set));
-        Ok(typed::remove_items(self.schema, &merged, &remove))
+            .intersection(&named(schema, &last.set));
+        let pruned = typed::remove_items(schema, &m.object, &remove);
+        match self.at(&pruned, &last.api_version, version) {
+            Some(back) => Ok(back.object.into_owned()),
+            None => Err(Error::Internal(format!(
+                "failed to convert the object to {version}"
+            ))),
+        }
     }
+
+    /// The comparison of `live` and `new` (at `written`) at `version`;
+    /// None when the kind has no such version.
+    fn compare_at_version(
+        &self,
+        live: &Value,
+        new: &Value,
+        written: &str,
+        version: &str,
+    ) -> Result<Option<Comparison>, Error> {
+        let (Some(live), Some(new)) = (
+            self.at(live, written, version),
+            self.at(new, written, version),
+        ) else {
+            return Ok(None);
+        };
+        compare_at(live.schema, &live.ignored, &live.object, &new.object).map(Some)
+    }
+}
+
+fn compare_at(
+    schema: &Schema,
+    ignored: &FieldSet,
+    live: &Value,
+    new: &Value,
+) -> Result<Comparison, Error> {
+    let mut c = typed::compare(schema, live, new)
+        .map_err(|e| Error::Internal(format!("failed to compare objects: {e}")))?;
+    c.exclude_fields(ignored);
+    Ok(c)
+}
+
+fn field_set(schema: &Schema, v: &Value) -> Result<FieldSet, Error> {
+    typed::to_field_set(schema, v)
+        .map_err(|e| Error::Internal(format!("failed to create field set: {e}")))
+}
+
+fn named(schema: &Schema, s: &FieldSet) -> FieldSet {
+    s.ensure_named_fields_are_members(schema, Some(schema.root()))
 }
