@@ -1,12 +1,13 @@
 //! Discovery: `/api`, `/apis` (legacy APIGroupList or aggregated v2/v2beta1 with ETag and 304),
-//! `/apis/farm.example.com` and `/apis/farm.example.com/v1alpha`. The documents never change while
-//! the server runs, so they are encoded once.
+//! `/apis/farm.example.com` and `/apis/farm.example.com/<version>` for each version served, the
+//! preferred (kube's version priority) first. The documents never change while the server runs,
+//! so they are encoded once.
 
 use std::sync::Arc;
 
 use axum::{
     Router,
-    extract::State,
+    extract::{Path, State},
     http::{HeaderMap, HeaderValue, header},
     response::Response,
     routing::get,
@@ -24,9 +25,9 @@ use sha2::{Digest, Sha512};
 
 use crate::{
     conditional,
-    error::Result,
+    error::{Error, Result},
     negotiate::{self, Discovery},
-    resource::{GROUP, GROUP_VERSION, ResourceInfo, VERSION},
+    resource::{GROUP, ResourceInfo, at_version, served_versions},
 };
 
 /// One encoded document and its ETag.
@@ -53,7 +54,8 @@ pub struct DiscoveryDocuments {
     api_versions: Document,
     group_list: Document,
     group: Document,
-    resource_list: Document,
+    /// Each version's APIResourceList, the preferred first.
+    resource_lists: Vec<(&'static str, Document)>,
     aggregated_v2: Document,
     aggregated_v2beta1: Document,
     /// `/api` in aggregated form: no legacy (core) groups here.
@@ -94,19 +96,32 @@ fn api_resource(info: &ResourceInfo) -> APIResource {
             .then(|| info.categories.iter().map(|s| (*s).to_owned()).collect()),
         group: None,
         version: None,
-        storage_version_hash: None,
+        storage_version_hash: Some(storage_version_hash(info)),
     }
 }
 
-fn group() -> APIGroup {
-    let version = GroupVersionForDiscovery {
-        group_version: GROUP_VERSION.into(),
-        version: VERSION.into(),
-    };
+/// kube-apiserver's `StorageVersionHash`: the first 8 bytes of the SHA-256 of the group,
+/// version and kind objects are stored as, in base64. The storage version migrator rewrites a
+/// resource's objects when it changes.
+fn storage_version_hash(info: &ResourceInfo) -> String {
+    use base64::Engine;
+    let gvk = format!("{GROUP}/{}/{}", info.storage_version, info.kind);
+    let digest = sha2::Sha256::digest(gvk.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(&digest[..8])
+}
+
+fn group(versions: &[&'static str]) -> APIGroup {
+    let versions: Vec<GroupVersionForDiscovery> = versions
+        .iter()
+        .map(|version| GroupVersionForDiscovery {
+            group_version: format!("{GROUP}/{version}"),
+            version: (*version).into(),
+        })
+        .collect();
     APIGroup {
         name: GROUP.into(),
-        versions: vec![version.clone()],
-        preferred_version: Some(version),
+        preferred_version: versions.first().cloned(),
+        versions,
         server_address_by_client_cidrs: None,
     }
 }
@@ -119,48 +134,77 @@ fn aggregated(resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
                 name: Some(GROUP.into()),
                 ..Default::default()
             }),
-            versions: vec![APIVersionDiscovery {
-                version: Some(VERSION.into()),
-                freshness: Some("Current".into()),
-                resources: resources
-                    .iter()
-                    .map(|info| APIResourceDiscovery {
-                        resource: Some(info.plural.to_owned()),
+            versions: served_versions(resources)
+                .into_iter()
+                .map(|version| aggregated_version(version, &at_version(resources, version)))
+                .collect(),
+        }],
+    }
+}
+
+fn aggregated_version(version: &'static str, resources: &[ResourceInfo]) -> APIVersionDiscovery {
+    APIVersionDiscovery {
+        version: Some(version.into()),
+        freshness: Some("Current".into()),
+        resources: resources
+            .iter()
+            .map(|info| APIResourceDiscovery {
+                resource: Some(info.plural.to_owned()),
+                response_kind: Some(GroupVersionKind {
+                    group: Some(GROUP.into()),
+                    version: Some(version.into()),
+                    kind: Some(info.kind.clone()),
+                }),
+                scope: Some(
+                    if info.namespaced {
+                        "Namespaced"
+                    } else {
+                        "Cluster"
+                    }
+                    .into(),
+                ),
+                singular_resource: Some(info.singular.into()),
+                verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
+                short_names: info.short_names.iter().map(|s| (*s).to_owned()).collect(),
+                categories: info.categories.iter().map(|s| (*s).to_owned()).collect(),
+                subresources: info
+                    .status
+                    .then(|| APISubresourceDiscovery {
+                        subresource: Some("status".into()),
                         response_kind: Some(GroupVersionKind {
                             group: Some(GROUP.into()),
-                            version: Some(VERSION.into()),
+                            version: Some(version.into()),
                             kind: Some(info.kind.clone()),
                         }),
-                        scope: Some(
-                            if info.namespaced {
-                                "Namespaced"
-                            } else {
-                                "Cluster"
-                            }
-                            .into(),
-                        ),
-                        singular_resource: Some(info.singular.into()),
-                        verbs: info.verbs.iter().map(|v| (*v).to_owned()).collect(),
-                        short_names: info.short_names.iter().map(|s| (*s).to_owned()).collect(),
-                        categories: info.categories.iter().map(|s| (*s).to_owned()).collect(),
-                        subresources: info
-                            .status
-                            .then(|| APISubresourceDiscovery {
-                                subresource: Some("status".into()),
-                                response_kind: Some(GroupVersionKind {
-                                    group: Some(GROUP.into()),
-                                    version: Some(VERSION.into()),
-                                    kind: Some(info.kind.clone()),
-                                }),
-                                accepted_types: Vec::new(),
-                                verbs: status_verbs(info),
-                            })
-                            .into_iter()
-                            .collect(),
+                        accepted_types: Vec::new(),
+                        verbs: status_verbs(info),
                     })
+                    .into_iter()
                     .collect(),
-            }],
-        }],
+            })
+            .collect(),
+    }
+}
+
+/// The APIResourceList of `version` (`resources` are at it).
+fn resource_list(version: &str, resources: &[ResourceInfo]) -> APIResourceList {
+    APIResourceList {
+        group_version: format!("{GROUP}/{version}"),
+        resources: resources
+            .iter()
+            .flat_map(|info| {
+                let status = info.status.then(|| APIResource {
+                    name: format!("{}/status", info.plural),
+                    singular_name: String::new(),
+                    verbs: status_verbs(info),
+                    short_names: None,
+                    categories: None,
+                    storage_version_hash: None,
+                    ..api_resource(info)
+                });
+                std::iter::once(api_resource(info)).chain(status)
+            })
+            .collect(),
     }
 }
 
@@ -168,32 +212,23 @@ impl DiscoveryDocuments {
     /// The documents for `resources`, in that order.
     pub fn new(resources: &[ResourceInfo]) -> Self {
         let aggregated = aggregated(resources);
+        let versions = served_versions(resources);
         Self {
             api_versions: Document::new(&APIVersions {
                 versions: Vec::new(),
                 server_address_by_client_cidrs: Vec::new(),
             }),
             group_list: Document::new(&APIGroupList {
-                groups: vec![group()],
+                groups: vec![group(&versions)],
             }),
-            group: Document::new(&group()),
-            resource_list: Document::new(&APIResourceList {
-                group_version: GROUP_VERSION.into(),
-                resources: resources
-                    .iter()
-                    .flat_map(|info| {
-                        let status = info.status.then(|| APIResource {
-                            name: format!("{}/status", info.plural),
-                            singular_name: String::new(),
-                            verbs: status_verbs(info),
-                            short_names: None,
-                            categories: None,
-                            ..api_resource(info)
-                        });
-                        std::iter::once(api_resource(info)).chain(status)
-                    })
-                    .collect(),
-            }),
+            group: Document::new(&group(&versions)),
+            resource_lists: versions
+                .iter()
+                .map(|version| {
+                    let list = resource_list(version, &at_version(resources, version));
+                    (*version, Document::new(&list))
+                })
+                .collect(),
             aggregated_v2: Document::new(&Typed {
                 kind: "APIGroupDiscoveryList",
                 api_version: "apidiscovery.k8s.io/v2",
@@ -270,17 +305,16 @@ async fn api_group(
     Ok(respond(&docs.group, "application/json", &headers, false))
 }
 
-async fn resource_list(
+async fn get_resource_list(
     State(docs): State<Arc<DiscoveryDocuments>>,
+    Path(version): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response> {
+    let Some((_, list)) = docs.resource_lists.iter().find(|(v, _)| *v == version) else {
+        return Err(Error::NoRoute);
+    };
     json_only(&headers)?;
-    Ok(respond(
-        &docs.resource_list,
-        "application/json",
-        &headers,
-        false,
-    ))
+    Ok(respond(list, "application/json", &headers, false))
 }
 
 /// `/api`, `/apis`, `/apis/<group>` and `/apis/<group>/<version>`, answered from `docs`.
@@ -289,6 +323,9 @@ pub fn router(docs: Arc<DiscoveryDocuments>) -> Router {
         .route("/api", get(api))
         .route("/apis", get(apis))
         .route(&format!("/apis/{GROUP}"), get(api_group))
-        .route(&format!("/apis/{GROUP_VERSION}"), get(resource_list))
+        .route(
+            &format!("/apis/{GROUP}/{{version}}"),
+            get(get_resource_list),
+        )
         .with_state(docs)
 }

@@ -42,6 +42,24 @@ impl FieldError {
         }
     }
 
+    /// `FieldValueTooLong`: `field` is longer than `max` characters (kube-apiserver's words).
+    pub fn too_long(field: &str, _value: &str, max: usize) -> Self {
+        Self {
+            field: field.to_owned(),
+            reason: "FieldValueTooLong",
+            message: format!("Too long: may not be more than {max} bytes"),
+        }
+    }
+
+    /// `FieldValueForbidden`: `field` may not be set; `detail` says why.
+    pub fn forbidden(field: &str, _value: &str, detail: &str) -> Self {
+        Self {
+            field: field.to_owned(),
+            reason: "FieldValueForbidden",
+            message: format!("Forbidden: {detail}"),
+        }
+    }
+
     /// `FieldValueRequired`: `field` is missing; `detail` says what it should hold.
     pub fn required(field: &str, detail: &str) -> Self {
         Self {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use crate::{
     health::Check,
-    resource::{ResourceInfo, ServedResource},
-    resources::{FarmPod, Llama},
-    rest::{Endpoints, RestContext},
-    store::{StorageFactory, Store},
+    resource::{ResourceInfo, ServedResource, VersionOf},
+    resources::{FarmPod, llama},
+    rest::{Endpoints, RestContext, fields::KindVersions},
+    store::{Converted, StorageFactory, Store},
 };
 
 type Install = Box<dyn FnOnce(Endpoints, RestContext) -> anyhow::Result<Endpoints> + Send>;
@@ -33,12 +33,55 @@ impl ApiGroup {
     /// Serves `K` from `store`: every verb the store supports (get, list and watch from any
     /// store; create, update, patch, delete and deletecollection when it is writable), ready
     /// when the store's readiness checks pass.
-    pub fn serve<K: ServedResource>(mut self, store: Arc<dyn Store<K>>) -> Self {
-        self.resources
-            .push(ResourceInfo::of::<K>(store.writable().is_some()));
+    pub fn serve<K: ServedResource>(self, store: Arc<dyn Store<K>>) -> Self {
+        self.serve_at::<K>(store, K::version_name(), None)
+    }
+
+    /// Serves a kind at two versions, `A` (the newer) and `B`, from one store at the version
+    /// `storage` stores at (`--storage-version`; `A` unless it names `B`'s). The other version
+    /// is converted on every read and write ([`Converted`]), and each version's field managers
+    /// see the other's ([`KindVersions`]).
+    pub fn serve_versions<A, B>(self, storage: &StorageFactory) -> Self
+    where
+        A: VersionOf<B>,
+        B: VersionOf<A>,
+    {
+        let versions: Option<Arc<dyn farm_fieldmanager::Versions>> =
+            match KindVersions::<A, B>::new() {
+                Ok(versions) => Some(Arc::new(versions)),
+                // Reported at start-up, where each version's own schema fails the same way.
+                Err(_) => None,
+            };
+        if storage.stores_at(B::version_name()) {
+            let store = storage.store::<B>();
+            let converted: Arc<dyn Store<A>> = Arc::new(Converted::<A, B>::new(store.clone()));
+            storage.provide::<A>(converted.clone());
+            self.serve_at::<A>(converted, B::version_name(), versions.clone())
+                .serve_at::<B>(store, B::version_name(), versions)
+        } else {
+            let store = storage.store::<A>();
+            let converted: Arc<dyn Store<B>> = Arc::new(Converted::<B, A>::new(store.clone()));
+            storage.provide::<B>(converted.clone());
+            self.serve_at::<A>(store, A::version_name(), versions.clone())
+                .serve_at::<B>(converted, A::version_name(), versions)
+        }
+    }
+
+    /// Serves `K` from `store`, whose objects are stored at `storage_version`.
+    fn serve_at<K: ServedResource>(
+        mut self,
+        store: Arc<dyn Store<K>>,
+        storage_version: &'static str,
+        versions: Option<Arc<dyn farm_fieldmanager::Versions>>,
+    ) -> Self {
+        let info = ResourceInfo {
+            storage_version,
+            ..ResourceInfo::of::<K>(store.writable().is_some())
+        };
+        self.resources.push(info.clone());
         self.checks.extend(store.clone().readiness_checks());
         self.installs.push(Box::new(move |endpoints, ctx| {
-            endpoints.with::<K>(store, ctx)
+            endpoints.with::<K>(store, info, versions, ctx)
         }));
         self
     }
@@ -73,7 +116,7 @@ impl ApiGroup {
 /// here.
 pub fn register(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
     group
-        .serve::<Llama>(storage.store())
+        .serve_versions::<llama::v1::Llama, llama::v1alpha::Llama>(storage)
         .serve::<FarmPod>(storage.pods())
 }
 
@@ -91,10 +134,17 @@ mod tests {
     async fn verbs_follow_the_store() {
         let storage = StorageFactory::memory(PodCache::without_cluster());
         let group = register(ApiGroup::new(), &storage);
-        let [llamas, farmpods] = group.resources() else {
-            panic!("two kinds")
+        let [llamas_v1, llamas_v1alpha, farmpods] = group.resources() else {
+            panic!("Llamas at two versions, FarmPods at one")
         };
-        assert!(llamas.writable && llamas.verbs.contains(&"create"));
+        for llamas in [llamas_v1, llamas_v1alpha] {
+            assert!(llamas.writable && llamas.verbs.contains(&"create"));
+            assert_eq!(llamas.storage_version, "v1");
+        }
+        assert_eq!(
+            (llamas_v1.version, llamas_v1alpha.version),
+            ("v1", "v1alpha")
+        );
         assert!(!farmpods.writable);
         assert_eq!(farmpods.verbs, ["get", "list", "watch"]);
         // The stores' readiness comes with them: the Pod cache's two checks.
@@ -102,10 +152,30 @@ mod tests {
         assert_eq!(checks, ["farmpod-cache-synced", "farmpod-watch"]);
     }
 
+    #[tokio::test]
+    async fn the_storage_version_is_the_one_the_factory_stores_at() {
+        let storage = StorageFactory::memory(PodCache::without_cluster()).storing_at("v1alpha");
+        let group = register(ApiGroup::new(), &storage);
+        let versions: Vec<_> = group
+            .resources()
+            .iter()
+            .map(|info| (info.version, info.storage_version))
+            .collect();
+        assert_eq!(
+            versions,
+            [
+                ("v1", "v1alpha"),
+                ("v1alpha", "v1alpha"),
+                ("v1alpha", "v1alpha")
+            ]
+        );
+    }
+
     #[test]
-    fn every_kind_is_in_the_served_group_version() {
-        assert_eq!(Llama::group(&()), GROUP);
-        assert_eq!(Llama::version(&()), VERSION);
+    fn every_kind_is_in_the_served_group() {
+        assert_eq!(llama::v1::Llama::group(&()), GROUP);
+        assert_eq!(llama::v1::Llama::version(&()), "v1");
+        assert_eq!(llama::v1alpha::Llama::version(&()), VERSION);
         assert_eq!(FarmPod::group(&()), GROUP);
         assert_eq!(FarmPod::version(&()), VERSION);
     }

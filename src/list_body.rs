@@ -27,7 +27,7 @@ use crate::list_buffer::{ListBody, METADATA_ROOM, STREAM_PIECE};
 use crate::{
     error::{Error, Result},
     negotiate::{MetaVersion, Output},
-    resource::{GROUP_VERSION, ServedResource},
+    resource::ServedResource,
     store::{LendObjects, ListCursor, Object},
     table::{IncludeObject, PartialObjectMetadata, TableWriter},
 };
@@ -56,7 +56,7 @@ impl JsonList {
     fn head<K: ServedResource>(metadata: &ListMeta) -> Result<Vec<u8>> {
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(b"{\"apiVersion\":\"");
-        head.extend_from_slice(GROUP_VERSION.as_bytes());
+        head.extend_from_slice(K::group_version().as_bytes());
         head.extend_from_slice(b"\",\"kind\":\"");
         head.extend_from_slice(K::kind_name().as_bytes());
         head.extend_from_slice(b"List\",\"metadata\":");
@@ -493,7 +493,10 @@ mod tests {
         use crate::store::{ListRequest, Store};
         let store = crate::store::MemoryStore::<Llama>::default();
         for i in 0..2_000 {
-            store.insert(crate::resources::llama::synthetic(i)).unwrap();
+            let llama = crate::resources::llama::synthetic(i);
+            store
+                .insert(crate::resource::VersionOf::from_stored(&llama))
+                .unwrap();
         }
         let all = ListRequest::default();
         for (frames, streamed, whole) in streamed_and_whole(&store, &all).await {

@@ -13,11 +13,11 @@ use crate::{
     error::{FieldError, Subject},
 };
 
-/// The API group served, as the APIService names it.
+/// The API group served, as the APIServices name it.
 pub const GROUP: &str = "farm.example.com";
-/// The one version served of [`GROUP`].
+/// The first version of [`GROUP`], served since the first release.
 pub const VERSION: &str = "v1alpha";
-/// `<group>/<version>`: objects' `apiVersion`, and the path under `/apis/`.
+/// `<group>/<version>` of [`VERSION`].
 pub const GROUP_VERSION: &str = "farm.example.com/v1alpha";
 
 /// Verbs a writable kind supports, in kube-apiserver's order.
@@ -124,6 +124,23 @@ pub trait ServedResource:
         None
     }
 
+    /// A stored object (etcd's JSON) at this version. A kind served at several versions also
+    /// reads one an earlier release stored at another (see [`decode_either`]); it is written
+    /// at this version at its next write.
+    fn decode_stored(json: &[u8]) -> serde_json::Result<Self> {
+        serde_json::from_slice(json)
+    }
+
+    /// The version this type is, e.g. `v1alpha`.
+    fn version_name() -> &'static str {
+        leak(Self::version(&()))
+    }
+
+    /// `<group>/<version>`: objects' `apiVersion`, and the path under `/apis/`.
+    fn group_version() -> &'static str {
+        leak(Self::api_version(&()))
+    }
+
     /// The resource name in URLs, e.g. `llamas`.
     fn plural_name() -> String {
         Self::plural(&()).into_owned()
@@ -158,9 +175,45 @@ pub trait ServedResource:
     }
 }
 
+/// A version of a kind beside the version `S` its objects are stored at: how an object of one
+/// converts to the other, declared in the kind's file. Conversion must lose nothing: what this
+/// version has no field for is kept (in an annotation, or from the object a write replaces),
+/// and a round trip through the other version gives back the object it started from.
+pub trait VersionOf<S: ServedResource>: ServedResource {
+    /// A stored object at this version.
+    fn from_stored(stored: &S) -> Self;
+    /// This object at the stored version. `current` is the stored object it replaces (an
+    /// update), whose fields this version cannot express it keeps.
+    fn to_stored(&self, current: Option<&S>) -> S;
+}
+
+/// [`ServedResource::decode_stored`] for a kind stored at `K` or at `O`: `json` as a `K`, or
+/// else as an `O` converted.
+pub fn decode_either<K: VersionOf<O>, O: ServedResource>(json: &[u8]) -> serde_json::Result<K> {
+    serde_json::from_slice::<K>(json).or_else(|error| match serde_json::from_slice::<O>(json) {
+        Ok(other) => Ok(K::from_stored(&other)),
+        Err(_) => Err(error),
+    })
+}
+
+/// Every version is a version of itself.
+impl<K: ServedResource> VersionOf<K> for K {
+    fn from_stored(stored: &K) -> Self {
+        stored.clone()
+    }
+
+    fn to_stored(&self, _current: Option<&K>) -> K {
+        self.clone()
+    }
+}
+
 /// The static facts of a kind, for discovery, OpenAPI and metrics (which are not generic).
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
+    /// The version served, e.g. `v1alpha`.
+    pub version: &'static str,
+    /// The version its objects are stored at (for discovery's `storageVersionHash`).
+    pub storage_version: &'static str,
     /// The resource name in URLs, e.g. `llamas`.
     pub plural: &'static str,
     /// [`ServedResource::SINGULAR`].
@@ -198,6 +251,8 @@ impl ResourceInfo {
     /// `K` served from a store that takes writes or not.
     pub fn of<K: ServedResource>(writable: bool) -> Self {
         Self {
+            version: K::version_name(),
+            storage_version: K::version_name(),
             plural: leak(K::plural(&())),
             singular: K::SINGULAR,
             kind: K::kind_name(),
@@ -220,6 +275,28 @@ impl ResourceInfo {
             },
         }
     }
+}
+
+/// The versions `resources` are served at, the preferred (kube's version priority: GA, then
+/// beta, then alpha) first.
+pub fn served_versions(resources: &[ResourceInfo]) -> Vec<&'static str> {
+    let mut versions: Vec<&'static str> = Vec::new();
+    for info in resources {
+        if !versions.contains(&info.version) {
+            versions.push(info.version);
+        }
+    }
+    versions.sort_by_key(|v| std::cmp::Reverse(kube::core::Version::parse(v).priority()));
+    versions
+}
+
+/// The kinds of `resources` served at `version`.
+pub fn at_version(resources: &[ResourceInfo], version: &str) -> Vec<ResourceInfo> {
+    resources
+        .iter()
+        .filter(|info| info.version == version)
+        .cloned()
+        .collect()
 }
 
 /// The time now as kube-apiserver stores timestamps: at second precision.

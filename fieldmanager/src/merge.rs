@@ -128,10 +128,13 @@ impl<'a> Updater<'a> {
                 }
                 match &at_versions[&vs.api_version] {
                     Some(c) => c,
-                    None => {
+                    // A version the kind lacks is dropped; one the objects do not convert to
+                    // (an object the write leaves incomplete) keeps its set as it is.
+                    None if !self.has(&vs.api_version, version) => {
                         missing.push(manager.clone());
                         continue;
                     }
+                    None => continue,
                 }
             };
             let c = vs.set.intersection(&compare.modified.union(&compare.added));

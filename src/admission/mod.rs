@@ -94,7 +94,7 @@ impl<'a> Attributes<'a> {
         Attributes {
             operation,
             group: crate::resource::GROUP,
-            version: crate::resource::VERSION,
+            version: K::version_name(),
             resource: K::plural(&()),
             kind: K::kind(&()),
             subresource,

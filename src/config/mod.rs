@@ -123,6 +123,12 @@ pub struct Args {
     #[arg(long, env = "FARM_STORAGE", value_enum, default_value_t = Storage::Memory)]
     pub storage: Storage,
 
+    /// The version farm.example.com's kinds are stored at: `v1` (the default), or `v1alpha` to
+    /// keep what a rollback to a v1alpha-only release can read. Objects stored at the other
+    /// version are read as well, and rewritten at this one at their next write.
+    #[arg(long, env = "FARM_STORAGE_VERSION", default_value = "v1", value_parser = ["v1", "v1alpha"])]
+    pub storage_version: String,
+
     /// etcd client URLs (comma-separated), tried in turn (`--storage etcd`); kube-apiserver's
     /// name for it, also taken as `--etcd-endpoints`.
     #[arg(
@@ -450,7 +456,7 @@ mod tests {
     async fn the_storage_follows_the_flags() {
         use clap::Parser;
 
-        use crate::{resources::Llama, store::Store};
+        use crate::{resources::llama::v1::Llama, store::Store};
         let objects = |flags: &[&str]| {
             let args = Args::try_parse_from(["farm-apiserver"].iter().chain(flags)).unwrap();
             let storage = args.storage(None).unwrap();

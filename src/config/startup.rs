@@ -201,18 +201,26 @@ impl Args {
                 PodCache::without_cluster()
             }
         };
-        Ok(match self.storage {
-            Storage::Memory => StorageFactory::memory(pods).seed(crate::resources::llama::seed(
-                !self.no_sample_data,
-                self.synthetic_llamas,
-            )),
+        use crate::resources::llama::{self, v1, v1alpha};
+        let storage = match self.storage {
+            // Seeded at both versions: only the stored one's store is made.
+            Storage::Memory => StorageFactory::memory(pods)
+                .seed(llama::seed::<v1::Llama>(
+                    !self.no_sample_data,
+                    self.synthetic_llamas,
+                ))
+                .seed(llama::seed::<v1alpha::Llama>(
+                    !self.no_sample_data,
+                    self.synthetic_llamas,
+                )),
             Storage::Etcd => {
                 let client =
                     EtcdClient::new(self.etcd_config()?).map_err(|e| anyhow::anyhow!("{e}"))?;
                 tracing::info!(servers = ?self.etcd_servers, prefix = %self.etcd_prefix, "objects are stored in etcd");
                 StorageFactory::etcd(client, &self.etcd_prefix, pods)
             }
-        })
+        };
+        Ok(storage.storing_at(&self.storage_version))
     }
 
     /// Runs the command, or serves until SIGTERM/SIGINT: logging, the listener, certificates,

@@ -1,6 +1,7 @@
-//! OpenAPI v2 (`/openapi/v2`) and v3 (`/openapi/v3`, `/openapi/v3/apis/farm.example.com/v1alpha`)
-//! generated from the Rust types with schemars, shaped as kube-openapi serves them: schemas named
-//! `com.example.farm.v1alpha.<Kind>` with `x-kubernetes-group-version-kind`, which is what
+//! OpenAPI v2 (`/openapi/v2`, every version) and v3 (`/openapi/v3`, and one document per
+//! version: `/openapi/v3/apis/farm.example.com/<version>`) generated from the Rust types with
+//! schemars, shaped as kube-openapi serves them: schemas named
+//! `com.example.farm.<version>.<Kind>` with `x-kubernetes-group-version-kind`, which is what
 //! `kubectl explain` and the aggregator look for. The kinds' schemas are made in [`schemas`],
 //! their operations in [`paths`]; here the documents and their handlers.
 
@@ -11,15 +12,15 @@ use std::sync::Arc;
 
 use axum::{
     Router,
-    extract::{RawQuery, State},
+    extract::{Path, RawQuery, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
     routing::get,
 };
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
-pub(crate) use self::schemas::{schema_prefix, schemas};
+pub(crate) use self::schemas::{kind_schema, schemas};
 use self::{
     paths::paths,
     schemas::{V3_REFS, rewrite_refs},
@@ -28,7 +29,7 @@ use crate::{
     conditional,
     error::{Error, Result},
     negotiate,
-    resource::ResourceInfo,
+    resource::{GROUP, ResourceInfo, at_version, served_versions},
 };
 
 const META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1";
@@ -68,9 +69,16 @@ fn drop_v3_keywords(value: &mut Value) {
     }
 }
 
-/// The OpenAPI v2 (swagger) document.
+/// The OpenAPI v2 (swagger) document: every version's paths and definitions.
 pub fn v2(resources: &[ResourceInfo]) -> Value {
-    let mut definitions = Value::Object(schemas(resources));
+    let mut definitions = Map::new();
+    let mut all_paths = Map::new();
+    for version in served_versions(resources) {
+        let at = at_version(resources, version);
+        definitions.extend(schemas(version, &at));
+        all_paths.extend(paths(Flavor::V2, version, &at));
+    }
+    let mut definitions = Value::Object(definitions);
     drop_v3_keywords(&mut definitions);
     rewrite_refs(&mut definitions, &|target| {
         target
@@ -80,28 +88,40 @@ pub fn v2(resources: &[ResourceInfo]) -> Value {
     json!({
         "swagger": "2.0",
         "info": info(),
-        "paths": paths(Flavor::V2, resources),
+        "paths": all_paths,
         "definitions": definitions,
     })
 }
 
-/// The OpenAPI v3 document of farm.example.com/v1alpha.
-pub fn v3_group_version(resources: &[ResourceInfo]) -> Value {
+/// The OpenAPI v3 document of farm.example.com/`version` (`resources` are at it).
+pub fn v3_group_version(version: &str, resources: &[ResourceInfo]) -> Value {
     json!({
         "openapi": "3.0.0",
         "info": info(),
-        "paths": paths(Flavor::V3, resources),
-        "components": { "schemas": schemas(resources) },
+        "paths": paths(Flavor::V3, version, resources),
+        "components": { "schemas": schemas(version, resources) },
     })
 }
 
-/// The key under `/openapi/v3`.
-pub const V3_GROUP_VERSION_KEY: &str = "apis/farm.example.com/v1alpha";
+/// The key under `/openapi/v3` of a group version: `apis/farm.example.com/<version>`.
+pub fn v3_key(version: &str) -> String {
+    format!("apis/{GROUP}/{version}")
+}
 
 fn pretty(value: &Value) -> bytes::Bytes {
     let mut out = serde_json::to_vec_pretty(value).unwrap_or_default();
     out.push(b'\n');
     out.into()
+}
+
+/// One group version's OpenAPI v3 document, as served.
+#[derive(Debug)]
+pub struct V3Document {
+    /// `v1alpha`, say.
+    pub version: &'static str,
+    /// [`v3_group_version`] as indented JSON.
+    pub body: bytes::Bytes,
+    hash: String,
 }
 
 /// The OpenAPI documents of the served kinds, encoded once with their ETags.
@@ -110,10 +130,8 @@ pub struct OpenApiDocuments {
     /// What `/openapi/v2` serves: [`v2`] as indented JSON.
     pub v2: bytes::Bytes,
     v2_etag: HeaderValue,
-    /// What `/openapi/v3/apis/<group>/<version>` serves: [`v3_group_version`] as indented
-    /// JSON.
-    pub v3_group_version: bytes::Bytes,
-    v3_hash: String,
+    /// What `/openapi/v3/apis/<group>/<version>` serves, per version (the preferred first).
+    pub v3: Vec<V3Document>,
     v3_root: bytes::Bytes,
 }
 
@@ -121,26 +139,42 @@ impl OpenApiDocuments {
     /// The documents for `resources`.
     pub fn new(resources: &[ResourceInfo]) -> Self {
         let v2 = pretty(&v2(resources));
-        let v3_group_version = pretty(&v3_group_version(resources));
         let v2_hash = hex::encode_upper(Sha512::digest(&v2));
-        let v3_hash = hex::encode_upper(Sha512::digest(&v3_group_version));
-        let v3_root = serde_json::to_vec(&json!({
-            "paths": {
-                V3_GROUP_VERSION_KEY: {
-                    "serverRelativeURL": format!("/openapi/v3/{V3_GROUP_VERSION_KEY}?hash={v3_hash}")
+        let v3: Vec<V3Document> = served_versions(resources)
+            .into_iter()
+            .map(|version| {
+                let body = pretty(&v3_group_version(version, &at_version(resources, version)));
+                let hash = hex::encode_upper(Sha512::digest(&body));
+                V3Document {
+                    version,
+                    body,
+                    hash,
                 }
-            }
-        }))
-        .unwrap_or_default()
-        .into();
+            })
+            .collect();
+        let root: Map<String, Value> = v3
+            .iter()
+            .map(|doc| {
+                let key = v3_key(doc.version);
+                let url = format!("/openapi/v3/{key}?hash={}", doc.hash);
+                (key, json!({ "serverRelativeURL": url }))
+            })
+            .collect();
+        let v3_root = serde_json::to_vec(&json!({ "paths": root }))
+            .unwrap_or_default()
+            .into();
         Self {
             v2,
             v2_etag: HeaderValue::from_str(&format!("\"{v2_hash}\""))
                 .unwrap_or(HeaderValue::from_static("\"\"")),
-            v3_group_version,
-            v3_hash,
+            v3,
             v3_root,
         }
+    }
+
+    /// The v3 document of `version`.
+    pub fn v3(&self, version: &str) -> Option<&V3Document> {
+        self.v3.iter().find(|doc| doc.version == version)
     }
 }
 
@@ -180,28 +214,32 @@ async fn get_v3_root(
 /// immutable; a stale hash redirects to the current one.
 async fn get_v3_group_version(
     State(docs): State<Arc<OpenApiDocuments>>,
+    Path(version): Path<String>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Result<Response> {
     json_acceptable(&headers)?;
+    let Some(doc) = docs.v3(&version) else {
+        return Err(Error::NoRoute);
+    };
     let hash = query.as_deref().and_then(|q| {
         q.split('&')
             .find_map(|kv| kv.strip_prefix("hash="))
             .map(str::to_owned)
     });
     if let Some(hash) = &hash
-        && hash != &docs.v3_hash
+        && hash != &doc.hash
     {
-        let location = format!("/openapi/v3/{V3_GROUP_VERSION_KEY}?hash={}", docs.v3_hash);
+        let location = format!("/openapi/v3/{}?hash={}", v3_key(doc.version), doc.hash);
         let mut response = StatusCode::MOVED_PERMANENTLY.into_response();
         if let Ok(v) = HeaderValue::from_str(&location) {
             response.headers_mut().insert(header::LOCATION, v);
         }
         return Ok(response);
     }
-    let etag = HeaderValue::from_str(&format!("\"{}\"", docs.v3_hash))
+    let etag = HeaderValue::from_str(&format!("\"{}\"", doc.hash))
         .unwrap_or(HeaderValue::from_static("\"\""));
-    let mut response = cached(docs.v3_group_version.clone(), &etag, &headers);
+    let mut response = cached(doc.body.clone(), &etag, &headers);
     if hash.is_some() {
         let h = response.headers_mut();
         h.insert(
@@ -224,7 +262,7 @@ pub fn router(docs: Arc<OpenApiDocuments>) -> Router {
         .route("/openapi/v2", get(get_v2))
         .route("/openapi/v3", get(get_v3_root))
         .route(
-            &format!("/openapi/v3/{V3_GROUP_VERSION_KEY}"),
+            &format!("/openapi/v3/apis/{GROUP}/{{version}}"),
             get(get_v3_group_version),
         )
         .with_state(docs)

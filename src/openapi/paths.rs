@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{Flavor, META, schemas::schema_prefix};
-use crate::resource::{GROUP, GROUP_VERSION, ResourceInfo, VERSION};
+use crate::resource::{GROUP, ResourceInfo};
 
 struct Param {
     name: &'static str,
@@ -115,6 +115,7 @@ fn response(flavor: Flavor, description: &str, schema: &str) -> Value {
 }
 
 struct Op<'a> {
+    version: &'a str,
     id: String,
     description: String,
     action: &'static str,
@@ -129,9 +130,9 @@ fn operation(flavor: Flavor, op: Op<'_>) -> Value {
     let mut out = json!({
         "operationId": op.id,
         "description": op.description,
-        "tags": [format!("farmExampleCom_{VERSION}")],
+        "tags": [format!("{}_{}", operation_id_part(GROUP, false), op.version)],
         "x-kubernetes-action": op.action,
-        "x-kubernetes-group-version-kind": { "group": GROUP, "version": VERSION, "kind": op.kind },
+        "x-kubernetes-group-version-kind": { "group": GROUP, "version": op.version, "kind": op.kind },
         "responses": op.responses.into_iter().map(|(c, r)| (c.to_owned(), r)).chain([("401".to_owned(), json!({ "description": "Unauthorized" }))]).collect::<Map<_, _>>(),
     });
     if let Some((content_types, schema)) = op.body {
@@ -252,23 +253,23 @@ const DELETED: &[(&str, &str, Answer)] = &[
 /// the patches: kubectl then computes JSON merge patches.
 #[rustfmt::skip]
 const OPERATIONS: &[Operation] = &[
-    op(Place::Collection, "get", "list{scope}{kind}", "list or watch objects of kind {kind}", "list", Query::List, Body::None, OK_LIST),
-    op(Place::Collection, "post", "create{scope}{kind}", "create a {kind}", "post", Query::Write, Body::Object, CREATED),
-    op(Place::Collection, "delete", "deleteCollection{scope}{kind}", "delete collection of {kind}", "deletecollection", Query::List, Body::None, OK_LIST),
-    op(Place::Item, "get", "read{scope}{kind}", "read the specified {kind}", "get", Query::None, Body::None, OK_OBJECT),
-    op(Place::Item, "put", "replace{scope}{kind}", "replace the specified {kind}", "put", Query::Write, Body::Object, OK_OBJECT),
-    op(Place::Item, "patch", "patch{scope}{kind}", "partially update the specified {kind}", "patch", Query::Write, Body::Patch, OK_OBJECT),
-    op(Place::Item, "delete", "delete{scope}{kind}", "delete a {kind}", "delete", Query::Delete, Body::None, DELETED),
-    op(Place::Status, "get", "read{scope}{kind}Status", "read status of the specified {kind}", "get", Query::None, Body::None, OK_OBJECT),
-    op(Place::Status, "put", "replace{scope}{kind}Status", "replace status of the specified {kind}", "put", Query::Write, Body::Object, OK_OBJECT),
-    op(Place::Status, "patch", "patch{scope}{kind}Status", "partially update status of the specified {kind}", "patch", Query::Write, Body::Patch, OK_OBJECT),
+    op(Place::Collection, "get", "list{gv}{scope}{kind}", "list or watch objects of kind {kind}", "list", Query::List, Body::None, OK_LIST),
+    op(Place::Collection, "post", "create{gv}{scope}{kind}", "create a {kind}", "post", Query::Write, Body::Object, CREATED),
+    op(Place::Collection, "delete", "delete{gv}Collection{scope}{kind}", "delete collection of {kind}", "deletecollection", Query::List, Body::None, OK_LIST),
+    op(Place::Item, "get", "read{gv}{scope}{kind}", "read the specified {kind}", "get", Query::None, Body::None, OK_OBJECT),
+    op(Place::Item, "put", "replace{gv}{scope}{kind}", "replace the specified {kind}", "put", Query::Write, Body::Object, OK_OBJECT),
+    op(Place::Item, "patch", "patch{gv}{scope}{kind}", "partially update the specified {kind}", "patch", Query::Write, Body::Patch, OK_OBJECT),
+    op(Place::Item, "delete", "delete{gv}{scope}{kind}", "delete a {kind}", "delete", Query::Delete, Body::None, DELETED),
+    op(Place::Status, "get", "read{gv}{scope}{kind}Status", "read status of the specified {kind}", "get", Query::None, Body::None, OK_OBJECT),
+    op(Place::Status, "put", "replace{gv}{scope}{kind}Status", "replace status of the specified {kind}", "put", Query::Write, Body::Object, OK_OBJECT),
+    op(Place::Status, "patch", "patch{gv}{scope}{kind}Status", "partially update status of the specified {kind}", "patch", Query::Write, Body::Patch, OK_OBJECT),
 ];
 
 /// The list across namespaces of a namespaced kind (`/apis/<group>/<version>/<plural>`).
 const LIST_ALL: Operation = op(
     Place::Collection,
     "get",
-    "list{kind}ForAllNamespaces",
+    "list{gv}{kind}ForAllNamespaces",
     "list or watch objects of kind {kind}",
     "list",
     Query::List,
@@ -276,10 +277,37 @@ const LIST_ALL: Operation = op(
     OK_LIST,
 );
 
-/// The operations of `resources`, by path.
-pub(super) fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, Value> {
-    let prefix = schema_prefix();
-    let base = format!("/apis/{GROUP_VERSION}");
+/// k8s.io/apiserver's `ToValidOperationID`: letters and digits, each part after another
+/// character capitalized (and the first one when `capitalize`).
+fn operation_id_part(text: &str, capitalize: bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut upper = capitalize;
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(if upper { c.to_ascii_uppercase() } else { c });
+            upper = false;
+        } else {
+            upper = true;
+        }
+    }
+    out
+}
+
+/// The operations of `resources` (all at `version`), by path. Operation ids are
+/// kube-apiserver's (`GetOperationIDAndTags`): the verb, the group version, then the rest
+/// (`listFarmExampleComV1alphaNamespacedLlama`), so that every version's are distinct.
+pub(super) fn paths(
+    flavor: Flavor,
+    version: &str,
+    resources: &[ResourceInfo],
+) -> Map<String, Value> {
+    let prefix = schema_prefix(version);
+    let base = format!("/apis/{GROUP}/{version}");
+    let gv = format!(
+        "{}{}",
+        operation_id_part(GROUP, true),
+        operation_id_part(version, true)
+    );
     let mut paths = Map::new();
     for info in resources {
         let kind = info.kind.as_str();
@@ -289,7 +317,11 @@ pub(super) fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, V
         let object = format!("{prefix}.{kind}");
         let list = format!("{prefix}.{kind}List");
         let status = format!("{META}.Status");
-        let words = |text: &str| text.replace("{scope}", scope).replace("{kind}", kind);
+        let words = |text: &str| {
+            text.replace("{gv}", &gv)
+                .replace("{scope}", scope)
+                .replace("{kind}", kind)
+        };
         let make = |op: &Operation| {
             let params = match op.query {
                 Query::None => Vec::new(),
@@ -323,6 +355,7 @@ pub(super) fn paths(flavor: Flavor, resources: &[ResourceInfo]) -> Map<String, V
             operation(
                 flavor,
                 Op {
+                    version,
                     id: words(op.id),
                     description: words(op.description),
                     action: op.action,

@@ -6,23 +6,34 @@ use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
 use super::{Flavor, META};
-use crate::resource::{GROUP, ResourceInfo, VERSION};
+use crate::resource::{GROUP, ResourceInfo};
 
-/// `com.example.farm.v1alpha`: kube-openapi names a group's schemas by the reversed group.
-pub(crate) fn schema_prefix() -> String {
+/// `com.example.farm.v1alpha`: kube-openapi names a group version's schemas by the reversed
+/// group and the version.
+pub(crate) fn schema_prefix(version: &str) -> String {
     let mut parts: Vec<&str> = GROUP.split('.').collect();
     parts.reverse();
-    format!("{}.{VERSION}", parts.join("."))
+    format!("{}.{version}", parts.join("."))
 }
 
-fn gvk(kind: &str) -> Value {
-    json!([{ "group": GROUP, "kind": kind, "version": VERSION }])
+fn gvk(kind: &str, version: &str) -> Value {
+    json!([{ "group": GROUP, "kind": kind, "version": version }])
 }
 
-/// All schemas of the group version, v3-style refs.
-pub(crate) fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
+/// One kind's schema: a `$ref` to it, and the components it refers to (what field
+/// management and CEL's typing read).
+pub(crate) fn kind_schema(info: &ResourceInfo) -> (Value, Map<String, Value>) {
+    let components = schemas(info.version, std::slice::from_ref(info));
+    let root = json!({
+        "$ref": format!("#/components/schemas/{}.{}", schema_prefix(info.version), info.kind)
+    });
+    (root, components)
+}
+
+/// All schemas of the group version `version` (`resources` are at it), v3-style refs.
+pub(crate) fn schemas(version: &str, resources: &[ResourceInfo]) -> Map<String, Value> {
     let mut generator = SchemaSettings::openapi3().into_generator();
-    let prefix = schema_prefix();
+    let prefix = schema_prefix(version);
     let mut own = Map::new();
     generator.subschema_for::<ObjectMeta>();
     generator.subschema_for::<ListMeta>();
@@ -55,7 +66,7 @@ pub(crate) fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
                 "type": "object",
                 "required": ["spec"],
                 "properties": properties,
-                "x-kubernetes-group-version-kind": gvk(&info.kind),
+                "x-kubernetes-group-version-kind": gvk(&info.kind, version),
             }),
         );
         own.insert(
@@ -78,7 +89,7 @@ pub(crate) fn schemas(resources: &[ResourceInfo]) -> Map<String, Value> {
                         "description": "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"
                     }
                 },
-                "x-kubernetes-group-version-kind": gvk(&format!("{}List", info.kind)),
+                "x-kubernetes-group-version-kind": gvk(&format!("{}List", info.kind), version),
             }),
         );
     }

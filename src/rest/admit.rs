@@ -95,10 +95,7 @@ fn numbers_of<K: ServedResource>() -> Arc<Numbers> {
         return found.clone();
     }
     let info = ResourceInfo::of::<K>(false);
-    let components = crate::openapi::schemas(std::slice::from_ref(&info));
-    let root = serde_json::json!({
-        "$ref": format!("#/components/schemas/{}.{}", crate::openapi::schema_prefix(), info.kind)
-    });
+    let (root, components) = crate::openapi::kind_schema(&info);
     let numbers = Arc::new(Numbers::from_openapi(&root, &components));
     if let Ok(mut cache) = cache.lock() {
         cache.insert(id, numbers.clone());

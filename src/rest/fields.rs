@@ -3,6 +3,8 @@
 //! create, update and non-apply patches record an `Update` entry for their manager; apply
 //! merges the applied configuration and records an `Apply` entry.
 
+use std::sync::Arc;
+
 use axum::http::{HeaderMap, header};
 use farm_fieldmanager::{self as fieldmanager, FieldManager, Schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
@@ -14,7 +16,7 @@ use super::strategy::Subresource;
 use crate::{
     error::{Error, FieldError, Result},
     openapi,
-    resource::{GROUP_VERSION, ResourceInfo, ServedResource},
+    resource::{ResourceInfo, ServedResource, VersionOf},
     store::Stored,
 };
 
@@ -29,14 +31,19 @@ pub(crate) struct FieldManagers {
 impl FieldManagers {
     /// The field managers of the kind `info` describes, from the schema its OpenAPI publishes
     /// (list and map types included), so apply merges by what clients read there.
-    pub(crate) fn of(info: &ResourceInfo) -> std::result::Result<Self, fieldmanager::Error> {
-        let components = openapi::schemas(std::slice::from_ref(info));
-        let root = serde_json::json!({
-            "$ref": format!("#/components/schemas/{}.{}", openapi::schema_prefix(), info.kind)
-        });
-        let schema = Schema::from_openapi_v3(&root, &components)?;
+    /// `versions`: the kind's other versions, when it is served at several.
+    pub(crate) fn of(
+        info: &ResourceInfo,
+        versions: Option<Arc<dyn fieldmanager::Versions>>,
+    ) -> std::result::Result<Self, fieldmanager::Error> {
+        let schema = schema_of(info)?;
+        let api_version = format!("{}/{}", crate::resource::GROUP, info.version);
         let manager = |subresource: &str| {
-            let manager = FieldManager::new(schema.clone(), GROUP_VERSION, &info.kind, subresource);
+            let manager = FieldManager::new(schema.clone(), &api_version, &info.kind, subresource);
+            let manager = match &versions {
+                Some(versions) => manager.with_versions(versions.clone()),
+                None => manager,
+            };
             if info.status {
                 manager.with_status_reset_fields()
             } else {
@@ -106,6 +113,70 @@ impl FieldManagers {
                 | fieldmanager::Error::BadRequest(message) => Error::BadRequest(message),
                 fieldmanager::Error::Internal(message) => Error::Internal(message),
             })
+    }
+}
+
+/// The schema `info`'s OpenAPI publishes, for field management.
+fn schema_of(info: &ResourceInfo) -> std::result::Result<Schema, fieldmanager::Error> {
+    let (root, components) = openapi::kind_schema(info);
+    Schema::from_openapi_v3(&root, &components)
+}
+
+/// A kind's two versions `A` and `B` for field management: their schemas, and conversion by
+/// the kind's own [`VersionOf`] (the JSON decoded at one version, converted, encoded at the
+/// other; an object that does not decode, as a write may leave one midway, does not convert).
+pub(crate) struct KindVersions<A, B> {
+    schemas: [(&'static str, Schema); 2],
+    kinds: std::marker::PhantomData<fn() -> (A, B)>,
+}
+
+impl<A: VersionOf<B>, B: VersionOf<A>> KindVersions<A, B> {
+    pub(crate) fn new() -> std::result::Result<Self, fieldmanager::Error> {
+        Ok(Self {
+            schemas: [
+                (A::group_version(), schema_of(&ResourceInfo::of::<A>(true))?),
+                (B::group_version(), schema_of(&ResourceInfo::of::<B>(true))?),
+            ],
+            kinds: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<A, B> std::fmt::Debug for KindVersions<A, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.schemas.iter().map(|(version, _)| version))
+            .finish()
+    }
+}
+
+fn converted<F: serde::de::DeserializeOwned, T: serde::Serialize>(
+    object: &Value,
+    convert: impl FnOnce(&F) -> T,
+) -> Option<Value> {
+    let from = F::deserialize(object).ok()?;
+    serde_json::to_value(convert(&from)).ok()
+}
+
+impl<A: VersionOf<B>, B: VersionOf<A>> fieldmanager::Versions for KindVersions<A, B> {
+    fn schema(&self, version: &str) -> Option<&Schema> {
+        self.schemas
+            .iter()
+            .find(|(v, _)| *v == version)
+            .map(|(_, schema)| schema)
+    }
+
+    fn convert(&self, object: &Value, version: &str) -> Option<Value> {
+        let from = object.get("apiVersion")?.as_str()?;
+        if from == version {
+            Some(object.clone())
+        } else if from == A::group_version() && version == B::group_version() {
+            converted::<A, B>(object, |a| a.to_stored(None))
+        } else if from == B::group_version() && version == A::group_version() {
+            converted::<B, A>(object, |b| b.to_stored(None))
+        } else {
+            None
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use super::{KindApi, KindApiInner, RestContext};
 use crate::{
     error::{Error, Result},
     request_info::RequestInfo,
-    resource::{GROUP_VERSION, ResourceInfo, ServedResource},
+    resource::{ResourceInfo, ServedResource},
     store::{Store, StoreStats},
 };
 
@@ -35,6 +35,10 @@ pub struct Endpoints {
 }
 
 struct RoutedKind {
+    /// The version it is served at (a kind may be served at several).
+    version: &'static str,
+    /// Whether this is the version its store holds (the one counted in metrics).
+    stored: bool,
     plural: &'static str,
     namespaced: bool,
     /// `<object>/status` is served.
@@ -46,6 +50,7 @@ struct RoutedKind {
 /// cluster-scoped kind's objects are in the namespace "".
 pub struct Target<'a> {
     endpoint: &'a Arc<dyn Endpoint>,
+    version: &'static str,
     plural: &'static str,
     namespace: Option<&'a str>,
     name: Option<&'a str>,
@@ -81,13 +86,16 @@ impl Endpoints {
     /// Serves `K` from `store`. Fails when the kind's schema does not convert for field
     /// management (server-side apply), naming the kind: at start-up rather than at its first
     /// write.
+    /// `info` is what the kind's registration says of it (its version and the one it is stored
+    /// at); `versions`, its other versions for field management when it has any.
     pub fn with<K: ServedResource>(
         mut self,
         store: Arc<dyn Store<K>>,
+        info: ResourceInfo,
+        versions: Option<Arc<dyn farm_fieldmanager::Versions>>,
         ctx: RestContext,
     ) -> anyhow::Result<Self> {
-        let info = ResourceInfo::of::<K>(false);
-        let fields = super::fields::FieldManagers::of(&info).map_err(|e| {
+        let fields = super::fields::FieldManagers::of(&info, versions).map_err(|e| {
             anyhow::anyhow!(
                 "kind {} ({}.{}): its schema does not convert for field management: {e}",
                 info.kind,
@@ -98,6 +106,8 @@ impl Endpoints {
         let endpoint: Arc<dyn Endpoint> =
             Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx, fields })));
         self.kinds.push(RoutedKind {
+            version: info.version,
+            stored: info.version == info.storage_version,
             plural: info.plural,
             namespaced: info.namespaced,
             status: info.status,
@@ -109,13 +119,18 @@ impl Endpoints {
     /// The resource endpoint `path` names, or None when it is not one (the router answers).
     /// Only matches: whether the method is served is decided by the call.
     pub fn find<'a>(&'a self, path: &'a str) -> Option<Target<'a>> {
-        let rest = path
+        let (version, rest) = path
             .strip_prefix("/apis/")?
-            .strip_prefix(GROUP_VERSION)?
-            .strip_prefix('/')?;
+            .strip_prefix(crate::resource::GROUP)?
+            .strip_prefix('/')?
+            .split_once('/')?;
         let mut segments = crate::request_info::segments(rest);
         let first = segments.next()?;
-        let kind = |plural: &str| self.kinds.iter().find(|k| k.plural == plural);
+        let kind = |plural: &str| {
+            self.kinds
+                .iter()
+                .find(|k| k.plural == plural && k.version == version)
+        };
         let (kind, namespace, name) = if first == "namespaces" {
             let namespace = segments.next()?;
             let kind = kind(segments.next()?).filter(|k| k.namespaced)?;
@@ -144,6 +159,7 @@ impl Endpoints {
         }
         Some(Target {
             endpoint: &kind.endpoint,
+            version: kind.version,
             plural: kind.plural,
             namespace,
             name,
@@ -154,7 +170,7 @@ impl Endpoints {
     /// Each kind's qualified resource (`llamas.farm.example.com`) and its store's figures.
     pub async fn stored_objects(&self) -> Vec<(String, StoreStats)> {
         let mut counts = Vec::with_capacity(self.kinds.len());
-        for kind in &self.kinds {
+        for kind in self.kinds.iter().filter(|k| k.stored) {
             if let Ok(stats) = kind.endpoint.stats().await {
                 counts.push((format!("{}.{}", kind.plural, crate::resource::GROUP), stats));
             }
@@ -201,7 +217,7 @@ impl<'a> Target<'a> {
             path,
             query,
             crate::resource::GROUP,
-            crate::resource::VERSION,
+            self.version,
             self.namespace.unwrap_or(""),
             self.plural,
             self.name.unwrap_or(""),

@@ -10,7 +10,7 @@ use super::options::FieldValidation;
 use crate::{
     error::{Error, FieldError, Result},
     negotiate::BodyFormat,
-    resource::{GROUP_VERSION, ServedResource},
+    resource::ServedResource,
     validation,
 };
 
@@ -45,11 +45,12 @@ pub(crate) fn decode_object<K: ServedResource>(
         Some(_) => {}
     }
     match map.get("apiVersion").and_then(Value::as_str) {
-        Some(GROUP_VERSION) => {}
+        Some(version) if version == K::group_version() => {}
         other => {
             return Err(cannot_handle::<K>(format!(
-                "the API version in the data ({}) does not match the expected API version ({GROUP_VERSION})",
-                other.unwrap_or("")
+                "the API version in the data ({}) does not match the expected API version ({})",
+                other.unwrap_or(""),
+                K::group_version()
             )));
         }
     }

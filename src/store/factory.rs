@@ -21,6 +21,8 @@ pub struct StorageFactory {
 
 struct Inner {
     backend: Backend,
+    /// The version a kind served at several is stored at (when it has it).
+    storage_version: Mutex<String>,
     /// The FarmPod cache: a read-only source of its own, whatever the backend.
     pods: Arc<PodCache>,
     /// Each kind's first objects in memory (`Box<dyn Iterator<Item = K>>`), until its store is
@@ -47,6 +49,7 @@ impl StorageFactory {
         Self {
             inner: Arc::new(Inner {
                 backend,
+                storage_version: Mutex::new("v1".into()),
                 pods,
                 seeds: Mutex::default(),
                 made: Mutex::default(),
@@ -71,6 +74,27 @@ impl StorageFactory {
         )
     }
 
+    /// Kinds served at several versions are stored at `version` (`--storage-version`) when
+    /// they have it; `v1` otherwise. Set before any store is made.
+    pub fn storing_at(self, version: &str) -> Self {
+        *self
+            .inner
+            .storage_version
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = version.to_owned();
+        self
+    }
+
+    /// Whether a kind served at several versions is stored at `version`.
+    pub fn stores_at(&self, version: &str) -> bool {
+        *self
+            .inner
+            .storage_version
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            == version
+    }
+
     /// The objects `K`'s store starts with in memory (samples, benchmarks' synthetic objects),
     /// inserted when the store is made; etcd storage never seeds, its objects are etcd's.
     /// Seeds given after the store is made are not used.
@@ -87,6 +111,18 @@ impl StorageFactory {
                 .insert(TypeId::of::<K>(), Box::new(seed));
         }
         self
+    }
+
+    /// Makes `store` `K`'s: a kind served at a version its store does not hold is served from
+    /// a view of the stored version's store ([`super::Converted`]), which [`Self::store`] then
+    /// gives for `K` too. A store already made for `K` stays.
+    pub fn provide<K: ServedResource>(&self, store: Arc<dyn Store<K>>) {
+        self.inner
+            .made
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(TypeId::of::<K>())
+            .or_insert_with(|| Box::new(store));
     }
 
     /// `K`'s store: made on the first call (a memory store with its seed, or an etcd store
@@ -138,7 +174,7 @@ mod tests {
     use super::*;
     use crate::{
         resource::ObjectKey,
-        resources::{Llama, llama},
+        resources::llama::{self, v1::Llama},
     };
 
     #[tokio::test]

@@ -8,6 +8,7 @@
 //! checked by one conformance suite (`tests/it/store_conformance.rs`). [`StorageFactory`] makes
 //! each kind's store as the flags say (memory or etcd).
 
+pub mod converted;
 pub mod etcd;
 pub mod factory;
 pub mod memory;
@@ -33,6 +34,7 @@ use crate::{
     selector::Filter,
 };
 
+pub use converted::Converted;
 pub use etcd::EtcdStore;
 pub use factory::StorageFactory;
 pub use memory::MemoryStore;
@@ -78,6 +80,8 @@ pub struct Stored<K> {
     row: std::sync::Mutex<Option<(i64, Bytes)>>,
     /// Sorted hashes of its `key=value` labels, for [`crate::selector::LabelSelector::may_match`].
     pub label_hashes: Vec<u64>,
+    /// The object at the other version its kind is served at, made once ([`Converted`]).
+    other_version: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// How stores hand out objects: shared, immutable, JSON cached.
@@ -93,6 +97,7 @@ impl<K: kube::Resource> Stored<K> {
             json: OnceLock::new(),
             row_object: OnceLock::new(),
             row: std::sync::Mutex::new(None),
+            other_version: OnceLock::new(),
         })
     }
 }
@@ -153,6 +158,28 @@ impl<K> Stored<K> {
     }
 }
 
+/// The value `slot` keeps as a `T`, made by `make` the first time; a slot holding another type
+/// (a kind served at a third version) gives a fresh one each time.
+fn other_version<T: Send + Sync + 'static>(
+    slot: &OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+    make: impl Fn() -> Arc<T>,
+) -> Arc<T> {
+    let kept = slot
+        .get_or_init(|| make() as Arc<dyn std::any::Any + Send + Sync>)
+        .clone();
+    kept.downcast::<T>().unwrap_or_else(|_| make())
+}
+
+impl<K> Stored<K> {
+    /// This object at another version, converted by `convert` once however often it is read.
+    pub fn at_version<V: kube::Resource + Send + Sync + 'static>(
+        &self,
+        convert: impl Fn(&K) -> V,
+    ) -> Object<V> {
+        other_version(&self.other_version, || Stored::new(convert(&self.object)))
+    }
+}
+
 impl<K> std::ops::Deref for Stored<K> {
     type Target = K;
     fn deref(&self) -> &K {
@@ -186,6 +213,8 @@ pub struct Event<K> {
     pub previous: Option<Object<K>>,
     /// The plain JSON watch line, encoded once however many watchers send it.
     json_line: OnceLock<Bytes>,
+    /// The event at the other version its kind is served at, made once for every watcher.
+    other_version: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<K: ServedResource> Event<K> {
@@ -197,7 +226,22 @@ impl<K: ServedResource> Event<K> {
             object,
             previous: None,
             json_line: OnceLock::new(),
+            other_version: OnceLock::new(),
         }
+    }
+
+    /// This event with its objects at another version (`convert` converts one), made once
+    /// however many watchers of that version send it.
+    pub fn at_version<V: ServedResource>(
+        &self,
+        convert: impl Fn(&Object<K>) -> Object<V>,
+    ) -> Arc<Event<V>> {
+        other_version(&self.other_version, || {
+            Arc::new(
+                Event::new(self.resource_version, self.type_, convert(&self.object))
+                    .with_previous(self.previous.as_ref().map(&convert)),
+            )
+        })
     }
 
     /// A MODIFIED event that replaced `previous`.

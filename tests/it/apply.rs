@@ -50,7 +50,14 @@ async fn kubectl_apply_server_side_as_users_run_it(storage: TestStorage) {
         let k = &k;
         async move {
             let (ok, out, err) = run(
-                k(&["get", "llama", name, "-o", "json", "--show-managed-fields"]),
+                k(&[
+                    "get",
+                    "llamas.v1alpha.farm.example.com",
+                    name,
+                    "-o",
+                    "json",
+                    "--show-managed-fields",
+                ]),
                 None,
             )
             .await;
@@ -107,7 +114,9 @@ spec:
     let pruned = get("kuzco").await;
     assert_eq!(pruned["metadata"]["labels"], json!({"herd": "gold"}));
 
-    // Another manager takes .spec.weight: applying a different value conflicts.
+    // Another manager takes the weight through v1 (kubectl's preferred version, where it is
+    // .spec.weightKg): applying a different value through v1alpha conflicts, named at the
+    // version the other manager wrote.
     let (ok, _, err) = run(
         k(&[
             "patch",
@@ -116,7 +125,7 @@ spec:
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"weight":130}}"#,
+            r#"{"spec":{"weightKg":130}}"#,
         ]),
         None,
     )
@@ -127,7 +136,7 @@ spec:
     assert!(!ok);
     assert!(
         err.contains(
-            r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using farm.example.com/v1alpha: .spec.weight"#
+            r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using farm.example.com/v1: .spec.weightKg"#
         ),
         "{err}"
     );
@@ -226,7 +235,7 @@ spec:
     let (ok, out, err) = run(
         k(&[
             "get",
-            "llama",
+            "llamas.v1alpha.farm.example.com",
             "pacha",
             "-o",
             "json",
@@ -251,7 +260,7 @@ spec:
     let (_, out, _) = run(
         k(&[
             "get",
-            "llama",
+            "llamas.v1alpha.farm.example.com",
             "pacha",
             "-o",
             "json",
@@ -279,11 +288,11 @@ spec:
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "llama.farm.example.com/pacha configured");
     let (_, out, _) = run(
-        k(&["get", "llama", "pacha", "-o", "jsonpath={.spec.weight}"]),
+        k(&["get", "llama", "pacha", "-o", "jsonpath={.spec.weightKg}"]),
         None,
     )
     .await;
-    assert_eq!(out, "92");
+    assert_eq!(out, "92", "read through v1, kubectl's preferred version");
 }
 
 /// kube-rs `Patch::Apply`: create, conflict (409 with a FieldManagerConflict cause), force.

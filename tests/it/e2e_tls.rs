@@ -6,6 +6,7 @@ use crate::common;
 use std::{process::Stdio, time::Duration};
 
 use common::{Alpn, TestServer, TestStorage, kubectl, run};
+use farm_apiserver::resource::VersionOf;
 use farm_apiserver::resources::{Llama, LlamaSpec};
 use futures::{StreamExt, TryStreamExt};
 use kube::{
@@ -549,10 +550,25 @@ spec:
     assert!(ok);
     assert_eq!(out.trim(), "llama.farm.example.com/kuzco configured");
 
+    // Applied through v1alpha, read through v1 (kubectl's preferred version) and back.
     let (ok, out, err) = run(k(&["get", "llama", "kuzco", "-o", "yaml"]), None).await;
     assert!(ok, "{err}");
-    assert!(out.contains("weight: 130"), "{out}");
+    assert!(out.contains("apiVersion: farm.example.com/v1\n"), "{out}");
+    assert!(out.contains("weightKg: 130"), "{out}");
     assert!(out.contains("kind: Llama"));
+    let (ok, out, err) = run(
+        k(&[
+            "get",
+            "llamas.v1alpha.farm.example.com",
+            "kuzco",
+            "-o",
+            "yaml",
+        ]),
+        None,
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("weight: 130"), "{out}");
 
     let (ok, out, err) = run(
         k(&[
@@ -562,7 +578,7 @@ spec:
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"height":1.8}}"#,
+            r#"{"spec":{"heightMetres":1.8}}"#,
         ]),
         None,
     )
@@ -576,7 +592,7 @@ spec:
             "-l",
             "herd=gold",
             "-o",
-            "jsonpath={.items[*].spec.height}",
+            "jsonpath={.items[*].spec.heightMetres}",
         ]),
         None,
     )
@@ -590,9 +606,23 @@ spec:
         "{err}"
     );
 
-    let (ok, out, err) = run(k(&["explain", "llamas.spec.weight"]), None).await;
+    // kubectl explain per version: v1 by default, v1alpha when asked for.
+    let (ok, out, err) = run(k(&["explain", "llamas.spec.weightKg"]), None).await;
     assert!(ok, "{err}");
     assert!(out.contains("Weight of the llama in kilograms"), "{out}");
+    assert!(out.contains("VERSION:    v1\n"), "{out}");
+    let (ok, out, err) = run(
+        k(&[
+            "explain",
+            "llamas.spec.weight",
+            "--api-version=farm.example.com/v1alpha",
+        ]),
+        None,
+    )
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("Weight of the llama in kilograms"), "{out}");
+    assert!(out.contains("VERSION:    v1alpha"), "{out}");
 
     let (ok, out, err) = run(k(&["api-resources"]), None).await;
     assert!(ok, "{err}");
@@ -601,7 +631,7 @@ spec:
         .find(|l| l.starts_with("llamas"))
         .expect("llamas listed");
     assert!(
-        line.contains("ll") && line.contains("farm.example.com/v1alpha") && line.contains("Llama"),
+        line.contains("ll") && line.contains("farm.example.com/v1 ") && line.contains("Llama"),
         "{line}"
     );
 
@@ -675,7 +705,10 @@ async fn large_unlimited_lists_are_streamed_and_read_whole_by_every_client() {
     let writes = server.llamas.writable().unwrap();
     for i in 0..3_000 {
         writes
-            .create(farm_apiserver::resources::llama::synthetic(i), false)
+            .create(
+                Llama::from_stored(&farm_apiserver::resources::llama::synthetic(i)),
+                false,
+            )
             .await
             .expect("create");
     }

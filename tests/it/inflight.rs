@@ -7,6 +7,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
+use farm_apiserver::resource::VersionOf;
 use farm_apiserver::server::InflightLimits;
 use serde_json::json;
 
@@ -90,7 +91,12 @@ async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not(
     let writes = server.llamas.writable().unwrap();
     for i in 0..40_000 {
         writes
-            .create(farm_apiserver::resources::llama::synthetic(i), false)
+            .create(
+                farm_apiserver::resources::Llama::from_stored(
+                    &farm_apiserver::resources::llama::synthetic(i),
+                ),
+                false,
+            )
             .await
             .unwrap();
     }

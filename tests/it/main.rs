@@ -38,3 +38,4 @@ mod security;
 mod store_conformance;
 mod third_kind;
 mod traces;
+mod versions;

@@ -34,10 +34,17 @@ fn check(path: &str, generated: &[u8]) {
 async fn openapi_documents_match_the_committed_snapshots() {
     let docs = documents();
     check("api/openapi-spec/swagger.json", &docs.v2);
-    check(
-        "api/openapi-spec/v3/apis__farm.example.com__v1alpha_openapi.json",
-        &docs.v3_group_version,
-    );
+    let versions: Vec<_> = docs.v3.iter().map(|doc| doc.version).collect();
+    assert_eq!(versions, ["v1", "v1alpha"], "the preferred version first");
+    for doc in &docs.v3 {
+        check(
+            &format!(
+                "api/openapi-spec/v3/apis__farm.example.com__{}_openapi.json",
+                doc.version
+            ),
+            &doc.body,
+        );
+    }
 }
 
 /// Swagger 2.0 has no `nullable` (nor v3's composition keywords): kube-apiserver's v2 handler
@@ -82,7 +89,7 @@ async fn the_v2_document_has_no_openapi_v3_keyword() {
             "{keyword} in the v2 definitions"
         );
     }
-    let v3: serde_json::Value = serde_json::from_slice(&docs.v3_group_version).unwrap();
+    let v3: serde_json::Value = serde_json::from_slice(&docs.v3("v1alpha").unwrap().body).unwrap();
     assert_eq!(
         v3["components"]["schemas"]["com.example.farm.v1alpha.FarmPodStatus"]["properties"]["nodeName"]
             ["nullable"],

@@ -60,15 +60,32 @@ async fn apis_negotiates_aggregated_discovery_with_etag() {
     assert_eq!(body["kind"], "APIGroupDiscoveryList");
     assert_eq!(body["apiVersion"], "apidiscovery.k8s.io/v2");
     assert_eq!(body["items"].as_array().unwrap().len(), 1, "only our group");
-    let version = &body["items"][0]["versions"][0];
     assert_eq!(body["items"][0]["metadata"]["name"], "farm.example.com");
-    assert_eq!(version["version"], "v1alpha");
-    assert_eq!(version["freshness"], "Current");
-    assert_eq!(version["resources"][0]["resource"], "llamas");
-    assert_eq!(version["resources"][0]["scope"], "Namespaced");
+    // Both versions, the preferred (v1) first; Llamas in each, FarmPods in v1alpha.
+    let versions = body["items"][0]["versions"].as_array().unwrap();
+    let names: Vec<_> = versions.iter().map(|v| v["version"].clone()).collect();
+    assert_eq!(names, [json!("v1"), json!("v1alpha")]);
+    for version in versions {
+        assert_eq!(version["freshness"], "Current");
+        assert_eq!(version["resources"][0]["resource"], "llamas");
+        assert_eq!(version["resources"][0]["scope"], "Namespaced");
+        assert_eq!(
+            version["resources"][0]["responseKind"],
+            json!({"group": "farm.example.com", "version": version["version"], "kind": "Llama"})
+        );
+    }
+    let resources = |v: &Value| -> Vec<Value> {
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["resource"].clone())
+            .collect()
+    };
+    assert_eq!(resources(&versions[0]), [json!("llamas")]);
     assert_eq!(
-        version["resources"][0]["responseKind"],
-        json!({"group": "farm.example.com", "version": "v1alpha", "kind": "Llama"})
+        resources(&versions[1]),
+        [json!("llamas"), json!("farmpods")]
     );
 
     let again = call(
@@ -92,7 +109,14 @@ async fn apis_negotiates_aggregated_discovery_with_etag() {
     assert_eq!(legacy.json()["kind"], "APIGroupList");
     assert_eq!(
         legacy.json()["groups"][0]["preferredVersion"]["groupVersion"],
-        "farm.example.com/v1alpha"
+        "farm.example.com/v1"
+    );
+    assert_eq!(
+        legacy.json()["groups"][0]["versions"],
+        json!([
+            {"groupVersion": "farm.example.com/v1", "version": "v1"},
+            {"groupVersion": "farm.example.com/v1alpha", "version": "v1alpha"},
+        ])
     );
 
     let refused = call(

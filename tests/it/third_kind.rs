@@ -213,7 +213,8 @@ async fn discovery_and_openapi_describe_the_new_kinds() {
     assert!(paths.contains_key("/apis/farm.example.com/v1alpha/pastures/{name}"));
     assert!(!paths.contains_key("/apis/farm.example.com/v1alpha/namespaces/{namespace}/pastures"));
     let read = &paths["/apis/farm.example.com/v1alpha/pastures/{name}"]["get"];
-    assert_eq!(read["operationId"], "readPasture");
+    // kube-apiserver's operation ids: verb, group version, the rest.
+    assert_eq!(read["operationId"], "readFarmExampleComV1alphaPasture");
     let schemas = v3["components"]["schemas"].as_object().unwrap();
     let barn = schemas
         .iter()
@@ -501,7 +502,10 @@ async fn a_status_subresource_writes_the_status_alone() {
         .json();
     let path =
         &v3["paths"]["/apis/farm.example.com/v1alpha/namespaces/{namespace}/barns/{name}/status"];
-    assert_eq!(path["put"]["operationId"], "replaceNamespacedBarnStatus");
+    assert_eq!(
+        path["put"]["operationId"],
+        "replaceFarmExampleComV1alphaNamespacedBarnStatus"
+    );
     assert_eq!(
         get(&app, &format!("{PASTURES}/north/status")).await.status,
         404

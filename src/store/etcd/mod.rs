@@ -279,7 +279,7 @@ impl EtcdSource {
     }
 
     fn decode<K: ServedResource>(&self, kv: &KeyValue, revision: i64) -> Result<K> {
-        let mut object: K = serde_json::from_slice(&kv.value).map_err(|e| {
+        let mut object = K::decode_stored(&kv.value).map_err(|e| {
             Error::Internal(format!(
                 "etcd key {} does not hold a {}: {e}",
                 String::from_utf8_lossy(&kv.key),

@@ -134,6 +134,8 @@ pub struct Options {
     pub inflight: farm_apiserver::server::InflightLimits,
     /// The kinds served: the binary's by default.
     pub kinds: fn(ApiGroup, &StorageFactory) -> ApiGroup,
+    /// `--storage-version` (default `v1`).
+    pub storage_version: &'static str,
 }
 
 impl Default for Options {
@@ -155,6 +157,7 @@ impl Default for Options {
             audit: None,
             inflight: Default::default(),
             kinds: group::register,
+            storage_version: "v1",
         }
     }
 }
@@ -188,6 +191,7 @@ impl TestServer {
         let (storage, etcd) = storage_on(options.storage, pods, options.sample_data)
             .await
             .expect("etcd (start_on checks)");
+        let storage = storage.storing_at(options.storage_version);
         let mut disabled = Vec::new();
         if !options.namespace_lifecycle {
             disabled.push("NamespaceLifecycle");

@@ -5,6 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use farm_apiserver::{
     group::{self, ApiGroup},
+    resource::VersionOf,
     resources::{Llama, llama},
     server::{AppState, Shutdown, StateOptions},
     store::{PodCache, StorageFactory, Store},
@@ -81,7 +82,7 @@ pub async fn seed_etcd<F: std::future::Future<Output = bool>>(
         llamas
             .writable()
             .expect("writable")
-            .create(llama::sample(), false)
+            .create(Llama::from_stored(&llama::sample()), false)
             .await
             .expect("seeding dolly");
     }
@@ -96,5 +97,7 @@ pub fn memory_state(sample: bool, options: StateOptions) -> (AppState, Shutdown)
 
 /// Every kind in memory, FarmPods from `pods`; Llamas start with dolly when `sample`.
 pub fn memory(pods: Arc<PodCache>, sample: bool) -> StorageFactory {
-    StorageFactory::memory(pods).seed(llama::seed(sample, 0))
+    StorageFactory::memory(pods)
+        .seed(llama::seed::<llama::v1::Llama>(sample, 0))
+        .seed(llama::seed::<Llama>(sample, 0))
 }

@@ -1,0 +1,188 @@
+//! A kind served at a version other than the one its store holds (kube-apiserver's conversion
+//! around its storage): every read converted from the stored version, every write to it. The
+//! resourceVersions, continue tokens and history are the store's; a converted object or watch
+//! event is made once however often it is read ([`Stored::at_version`]).
+//!
+//! Selectors are evaluated by the store on the stored version: a kind's selectable fields
+//! must have the same names and values in every version it is served at.
+
+use std::{
+    marker::PhantomData,
+    ops::ControlFlow,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+
+use super::{
+    LendObjects, ListCursor, ListRequest, Object, PageInfo, Preconditions, Store, StoreStats,
+    UpdateFrom, WatchItem, WatchRequest, WatchStream, WritableStore,
+};
+use crate::{
+    error::Result,
+    resource::{ObjectKey, ServedResource, VersionOf},
+};
+
+/// `V` served from a store of `S`.
+pub struct Converted<V, S> {
+    store: Arc<dyn Store<S>>,
+    version: PhantomData<fn() -> V>,
+}
+
+impl<V: VersionOf<S>, S: ServedResource> Converted<V, S> {
+    /// `V` served from `store`.
+    pub fn new(store: Arc<dyn Store<S>>) -> Self {
+        Self {
+            store,
+            version: PhantomData,
+        }
+    }
+
+    fn view(object: &Object<S>) -> Object<V> {
+        object.at_version(V::from_stored)
+    }
+}
+
+/// A list cursor of `S` lending its objects at `V`.
+struct ConvertedObjects<V, S> {
+    inner: Box<dyn LendObjects<S>>,
+    version: PhantomData<fn() -> V>,
+}
+
+impl<V: VersionOf<S>, S: ServedResource> LendObjects<V> for ConvertedObjects<V, S> {
+    fn poll_lend(
+        &mut self,
+        cx: &mut Context<'_>,
+        visit: &mut dyn FnMut(&Object<V>) -> ControlFlow<()>,
+    ) -> Poll<Result<bool>> {
+        self.inner
+            .poll_lend(cx, &mut |object| visit(&Converted::<V, S>::view(object)))
+    }
+}
+
+#[async_trait]
+impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
+    async fn get(&self, key: &ObjectKey) -> Result<Object<V>> {
+        Ok(Self::view(&self.store.get(key).await?))
+    }
+
+    fn get_sync(&self, namespace: &str, name: &str) -> Option<Result<Object<V>>> {
+        self.store
+            .get_sync(namespace, name)
+            .map(|found| found.map(|object| Self::view(&object)))
+    }
+
+    async fn list_each(
+        &self,
+        request: &ListRequest,
+        visit: &mut (dyn for<'o> FnMut(&'o Object<V>) + Send),
+    ) -> Result<PageInfo> {
+        self.store
+            .list_each(request, &mut |object| visit(&Self::view(object)))
+            .await
+    }
+
+    async fn list_cursor(&self, request: &ListRequest) -> Result<Option<ListCursor<V>>> {
+        Ok(self
+            .store
+            .list_cursor(request)
+            .await?
+            .map(|cursor| ListCursor {
+                info: cursor.info,
+                objects: Box::new(ConvertedObjects::<V, S> {
+                    inner: cursor.objects,
+                    version: PhantomData,
+                }),
+            }))
+    }
+
+    fn count_sync(&self, namespace: Option<&str>) -> Option<usize> {
+        self.store.count_sync(namespace)
+    }
+
+    async fn watch(&self, request: WatchRequest) -> Result<WatchStream<V>> {
+        let stream = self.store.watch(request).await?;
+        Ok(stream
+            .map(|item| match item {
+                WatchItem::Event(event) => WatchItem::Event(event.at_version(Self::view)),
+                WatchItem::InitialEventsEnd(rv) => WatchItem::InitialEventsEnd(rv),
+                WatchItem::Progress(rv) => WatchItem::Progress(rv),
+                WatchItem::Error(error) => WatchItem::Error(error),
+            })
+            .boxed())
+    }
+
+    async fn stats(&self) -> Result<StoreStats> {
+        self.store.stats().await
+    }
+
+    fn check_ready(&self) -> Result<()> {
+        self.store.check_ready()
+    }
+
+    // No readiness checks of its own: the stored version's registration adds the store's.
+
+    fn writable(&self) -> Option<&dyn WritableStore<V>> {
+        self.store.writable().map(|_| self as &dyn WritableStore<V>)
+    }
+}
+
+impl<V: VersionOf<S>, S: ServedResource> Converted<V, S> {
+    fn writer(&self) -> Result<&dyn WritableStore<S>> {
+        self.store.writable().ok_or_else(|| {
+            crate::error::Error::MethodNotAllowed(format!(
+                "writes are not supported on resources of kind {:?}",
+                V::qualified_resource()
+            ))
+        })
+    }
+}
+
+#[async_trait]
+impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
+    async fn get_for_update(&self, key: &ObjectKey, from: UpdateFrom) -> Result<Object<V>> {
+        Ok(Self::view(&self.writer()?.get_for_update(key, from).await?))
+    }
+
+    fn updates_from_a_cache(&self) -> bool {
+        self.store
+            .writable()
+            .is_some_and(|writer| writer.updates_from_a_cache())
+    }
+
+    async fn create(&self, object: V, dry_run: bool) -> Result<Object<V>> {
+        let created = self
+            .writer()?
+            .create(object.to_stored(None), dry_run)
+            .await?;
+        Ok(Self::view(&created))
+    }
+
+    /// The stored object it replaces keeps what `V` cannot express: read from the cache, or
+    /// from the source when the cache's copy is not the one the update names (a stale copy
+    /// would fail the compare-and-swap anyway, but must not lend its fields).
+    async fn update(&self, object: V, dry_run: bool) -> Result<Object<V>> {
+        let writer = self.writer()?;
+        let key = ObjectKey::of(object.meta());
+        let mut current = writer.get_for_update(&key, UpdateFrom::Cache).await?;
+        if current.meta().resource_version != object.meta().resource_version {
+            current = writer.get_for_update(&key, UpdateFrom::Source).await?;
+        }
+        let updated = writer
+            .update(object.to_stored(Some(current.get())), dry_run)
+            .await?;
+        Ok(Self::view(&updated))
+    }
+
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        preconditions: &Preconditions,
+        dry_run: bool,
+    ) -> Result<Object<V>> {
+        let deleted = self.writer()?.delete(key, preconditions, dry_run).await?;
+        Ok(Self::view(&deleted))
+    }
+}
