@@ -229,9 +229,9 @@ pub fn ensure_dev_certificates(dir: &Path, server_url: &str) -> Result<String> {
     Ok(ca.cert_pem)
 }
 
-/// The APIService that registers this server (`<version>.<group>`).
-pub const API_SERVICE: &str = "v1alpha.farm.example.com";
-/// The patch file that gives [`API_SERVICE`] its `caBundle`.
+/// The APIServices that register this server (`<version>.<group>`), one per version served.
+pub const API_SERVICES: [&str; 2] = ["v1.farm.example.com", "v1alpha.farm.example.com"];
+/// The patch file that gives each of [`API_SERVICES`] its `caBundle`.
 pub const CA_BUNDLE_PATCH: &str = "apiservice-cabundle.yaml";
 
 /// `farm-apiserver certs`: what `kubectl apply -k manifests/` needs to trust the server, written
@@ -253,17 +253,24 @@ pub fn write_install_certificates(out: &Path, service: &str, namespace: &str) ->
     write_private(&out.join(TLS_KEY), &key)?;
     let cert_path = out.join(TLS_CERT);
     std::fs::write(&cert_path, cert).with_context(|| format!("writing {}", cert_path.display()))?;
-    let patch = format!(
-        "# Written by `farm-apiserver certs`: the APIService trusts the CA in ca.crt.
-apiVersion: apiregistration.k8s.io/v1
+    let bundle = base64::engine::general_purpose::STANDARD.encode(&ca.cert_pem);
+    let mut patch = String::from(
+        "# Written by `farm-apiserver certs`: the APIServices trust the CA in ca.crt.\n",
+    );
+    for (i, name) in API_SERVICES.iter().enumerate() {
+        if i > 0 {
+            patch.push_str("---\n");
+        }
+        patch.push_str(&format!(
+            "apiVersion: apiregistration.k8s.io/v1
 kind: APIService
 metadata:
-  name: {API_SERVICE}
+  name: {name}
 spec:
-  caBundle: {}
-",
-        base64::engine::general_purpose::STANDARD.encode(&ca.cert_pem)
-    );
+  caBundle: {bundle}
+"
+        ));
+    }
     let patch_path = out.join(CA_BUNDLE_PATCH);
     std::fs::write(&patch_path, patch)
         .with_context(|| format!("writing {}", patch_path.display()))?;

@@ -475,6 +475,7 @@ mod tests {
     #[test]
     fn the_api_service_name_is_version_dot_group() {
         use crate::resource::{GROUP, VERSION};
-        assert_eq!(crate::tls::API_SERVICE, format!("{VERSION}.{GROUP}"));
+        assert_eq!(crate::tls::API_SERVICES[1], format!("{VERSION}.{GROUP}"));
+        assert_eq!(crate::tls::API_SERVICES[0], format!("v1.{GROUP}"));
     }
 }

@@ -129,6 +129,23 @@ impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
     }
 }
 
+/// The stored version's own rules (`validate`, `validate_update`) on what a write of another
+/// version stores, as kube-apiserver's strategy validates the internal version: an immutable
+/// field, or a limit the other version cannot express, holds whatever the version written.
+fn validate_stored<S: ServedResource>(stored: &S, current: Option<&S>) -> Result<()> {
+    let mut causes = stored.validate();
+    if let Some(current) = current {
+        causes.extend(stored.validate_update(current));
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    Err(crate::error::Error::Invalid {
+        subject: S::invalid_subject(stored.meta().name.as_deref().unwrap_or("")),
+        causes,
+    })
+}
+
 impl<V: VersionOf<S>, S: ServedResource> Converted<V, S> {
     fn writer(&self) -> Result<&dyn WritableStore<S>> {
         self.store.writable().ok_or_else(|| {
@@ -153,10 +170,9 @@ impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
     }
 
     async fn create(&self, object: V, dry_run: bool) -> Result<Object<V>> {
-        let created = self
-            .writer()?
-            .create(object.to_stored(None), dry_run)
-            .await?;
+        let stored = object.to_stored(None);
+        validate_stored(&stored, None)?;
+        let created = self.writer()?.create(stored, dry_run).await?;
         Ok(Self::view(&created))
     }
 
@@ -170,9 +186,9 @@ impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
         if current.meta().resource_version != object.meta().resource_version {
             current = writer.get_for_update(&key, UpdateFrom::Source).await?;
         }
-        let updated = writer
-            .update(object.to_stored(Some(current.get())), dry_run)
-            .await?;
+        let stored = object.to_stored(Some(current.get()));
+        validate_stored(&stored, Some(current.get()))?;
+        let updated = writer.update(stored, dry_run).await?;
         Ok(Self::view(&updated))
     }
 

@@ -97,3 +97,103 @@ impl ServedResource for Barn {
         (name == "spec.color").then(|| self.spec.color.clone())
     }
 }
+
+/// Barn's second version, declared in the same file: `spec.stalls` is `spec.stallCount`
+/// there; the colour, the selectable field, keeps its name (selectors are evaluated on the
+/// stored version). Served beside v1alpha with `ApiGroup::serve_versions` (`versions.rs`).
+pub mod v1beta1 {
+    use farm_apiserver::resource::VersionOf;
+
+    use super::*;
+
+    /// A barn of the farm.
+    #[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[kube(
+        group = "farm.example.com",
+        version = "v1beta1",
+        kind = "Barn",
+        plural = "barns",
+        namespaced,
+        status = "BarnStatus",
+        shortname = "bn",
+        category = "farm"
+    )]
+    #[serde(rename_all = "camelCase")]
+    pub struct BarnSpec {
+        /// Colour of the barn; defaults to red.
+        #[serde(default)]
+        pub color: String,
+        /// Stalls in the barn; fixed once built.
+        pub stall_count: u32,
+    }
+
+    impl ServedResource for Barn {
+        type Spec = BarnSpec;
+        const STATUS_SUBRESOURCE: bool = true;
+
+        fn set_status_from(&mut self, from: &Self) {
+            self.status = from.status.clone();
+        }
+
+        fn status_schema(generator: &mut schemars::SchemaGenerator) -> Option<schemars::Schema> {
+            Some(generator.subschema_for::<BarnStatus>())
+        }
+
+        const SINGULAR: &'static str = "barn";
+        const CATEGORIES: &'static [&'static str] = &["farm"];
+        const DESCRIPTION: &'static str = "Barn is a barn of the farm (a test kind).";
+        const SELECTABLE_FIELDS: &'static [&'static str] = &["spec.color"];
+
+        fn columns() -> Vec<ColumnDefinition> {
+            super::Barn::columns()
+        }
+
+        fn cells(&self, now: jiff::Timestamp) -> Vec<Value> {
+            vec![json!(self.spec.color), age(&self.metadata, now)]
+        }
+
+        fn field(&self, name: &str) -> Option<String> {
+            (name == "spec.color").then(|| self.spec.color.clone())
+        }
+    }
+
+    fn up(barn: &super::Barn) -> Barn {
+        Barn {
+            metadata: barn.metadata.clone(),
+            spec: BarnSpec {
+                color: barn.spec.color.clone(),
+                stall_count: barn.spec.stalls,
+            },
+            status: barn.status.clone(),
+        }
+    }
+
+    fn down(barn: &Barn) -> super::Barn {
+        super::Barn {
+            metadata: barn.metadata.clone(),
+            spec: super::BarnSpec {
+                color: barn.spec.color.clone(),
+                stalls: barn.spec.stall_count,
+            },
+            status: barn.status.clone(),
+        }
+    }
+
+    impl VersionOf<super::Barn> for Barn {
+        fn from_stored(stored: &super::Barn) -> Self {
+            up(stored)
+        }
+        fn to_stored(&self, _current: Option<&super::Barn>) -> super::Barn {
+            down(self)
+        }
+    }
+
+    impl VersionOf<Barn> for super::Barn {
+        fn from_stored(stored: &Barn) -> Self {
+            down(stored)
+        }
+        fn to_stored(&self, _current: Option<&Barn>) -> Barn {
+            up(self)
+        }
+    }
+}

@@ -27,7 +27,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-const API_SERVICE: &str = "v1alpha.farm.example.com";
+use farm_apiserver::tls::API_SERVICES;
 
 /// The tests through a real cluster (here and in `e2e_node`) install the same APIService and
 /// namespace: one at a time.
@@ -138,21 +138,24 @@ impl Cluster {
             .collect()
     }
 
-    /// Waits (up to two minutes) for the APIService to be Available; how long it took.
+    /// Waits (up to two minutes) for every version's APIService to be Available; how long it
+    /// took.
     pub(crate) async fn available(&self) -> Duration {
         let since = Instant::now();
-        self.eventually(
-            &[
-                "get",
-                "apiservice",
-                API_SERVICE,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
-            ],
-            Duration::from_secs(120),
-            |_, out, _| out == "True",
-        )
-        .await;
+        for api_service in API_SERVICES {
+            self.eventually(
+                &[
+                    "get",
+                    "apiservice",
+                    api_service,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Available\")].status}",
+                ],
+                Duration::from_secs(120),
+                |_, out, _| out == "True",
+            )
+            .await;
+        }
         since.elapsed()
     }
 
@@ -185,10 +188,12 @@ pub(crate) enum Applied {
 impl Drop for Installed<'_> {
     fn drop(&mut self) {
         let c = self.cluster;
-        let _ = c.run(
-            &["delete", "apiservice", API_SERVICE, "--ignore-not-found"],
-            None,
-        );
+        for api_service in API_SERVICES {
+            let _ = c.run(
+                &["delete", "apiservice", api_service, "--ignore-not-found"],
+                None,
+            );
+        }
         let _ = c.run(
             &[
                 "delete",
@@ -326,14 +331,14 @@ async fn through_kube_apiserver() {
         .filter(|o| !["Deployment", "Service", "Secret"].contains(&o["kind"].as_str().unwrap()))
         .cloned()
         .collect();
-    let api_service = items
-        .iter_mut()
-        .find(|o| o["kind"] == "APIService")
-        .expect("the manifests hold the APIService");
-    assert!(api_service["spec"]["caBundle"].is_string());
-    assert!(api_service["spec"].get("insecureSkipTLSVerify").is_none());
-    let service = api_service["spec"]["service"].clone();
-    api_service["spec"]["service"]["port"] = json!(port);
+    let mut service = Value::Null;
+    for api_service in items.iter_mut().filter(|o| o["kind"] == "APIService") {
+        assert!(api_service["spec"]["caBundle"].is_string());
+        assert!(api_service["spec"].get("insecureSkipTLSVerify").is_none());
+        service = api_service["spec"]["service"].clone();
+        api_service["spec"]["service"]["port"] = json!(port);
+    }
+    assert!(service.is_object(), "the manifests hold the APIServices");
     items.push(json!({
         "apiVersion": "v1",
         "kind": "Service",
@@ -365,6 +370,7 @@ async fn through_kube_apiserver() {
         Nodes::Real
     };
     suite(&cluster, ns, &step, nodes).await;
+    versions_through_the_aggregator(&cluster, ns, &step).await;
     audit_ids_join(&cluster, ns, &step, &audit_log).await;
     apiserver_audit_and_trace_join(ns, &step, &audit_log, &collector, trace_port).await;
     // The webhooks listen on this host's loopback, which this server (on this host) reaches.
@@ -374,12 +380,137 @@ async fn through_kube_apiserver() {
     mutating_policies_configured_with_kubectl(&cluster, ns, &step).await;
     webhook_through_a_service(&cluster, ns, &step).await;
 
-    step("cleaning up: the APIService first");
+    step("cleaning up: the APIServices first");
     drop(installed);
-    let (_, out, _) = cluster.run(&["get", "apiservice", API_SERVICE], None);
-    assert!(out.is_empty(), "APIService removed: {out}");
+    for api_service in API_SERVICES {
+        let (_, out, _) = cluster.run(&["get", "apiservice", api_service], None);
+        assert!(out.is_empty(), "APIService removed: {out}");
+    }
     drop(server);
     step("done");
+}
+
+/// Both versions through kube-apiserver, each APIService Available: kubectl picks v1, names
+/// v1alpha when asked; what is applied through one is read through the other; `kubectl explain`
+/// per version; kube-rs typed clients of each, and a v1alpha watch during a v1 write.
+async fn versions_through_the_aggregator(cluster: &Cluster, ns: &str, step: &dyn Fn(&str)) {
+    use farm_apiserver::resources::llama::{NICKNAME_ANNOTATION, v1, v1alpha};
+    step("versions: v1 preferred, v1alpha beside it, one object read through both");
+    let group: Value =
+        serde_json::from_str(&cluster.ok(&["get", "--raw", "/apis/farm.example.com"], None))
+            .unwrap();
+    assert_eq!(group["preferredVersion"]["version"], "v1", "{group}");
+    assert_eq!(group["versions"].as_array().unwrap().len(), 2, "{group}");
+
+    let older = format!(
+        "apiVersion: farm.example.com/v1alpha
+kind: Llama
+metadata:
+  name: versioned
+  namespace: {ns}
+spec:
+  weight: 44
+  height: 1.3
+"
+    );
+    cluster.ok(&["apply", "-f", "-"], Some(&older));
+    let weight_kg = cluster.ok(
+        &[
+            "get",
+            "llama",
+            "versioned",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.weightKg}",
+        ],
+        None,
+    );
+    assert_eq!(weight_kg, "44");
+    let weight = cluster.ok(
+        &[
+            "get",
+            "llamas.v1alpha.farm.example.com",
+            "versioned",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.spec.weight}",
+        ],
+        None,
+    );
+    assert_eq!(weight, "44");
+
+    let out = cluster
+        .eventually(
+            &["explain", "llamas.spec.weightKg"],
+            Duration::from_secs(60),
+            |ok, _, _| ok,
+        )
+        .await;
+    assert!(out.contains("VERSION:    v1\n"), "{out}");
+    let out = cluster
+        .eventually(
+            &[
+                "explain",
+                "llamas.spec.weight",
+                "--api-version=farm.example.com/v1alpha",
+            ],
+            Duration::from_secs(60),
+            |ok, _, _| ok,
+        )
+        .await;
+    assert!(out.contains("VERSION:    v1alpha"), "{out}");
+
+    step("versions: kube-rs typed clients of both, a v1alpha watch during a v1 write");
+    let client = cluster.client().await;
+    let newer: Api<v1::Llama> = Api::namespaced(client.clone(), ns);
+    let older: Api<v1alpha::Llama> = Api::namespaced(client, ns);
+    let rv = older
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = older
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let mut named = v1::Llama::new(
+        "nicknamed",
+        v1::LlamaSpec {
+            weight_kg: 55.0,
+            height_metres: 1.5,
+            nickname: Some("Nick".into()),
+        },
+    );
+    named.metadata.namespace = Some(ns.into());
+    newer.create(&PostParams::default(), &named).await.unwrap();
+    let seen = loop {
+        match tokio::time::timeout(Duration::from_secs(20), events.try_next())
+            .await
+            .expect("an event in time")
+            .unwrap()
+            .expect("the watch goes on")
+        {
+            WatchEvent::Added(llama) => break llama,
+            WatchEvent::Bookmark(_) => continue,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(seen.spec.weight, 55.0);
+    assert_eq!(
+        seen.metadata.annotations.as_ref().unwrap()[NICKNAME_ANNOTATION],
+        "Nick"
+    );
+    let read = newer.get("nicknamed").await.unwrap();
+    assert_eq!(read.spec.nickname.as_deref(), Some("Nick"));
+    cluster.ok(
+        &["delete", "llama", "versioned", "nicknamed", "-n", ns],
+        None,
+    );
 }
 
 /// One `kubectl create` through kube-apiserver: the `Audit-Id` kube-apiserver answers (its own
@@ -719,7 +850,7 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
         )
         .await;
     assert!(out.contains("KIND:       Llama"), "{out}");
-    assert!(out.contains("weight\t<number> -required-"), "{out}");
+    assert!(out.contains("weightKg\t<number> -required-"), "{out}");
     let out = cluster.ok(&["get", "--raw", "/openapi/v2"], None);
     assert!(out.contains("com.example.farm.v1alpha.Llama"));
 
@@ -742,9 +873,12 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(&row[..3], ["dolly", "31.4", "0.5"], "{out}");
     let out = cluster.ok(
+        // Through the manifest's version: kubectl's move from client-side to server-side apply
+        // below takes over fields whose values match its last-applied configuration, compared
+        // at that configuration's version.
         &[
             "patch",
-            "llama",
+            "llamas.v1alpha.farm.example.com",
             "dolly",
             "-n",
             ns,
@@ -762,9 +896,11 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
     let got: Value =
         serde_json::from_str(&cluster.ok(&["get", "llama", "dolly", "-n", ns, "-o", "json"], None))
             .unwrap();
-    // (kubectl re-encodes numbers as Go does: 32.0 comes back as 32.)
-    assert_eq!(got["spec"]["weight"].as_f64(), Some(32.0));
-    assert_eq!(got["spec"]["height"].as_f64(), Some(0.6));
+    // Applied through v1alpha, read through v1 (kubectl's preferred version). (kubectl
+    // re-encodes numbers as Go does: 32.0 comes back as 32.)
+    assert_eq!(got["apiVersion"], "farm.example.com/v1");
+    assert_eq!(got["spec"]["weightKg"].as_f64(), Some(32.0));
+    assert_eq!(got["spec"]["heightMetres"].as_f64(), Some(0.6));
     let (ok, _, err) = cluster.run(
         &[
             "patch",
@@ -775,13 +911,13 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"weight":-1}}"#,
+            r#"{"spec":{"weightKg":-1}}"#,
         ],
         None,
     );
     assert!(!ok);
     assert!(
-        err.contains("spec.weight: Invalid value: -1: must be a finite number greater than 0"),
+        err.contains("spec.weightKg: Invalid value: -1: must be a finite number greater than 0"),
         "{err}"
     );
 
@@ -810,7 +946,7 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
             "--type",
             "merge",
             "-p",
-            r#"{"spec":{"weight":40}}"#,
+            r#"{"spec":{"weightKg":40}}"#,
         ],
         None,
     );
@@ -821,7 +957,8 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
     );
     assert!(!ok);
     assert!(
-        err.contains(r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using farm.example.com/v1alpha: .spec.weight"#),
+        // kubectl-patch wrote through v1: the conflict is named at its version.
+        err.contains(r#"Apply failed with 1 conflict: conflict with "kubectl-patch" using farm.example.com/v1: .spec.weightKg"#),
         "{err}"
     );
     cluster.ok(
@@ -842,7 +979,7 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
         None,
     ))
     .unwrap();
-    assert_eq!(got["spec"]["weight"].as_f64(), Some(34.0));
+    assert_eq!(got["spec"]["weightKg"].as_f64(), Some(34.0));
     let managers: Vec<&str> = got["metadata"]["managedFields"]
         .as_array()
         .unwrap()
@@ -907,7 +1044,7 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
     let llamas = out.lines().find(|l| l.starts_with("llamas")).expect(&out);
     assert_eq!(
         llamas.split_whitespace().collect::<Vec<_>>(),
-        ["llamas", "ll", "farm.example.com/v1alpha", "true", "Llama"]
+        ["llamas", "ll", "farm.example.com/v1", "true", "Llama"]
     );
     assert!(out.lines().any(|l| l.starts_with("farmpods")), "{out}");
 
@@ -931,16 +1068,25 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
             .find(|g| g["metadata"]["name"] == "farm.example.com")
             .cloned();
         if let Some(group) = group {
-            let version = &group["versions"][0];
-            assert_eq!(version["version"], "v1alpha");
-            let resources: Vec<&str> = version["resources"]
+            // Both versions, v1 (the higher versionPriority) first.
+            let versions: Vec<&str> = group["versions"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|r| r["resource"].as_str().unwrap())
+                .map(|v| v["version"].as_str().unwrap())
                 .collect();
-            assert!(resources.contains(&"llamas") && resources.contains(&"farmpods"));
-            assert_eq!(version["freshness"], "Current");
+            assert_eq!(versions, ["v1", "v1alpha"], "{group}");
+            let resources = |at: usize| -> Vec<&str> {
+                group["versions"][at]["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["resource"].as_str().unwrap())
+                    .collect()
+            };
+            assert_eq!(resources(0), ["llamas"]);
+            assert!(resources(1).contains(&"llamas") && resources(1).contains(&"farmpods"));
+            assert_eq!(group["versions"][1]["freshness"], "Current");
             break;
         }
         assert!(Instant::now() < deadline, "not in /apis: {text}");

@@ -304,17 +304,28 @@ fn the_default_install_trusts_the_server_through_its_ca_bundle() {
             .contains("insecureSkipTLSVerify"),
         "trust is through caBundle, never insecureSkipTLSVerify"
     );
-    let api_service = find(objects, "APIService", farm_apiserver::tls::API_SERVICE);
-    let spec = &api_service["spec"];
-    assert_eq!(spec["group"], "farm.example.com");
-    assert_eq!(spec["version"], "v1alpha");
-    assert_eq!(spec["groupPriorityMinimum"], 100, "as metrics-server");
-    assert_eq!(spec["versionPriority"], 100, "as metrics-server");
-    assert_eq!(
-        b64(spec["caBundle"].as_str().expect("caBundle set")),
-        read("ca.crt"),
-        "caBundle is the CA `farm-apiserver certs` wrote"
-    );
+    // One APIService per version served, v1 preferred (the higher versionPriority).
+    let served: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == "APIService")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(served, farm_apiserver::tls::API_SERVICES);
+    for (name, version, priority) in [
+        (farm_apiserver::tls::API_SERVICES[0], "v1", 200),
+        (farm_apiserver::tls::API_SERVICES[1], "v1alpha", 100),
+    ] {
+        let spec = &find(objects, "APIService", name)["spec"];
+        assert_eq!(spec["group"], "farm.example.com");
+        assert_eq!(spec["version"], version);
+        assert_eq!(spec["groupPriorityMinimum"], 100, "as metrics-server");
+        assert_eq!(spec["versionPriority"], priority);
+        assert_eq!(
+            b64(spec["caBundle"].as_str().expect("caBundle set")),
+            read("ca.crt"),
+            "caBundle is the CA `farm-apiserver certs` wrote"
+        );
+    }
 
     // The Secret kustomize generates from the serving certificate, mounted by the Deployment
     // under its generated (hashed) name.
@@ -362,6 +373,7 @@ fn the_default_install_trusts_the_server_through_its_ca_bundle() {
         .collect();
     let service = find(objects, "Service", "farm-apiserver");
     let service_name = service["metadata"]["name"].as_str().unwrap();
+    let spec = &find(objects, "APIService", farm_apiserver::tls::API_SERVICES[0])["spec"];
     assert_eq!(spec["service"]["name"], service_name);
     assert_eq!(
         spec["service"]["namespace"],
@@ -494,12 +506,14 @@ async fn the_deployment_runs_the_server_as_the_service_and_api_service_expect() 
             "the Deployment selects its pods"
         );
     }
-    let api_service = only(objects, "APIService");
-    assert_eq!(api_service["spec"]["service"]["port"], port["port"]);
-    assert_eq!(
-        api_service["spec"]["service"]["name"],
-        service["metadata"]["name"]
-    );
+    for name in farm_apiserver::tls::API_SERVICES {
+        let api_service = find(objects, "APIService", name);
+        assert_eq!(api_service["spec"]["service"]["port"], port["port"]);
+        assert_eq!(
+            api_service["spec"]["service"]["name"],
+            service["metadata"]["name"]
+        );
+    }
 
     // Hardening.
     let pod_security = &pod["securityContext"];
@@ -748,14 +762,20 @@ fn the_cert_manager_overlay_issues_the_mounted_secret_and_injects_its_ca() {
         assert_eq!(object["metadata"]["namespace"], NAMESPACE);
     }
 
-    let api_service = only(objects, "APIService");
-    assert_eq!(
-        api_service["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
-        format!(
-            "{NAMESPACE}/{}",
-            serving["metadata"]["name"].as_str().unwrap()
-        )
-    );
+    let api_services: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == "APIService")
+        .collect();
+    assert_eq!(api_services.len(), 2, "one per version");
+    for api_service in api_services {
+        assert_eq!(
+            api_service["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            format!(
+                "{NAMESPACE}/{}",
+                serving["metadata"]["name"].as_str().unwrap()
+            )
+        );
+    }
 }
 
 #[tokio::test]

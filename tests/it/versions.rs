@@ -263,6 +263,34 @@ async fn a_body_of_the_other_version_is_refused(storage: TestStorage) {
         );
         assert_eq!(raw.get(&format!("{path}/izma"), &[]).await.status, 404);
     }
+    // What v1alpha cannot check itself is checked at the stored version: a nickname (in its
+    // annotation) longer than v1 allows is refused, not stored.
+    let long = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "izma", "annotations": {NICKNAME_ANNOTATION: "n".repeat(64)}},
+        "spec": {"weight": 50, "height": 1.2}});
+    let reply = raw
+        .send(
+            "POST",
+            V1ALPHA,
+            &json,
+            Some(serde_json::to_vec(&long).unwrap()),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        422,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert!(
+        reply.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.nickname: Too long: may not be more than 63 bytes"),
+        "{}",
+        reply.json()
+    );
+    assert_eq!(raw.get(&format!("{V1ALPHA}/izma"), &[]).await.status, 404);
 }
 
 /// Discovery's storageVersionHash is kube-apiserver's: the same for both versions of a kind,
@@ -477,4 +505,71 @@ fn the_sample_is_dolly_at_both_versions() {
     let older: v1alpha::Llama = v1alpha::Llama::from_stored(&llama::sample());
     assert_eq!(older.metadata.name.as_deref(), Some("dolly"));
     assert_eq!((older.spec.weight, older.spec.height), (31.4, 0.5));
+}
+
+/// The third kind declares two versions too (`barn.rs`): Barn at v1beta1 beside v1alpha, stored
+/// at v1alpha, its status subresource and field selector at both.
+#[tokio::test]
+async fn a_kind_of_the_tests_at_two_versions() {
+    use crate::barn::{self, Barn, BarnStatus};
+    use farm_apiserver::{group::ApiGroup, store::StorageFactory};
+    fn kinds(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
+        farm_apiserver::group::register(group, storage)
+            .serve_versions::<barn::v1beta1::Barn, Barn>(&storage.clone().storing_at("v1alpha"))
+    }
+    let server = TestServer::start_with(Options {
+        kinds,
+        ..Options::default()
+    })
+    .await;
+    let client = server.kube_client().await;
+    let newer: Api<barn::v1beta1::Barn> = Api::namespaced(client.clone(), "default");
+    let older: Api<Barn> = Api::namespaced(client, "default");
+    let built = barn::v1beta1::Barn::new(
+        "east",
+        barn::v1beta1::BarnSpec {
+            color: "blue".into(),
+            stall_count: 12,
+        },
+    );
+    newer.create(&PostParams::default(), &built).await.unwrap();
+    let seen = older.get("east").await.unwrap();
+    assert_eq!(seen.spec.stalls, 12);
+    assert_eq!(seen.spec.color, "blue");
+
+    // The status through v1alpha's /status, read through v1beta1.
+    let mut with_status = seen.clone();
+    with_status.status = Some(BarnStatus {
+        ready: true,
+        note: Some("swept".into()),
+    });
+    older
+        .replace_status("east", &PostParams::default(), &with_status)
+        .await
+        .unwrap();
+    let read = newer.get("east").await.unwrap();
+    assert_eq!(read.status.as_ref().map(|s| s.ready), Some(true));
+    assert_eq!(read.spec.stall_count, 12);
+
+    // The selectable field at both versions.
+    for path in [
+        "/apis/farm.example.com/v1beta1/namespaces/default/barns?fieldSelector=spec.color%3Dblue",
+        "/apis/farm.example.com/v1alpha/namespaces/default/barns?fieldSelector=spec.color%3Dblue",
+    ] {
+        let raw = server.raw(Some(server.admin_identity()), Alpn::Http1);
+        let list = raw.get(path, &[]).await.json();
+        assert_eq!(list["items"].as_array().unwrap().len(), 1, "{path}: {list}");
+    }
+    // Immutable stalls are checked at the stored version whatever the version written.
+    let mut more = read.clone();
+    more.spec.stall_count = 13;
+    more.status = None;
+    let err = newer
+        .replace("east", &PostParams::default(), &more)
+        .await
+        .expect_err("stalls are immutable");
+    assert!(
+        err.to_string().contains("immutable") || err.to_string().contains("Invalid"),
+        "{err}"
+    );
 }
