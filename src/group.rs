@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::{
     health::Check,
     resource::{ResourceInfo, ServedResource, VersionOf},
-    resources::{FarmPod, llama},
+    resources::{FarmPod, farmpod, llama},
     rest::{Endpoints, RestContext, fields::KindVersions},
     store::{Converted, StorageFactory, Store},
 };
@@ -67,6 +67,20 @@ impl ApiGroup {
         }
     }
 
+    /// Serves a kind at two versions, `A` and `B`, from `store`, which holds `B` (a source of
+    /// its own, as the Pod cache is for FarmPods): `A` converted.
+    pub fn serve_versions_from<A, B>(self, store: Arc<dyn Store<B>>) -> Self
+    where
+        A: VersionOf<B>,
+        B: VersionOf<A>,
+    {
+        let versions: Option<Arc<dyn farm_fieldmanager::Versions>> =
+            KindVersions::<A, B>::new().ok().map(|v| Arc::new(v) as _);
+        let converted: Arc<dyn Store<A>> = Arc::new(Converted::<A, B>::new(store.clone()));
+        self.serve_at::<A>(converted, B::version_name(), versions.clone())
+            .serve_at::<B>(store, B::version_name(), versions)
+    }
+
     /// Serves `K` from `store`, whose objects are stored at `storage_version`.
     fn serve_at<K: ServedResource>(
         mut self,
@@ -117,7 +131,7 @@ impl ApiGroup {
 pub fn register(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
     group
         .serve_versions::<llama::v1::Llama, llama::v1alpha::Llama>(storage)
-        .serve::<FarmPod>(storage.pods())
+        .serve_versions_from::<farmpod::v1::FarmPod, FarmPod>(storage.pods())
 }
 
 #[cfg(test)]
@@ -134,8 +148,8 @@ mod tests {
     async fn verbs_follow_the_store() {
         let storage = StorageFactory::memory(PodCache::without_cluster());
         let group = register(ApiGroup::new(), &storage);
-        let [llamas_v1, llamas_v1alpha, farmpods] = group.resources() else {
-            panic!("Llamas at two versions, FarmPods at one")
+        let [llamas_v1, llamas_v1alpha, farmpods_v1, farmpods] = group.resources() else {
+            panic!("Llamas and FarmPods at two versions each")
         };
         for llamas in [llamas_v1, llamas_v1alpha] {
             assert!(llamas.writable && llamas.verbs.contains(&"create"));
@@ -145,8 +159,11 @@ mod tests {
             (llamas_v1.version, llamas_v1alpha.version),
             ("v1", "v1alpha")
         );
-        assert!(!farmpods.writable);
-        assert_eq!(farmpods.verbs, ["get", "list", "watch"]);
+        for farmpods in [farmpods_v1, farmpods] {
+            assert!(!farmpods.writable);
+            assert_eq!(farmpods.verbs, ["get", "list", "watch"]);
+            assert_eq!(farmpods.storage_version, "v1alpha", "the Pod cache's");
+        }
         // The stores' readiness comes with them: the Pod cache's two checks.
         let checks: Vec<_> = group.readiness_checks().iter().map(|c| c.name).collect();
         assert_eq!(checks, ["farmpod-cache-synced", "farmpod-watch"]);
@@ -166,6 +183,7 @@ mod tests {
             [
                 ("v1", "v1alpha"),
                 ("v1alpha", "v1alpha"),
+                ("v1", "v1alpha"),
                 ("v1alpha", "v1alpha")
             ]
         );

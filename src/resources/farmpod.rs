@@ -231,6 +231,88 @@ impl ServedResource for FarmPod {
     }
 }
 
+/// `farm.example.com/v1`: the same FarmPod, unchanged, at the group's preferred version. Served
+/// from the one Pod cache (which holds v1alpha), converted.
+pub mod v1 {
+    use kube::CustomResource;
+    use schemars::JsonSchema;
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+    use crate::resource::VersionOf;
+
+    /// FarmPodSpec is what a FarmPod shows of its Pod's spec.
+    #[derive(
+        CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema,
+    )]
+    #[kube(
+        group = "farm.example.com",
+        version = "v1",
+        kind = "FarmPod",
+        plural = "farmpods",
+        namespaced,
+        shortname = "fp",
+        category = "farm",
+        status = "FarmPodStatus"
+    )]
+    pub struct FarmPodSpec {
+        /// Number of containers in the Pod (init containers not counted).
+        pub containers: u32,
+    }
+
+    impl ServedResource for FarmPod {
+        type Spec = FarmPodSpec;
+
+        const SINGULAR: &'static str = "farmpod";
+        const CATEGORIES: &'static [&'static str] = &["farm"];
+        const DESCRIPTION: &'static str = <super::FarmPod as ServedResource>::DESCRIPTION;
+
+        fn columns() -> Vec<ColumnDefinition> {
+            super::FarmPod::columns()
+        }
+
+        fn cells(&self, now: jiff::Timestamp) -> Vec<Value> {
+            super::FarmPod::from_stored(self).cells(now)
+        }
+
+        fn status_schema(generator: &mut SchemaGenerator) -> Option<Schema> {
+            super::FarmPod::status_schema(generator)
+        }
+    }
+
+    impl VersionOf<super::FarmPod> for FarmPod {
+        fn from_stored(stored: &super::FarmPod) -> Self {
+            FarmPod {
+                metadata: stored.metadata.clone(),
+                spec: FarmPodSpec {
+                    containers: stored.spec.containers,
+                },
+                status: stored.status.clone(),
+            }
+        }
+
+        fn to_stored(&self, _current: Option<&super::FarmPod>) -> super::FarmPod {
+            super::FarmPod {
+                metadata: self.metadata.clone(),
+                spec: super::FarmPodSpec {
+                    containers: self.spec.containers,
+                },
+                status: self.status.clone(),
+            }
+        }
+    }
+
+    impl VersionOf<FarmPod> for super::FarmPod {
+        fn from_stored(stored: &FarmPod) -> Self {
+            stored.to_stored(None)
+        }
+
+        fn to_stored(&self, _current: Option<&FarmPod>) -> FarmPod {
+            FarmPod::from_stored(self)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

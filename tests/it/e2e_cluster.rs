@@ -1084,7 +1084,7 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
                     .map(|r| r["resource"].as_str().unwrap())
                     .collect()
             };
-            assert_eq!(resources(0), ["llamas"]);
+            assert_eq!(resources(0), ["llamas", "farmpods"]);
             assert!(resources(1).contains(&"llamas") && resources(1).contains(&"farmpods"));
             assert_eq!(group["versions"][1]["freshness"], "Current");
             break;

@@ -84,6 +84,21 @@ async fn farmpods_are_served_from_the_cache_with_no_upstream_request_each() {
             .unwrap();
         assert_eq!(by_name.items.len(), 1);
     }
+    // The same FarmPods at v1 (the group's preferred version), from the same cache.
+    let at_v1: Api<farm_apiserver::resources::farmpod::v1::FarmPod> =
+        Api::namespaced(server.kube_client().await, "shop");
+    let web = at_v1.get("farm-web-1").await.unwrap();
+    assert_eq!(web.spec.containers, 2);
+    assert_eq!(web.status.unwrap().node_name.as_deref(), Some("node-a"));
+    assert_eq!(
+        at_v1
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        2
+    );
     // Watch connections the cache holds are not per-request; count requests only.
     assert_eq!(
         fake.requests(),

@@ -61,7 +61,7 @@ async fn apis_negotiates_aggregated_discovery_with_etag() {
     assert_eq!(body["apiVersion"], "apidiscovery.k8s.io/v2");
     assert_eq!(body["items"].as_array().unwrap().len(), 1, "only our group");
     assert_eq!(body["items"][0]["metadata"]["name"], "farm.example.com");
-    // Both versions, the preferred (v1) first; Llamas in each, FarmPods in v1alpha.
+    // Both versions, the preferred (v1) first; Llamas and FarmPods in each.
     let versions = body["items"][0]["versions"].as_array().unwrap();
     let names: Vec<_> = versions.iter().map(|v| v["version"].clone()).collect();
     assert_eq!(names, [json!("v1"), json!("v1alpha")]);
@@ -82,7 +82,10 @@ async fn apis_negotiates_aggregated_discovery_with_etag() {
             .map(|r| r["resource"].clone())
             .collect()
     };
-    assert_eq!(resources(&versions[0]), [json!("llamas")]);
+    assert_eq!(
+        resources(&versions[0]),
+        [json!("llamas"), json!("farmpods")]
+    );
     assert_eq!(
         resources(&versions[1]),
         [json!("llamas"), json!("farmpods")]
