@@ -6,6 +6,7 @@
 //! their operations in [`paths`]; here the documents and their handlers.
 
 mod paths;
+mod protobuf;
 mod schemas;
 
 use std::sync::Arc;
@@ -130,6 +131,10 @@ pub struct OpenApiDocuments {
     /// What `/openapi/v2` serves: [`v2`] as indented JSON.
     pub v2: bytes::Bytes,
     v2_etag: HeaderValue,
+    /// [`v2`] as gnostic's protobuf, for clients that ask for it (client-go's
+    /// `OpenAPISchema`).
+    pub v2_protobuf: bytes::Bytes,
+    v2_protobuf_etag: HeaderValue,
     /// What `/openapi/v3/apis/<group>/<version>` serves, per version (the preferred first).
     pub v3: Vec<V3Document>,
     v3_root: bytes::Bytes,
@@ -138,8 +143,15 @@ pub struct OpenApiDocuments {
 impl OpenApiDocuments {
     /// The documents for `resources`.
     pub fn new(resources: &[ResourceInfo]) -> Self {
-        let v2 = pretty(&v2(resources));
+        let v2_document = v2(resources);
+        let v2_protobuf = bytes::Bytes::from(protobuf::encode(&v2_document));
+        let v2 = pretty(&v2_document);
         let v2_hash = hex::encode_upper(Sha512::digest(&v2));
+        let etag = |hash: String| {
+            HeaderValue::from_str(&format!("\"{hash}\""))
+                .unwrap_or(HeaderValue::from_static("\"\""))
+        };
+        let v2_protobuf_etag = etag(hex::encode_upper(Sha512::digest(&v2_protobuf)));
         let v3: Vec<V3Document> = served_versions(resources)
             .into_iter()
             .map(|version| {
@@ -165,8 +177,9 @@ impl OpenApiDocuments {
             .into();
         Self {
             v2,
-            v2_etag: HeaderValue::from_str(&format!("\"{v2_hash}\""))
-                .unwrap_or(HeaderValue::from_static("\"\"")),
+            v2_etag: etag(v2_hash),
+            v2_protobuf,
+            v2_protobuf_etag,
             v3,
             v3_root,
         }
@@ -192,9 +205,32 @@ fn cached(body: bytes::Bytes, etag: &HeaderValue, headers: &HeaderMap) -> Respon
     conditional::respond(&body, "application/json", Some(etag), headers)
 }
 
+/// The protobuf forms of the v2 document kube-openapi serves (the first is the deprecated
+/// name client-go still sends), and the content type it answers them with.
+const V2_PROTOBUF: [&str; 2] = [
+    "com.github.proto-openapi.spec.v2@v1.0+protobuf",
+    "com.github.proto-openapi.spec.v2.v1.0+protobuf",
+];
+const V2_PROTOBUF_CONTENT_TYPE: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// `/openapi/v2`: JSON, or protobuf when the client prefers it (kube-openapi's handler).
 async fn get_v2(State(docs): State<Arc<OpenApiDocuments>>, headers: HeaderMap) -> Result<Response> {
-    json_acceptable(&headers)?;
-    Ok(cached(docs.v2.clone(), &docs.v2_etag, &headers))
+    for range in negotiate::accept(&headers) {
+        if range.type_ == "application" && V2_PROTOBUF.contains(&range.subtype.as_str()) {
+            return Ok(conditional::respond(
+                &docs.v2_protobuf,
+                V2_PROTOBUF_CONTENT_TYPE,
+                Some(&docs.v2_protobuf_etag),
+                &headers,
+            ));
+        }
+        if range.accepts_json() {
+            return Ok(cached(docs.v2.clone(), &docs.v2_etag, &headers));
+        }
+    }
+    Err(Error::NotAcceptable(
+        "only application/json and application/com.github.proto-openapi.spec.v2@v1.0+protobuf are served for OpenAPI v2".into(),
+    ))
 }
 
 async fn get_v3_root(

@@ -388,6 +388,32 @@ async fn kubectl_get_farmpods() {
     );
     assert!(out.contains("node-a") && out.contains("10.1.2.3"), "{out}");
 
+    // kubectl apply --server-side of a read-only kind, standalone: kubectl reads the OpenAPI
+    // v2 document as protobuf first (no PATCH path to take the schema from), then the server
+    // answers the patch with its 405, not "failed to download openapi".
+    let (ok, yaml, err) = run(
+        k(&[
+            "get",
+            "farmpods.v1.farm.example.com",
+            "farm-web-1",
+            "-n",
+            "shop",
+            "-o",
+            "yaml",
+        ]),
+        None,
+    )
+    .await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(k(&["apply", "--server-side", "-f", "-"]), Some(&yaml)).await;
+    assert!(!ok);
+    assert!(
+        err.contains(
+            r#"Error from server (MethodNotAllowed): patch is not supported on resources of kind "farmpods.farm.example.com""#
+        ),
+        "{err}"
+    );
+
     // -w: the initial rows, then a Pod added upstream appears.
     let mut cmd = k(&["get", "farmpods", "-n", "shop", "-w", "--no-headers"]);
     let mut child = cmd

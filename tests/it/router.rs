@@ -946,3 +946,46 @@ crate::on_both_storages!(
     unsupported_methods_are_405_status,
     deletecollection_honours_selectors,
 );
+
+/// `/openapi/v2` as kube-openapi serves it: JSON by default, gnostic's protobuf when the client
+/// asks for it (client-go's `OpenAPISchema` sends the deprecated name), 406 for neither.
+#[tokio::test]
+async fn openapi_v2_is_served_as_protobuf_when_asked_for() {
+    let app = app();
+    for accept in [
+        "application/com.github.proto-openapi.spec.v2@v1.0+protobuf",
+        "application/com.github.proto-openapi.spec.v2.v1.0+protobuf, application/json;q=0.5",
+    ] {
+        let reply = call(&app, "GET", "/openapi/v2", &[("accept", accept)], "").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.headers["content-type"],
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+        );
+        // Document.swagger (field 1, length-delimited): "2.0".
+        assert_eq!(&reply.body[..5], b"\x0a\x032.0");
+        let text = String::from_utf8_lossy(&reply.body);
+        for expected in [
+            "readFarmExampleComV1NamespacedLlama",
+            "readFarmExampleComV1alphaNamespacedLlama",
+            "com.example.farm.v1.Llama",
+            "x-kubernetes-group-version-kind",
+        ] {
+            assert!(text.contains(expected), "{expected} not in the protobuf");
+        }
+        let etag = reply.headers["etag"].to_str().unwrap().to_owned();
+        let again = call(
+            &app,
+            "GET",
+            "/openapi/v2",
+            &[("accept", accept), ("if-none-match", &etag)],
+            "",
+        )
+        .await;
+        assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+    }
+    let json = call(&app, "GET", "/openapi/v2", &[("accept", "*/*")], "").await;
+    assert_eq!(json.headers["content-type"], "application/json");
+    let refused = call(&app, "GET", "/openapi/v2", &[("accept", "text/html")], "").await;
+    assert_eq!(refused.status, StatusCode::NOT_ACCEPTABLE);
+}
