@@ -32,11 +32,16 @@ use crate::{
 #[derive(Default)]
 pub struct Endpoints {
     kinds: Vec<RoutedKind>,
+    /// The versions served: a path's version is matched against these, and a kind's is its
+    /// index here (no text compared per kind).
+    versions: Vec<&'static str>,
 }
 
 struct RoutedKind {
     /// The version it is served at (a kind may be served at several).
     version: &'static str,
+    /// Its index in [`Endpoints::versions`].
+    version_index: usize,
     /// Whether this is the version its store holds (the one counted in metrics).
     stored: bool,
     plural: &'static str,
@@ -105,8 +110,16 @@ impl Endpoints {
         })?;
         let endpoint: Arc<dyn Endpoint> =
             Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx, fields })));
+        let version_index = match self.versions.iter().position(|v| *v == info.version) {
+            Some(index) => index,
+            None => {
+                self.versions.push(info.version);
+                self.versions.len() - 1
+            }
+        };
         self.kinds.push(RoutedKind {
             version: info.version,
+            version_index,
             stored: info.version == info.storage_version,
             plural: info.plural,
             namespaced: info.namespaced,
@@ -119,17 +132,20 @@ impl Endpoints {
     /// The resource endpoint `path` names, or None when it is not one (the router answers).
     /// Only matches: whether the method is served is decided by the call.
     pub fn find<'a>(&'a self, path: &'a str) -> Option<Target<'a>> {
-        let (version, rest) = path
+        let rest = path
             .strip_prefix("/apis/")?
             .strip_prefix(crate::resource::GROUP)?
-            .strip_prefix('/')?
-            .split_once('/')?;
+            .strip_prefix('/')?;
+        let (version, rest) = self.versions.iter().enumerate().find_map(|(index, v)| {
+            let rest = rest.strip_prefix(v)?.strip_prefix('/')?;
+            Some((index, rest))
+        })?;
         let mut segments = crate::request_info::segments(rest);
         let first = segments.next()?;
         let kind = |plural: &str| {
             self.kinds
                 .iter()
-                .find(|k| k.plural == plural && k.version == version)
+                .find(|k| k.version_index == version && k.plural == plural)
         };
         let (kind, namespace, name) = if first == "namespaces" {
             let namespace = segments.next()?;
