@@ -74,11 +74,10 @@ impl ApiGroup {
         A: VersionOf<B>,
         B: VersionOf<A>,
     {
-        let versions: Option<Arc<dyn farm_fieldmanager::Versions>> =
-            KindVersions::<A, B>::new().ok().map(|v| Arc::new(v) as _);
+        // Its own source writes nothing through the REST layer: no field managers to join.
         let converted: Arc<dyn Store<A>> = Arc::new(Converted::<A, B>::new(store.clone()));
-        self.serve_at::<A>(converted, B::version_name(), versions.clone())
-            .serve_at::<B>(store, B::version_name(), versions)
+        self.serve_at::<A>(converted, B::version_name(), None)
+            .serve_at::<B>(store, B::version_name(), None)
     }
 
     /// Serves `K` from `store`, whose objects are stored at `storage_version`.

@@ -488,18 +488,7 @@ spec:
     );
     named.metadata.namespace = Some(ns.into());
     newer.create(&PostParams::default(), &named).await.unwrap();
-    let seen = loop {
-        match tokio::time::timeout(Duration::from_secs(20), events.try_next())
-            .await
-            .expect("an event in time")
-            .unwrap()
-            .expect("the watch goes on")
-        {
-            WatchEvent::Added(llama) => break llama,
-            WatchEvent::Bookmark(_) => continue,
-            other => panic!("{other:?}"),
-        }
-    };
+    let seen = crate::versions::next(&mut events).await;
     assert_eq!(seen.spec.weight, 55.0);
     assert_eq!(
         seen.metadata.annotations.as_ref().unwrap()[NICKNAME_ANNOTATION],

@@ -203,7 +203,7 @@ async fn a_watch_in_one_version_sees_writes_in_the_other(storage: TestStorage) {
 }
 
 /// The next ADDED object of a watch (bookmarks skipped).
-async fn next<K: Clone + std::fmt::Debug>(
+pub(crate) async fn next<K: Clone + std::fmt::Debug>(
     events: &mut futures::stream::BoxStream<'_, kube::Result<WatchEvent<K>>>,
 ) -> K {
     loop {
