@@ -46,7 +46,7 @@ impl ApiGroup {
         A: VersionOf<B>,
         B: VersionOf<A>,
     {
-        let versions: Option<Arc<dyn farm_fieldmanager::Versions>> =
+        let versions: Option<Arc<dyn crate::rest::fields::Versions>> =
             match KindVersions::<A, B>::new() {
                 Ok(versions) => Some(Arc::new(versions)),
                 // Reported at start-up, where each version's own schema fails the same way.
@@ -85,7 +85,7 @@ impl ApiGroup {
         mut self,
         store: Arc<dyn Store<K>>,
         storage_version: &'static str,
-        versions: Option<Arc<dyn farm_fieldmanager::Versions>>,
+        versions: Option<Arc<dyn crate::rest::fields::Versions>>,
     ) -> Self {
         let info = ResourceInfo {
             storage_version,

@@ -81,6 +81,73 @@ pub struct Attributes<'a> {
     pub options: Value,
     /// Where the kind's schema has numbers (CEL reads them as `double`).
     pub numbers: Option<Arc<cel::Numbers>>,
+    /// The kind's other served versions, for rules with `matchPolicy: Equivalent` (None: it
+    /// is served at one).
+    pub equivalents: Option<Arc<dyn Equivalents>>,
+    /// The version the request named, when a hook judges the write at an equivalent one
+    /// ([`Attributes::at_version`]); None: `version` is it.
+    pub requested_version: Option<&'a str>,
+}
+
+/// A write as one hook judges it: at the version the hook's rules took
+/// ([`webhook::rules::matched_version`]), the object and the old object converted to it;
+/// borrowed as they came when that is the version requested.
+pub struct AtVersion<'v, 'a> {
+    /// The write at that version.
+    pub attributes: Cow<'v, Attributes<'a>>,
+    /// The object (None on a delete).
+    pub object: Option<Cow<'v, Value>>,
+    /// The stored object (None on a create).
+    pub old: Option<Cow<'v, Value>>,
+}
+
+impl<'v, 'a> AtVersion<'v, 'a> {
+    /// `object` and `old` (at the version requested) as a hook that takes the write at
+    /// `version` sees them; 500 if they do not convert.
+    pub fn new(
+        attributes: &'v Attributes<'a>,
+        version: &'a str,
+        object: Option<&'v Value>,
+        old: Option<&'v Value>,
+    ) -> crate::error::Result<Self> {
+        if version == attributes.version {
+            return Ok(Self {
+                attributes: Cow::Borrowed(attributes),
+                object: object.map(Cow::Borrowed),
+                old: old.map(Cow::Borrowed),
+            });
+        }
+        let at = attributes.at_version(version);
+        let convert = |value: Option<&Value>| {
+            value
+                .map(|value| at.convert(value).map(Cow::Owned))
+                .transpose()
+        };
+        Ok(Self {
+            object: convert(object)?,
+            old: convert(old)?,
+            attributes: Cow::Owned(at),
+        })
+    }
+
+    /// Whether the hook judges the write at another version than the one requested.
+    pub fn converted(&self) -> bool {
+        matches!(self.attributes, Cow::Owned(_))
+    }
+}
+
+/// A kind's served versions and conversion between them: what k8s.io/apiserver's
+/// EquivalentResourceMapper and converter give admission, so a webhook or policy whose rules
+/// name one version of a kind (`matchPolicy: Equivalent`, the default) sees writes made
+/// through another, converted to the version it names.
+pub trait Equivalents: Send + Sync + std::fmt::Debug {
+    /// Every version the kind is served at.
+    fn versions(&self) -> &[&'static str];
+    /// `object`, at one of them (its `apiVersion`), converted to `version`; None if it does
+    /// not convert.
+    fn convert_to(&self, object: &Value, version: &str) -> Option<Value>;
+    /// Where `version`'s schema has numbers (CEL reads them as `double`).
+    fn numbers(&self, version: &str) -> Option<Arc<cel::Numbers>>;
 }
 
 impl<'a> Attributes<'a> {
@@ -104,7 +171,51 @@ impl<'a> Attributes<'a> {
             dry_run: false,
             options: Value::Null,
             numbers: None,
+            equivalents: None,
+            requested_version: None,
         }
+    }
+
+    /// The same write judged at the kind's `version` (matched through `matchPolicy:
+    /// Equivalent`): `kind` and `resource` name it, `requestKind` and `requestResource` still
+    /// the version requested.
+    pub fn at_version(&self, version: &'a str) -> Self {
+        let numbers = match &self.equivalents {
+            Some(equivalents) => equivalents.numbers(version),
+            None => self.numbers.clone(),
+        };
+        Attributes {
+            version,
+            requested_version: Some(self.request_version()),
+            numbers,
+            ..self.clone()
+        }
+    }
+
+    /// The version the request named.
+    pub fn request_version(&self) -> &'a str {
+        self.requested_version.unwrap_or(self.version)
+    }
+
+    /// `object` (JSON at any version of the kind) converted to this write's `version`; a
+    /// null (a delete's object) stays null. 500 if it does not convert, as kube-apiserver
+    /// answers a failed conversion for admission.
+    pub fn convert(&self, object: &Value) -> crate::error::Result<Value> {
+        if object.is_null()
+            || object.get("apiVersion").and_then(Value::as_str)
+                == Some(&format!("{}/{}", self.group, self.version))
+        {
+            return Ok(object.clone());
+        }
+        self.equivalents
+            .as_ref()
+            .and_then(|equivalents| equivalents.convert_to(object, self.version))
+            .ok_or_else(|| {
+                crate::error::Error::Internal(format!(
+                    "failed to convert the {} for admission to {}/{}",
+                    self.kind, self.group, self.version
+                ))
+            })
     }
 
     /// `authorizer` and `authorizer.requestResource` as CEL sees them, for the writing user

@@ -84,7 +84,7 @@ pub(crate) fn attributes<'a, K: ServedResource>(
 }
 
 /// Where `K`'s schema has numbers, read from its OpenAPI once per kind.
-fn numbers_of<K: ServedResource>() -> Arc<Numbers> {
+pub(crate) fn numbers_of<K: ServedResource>() -> Arc<Numbers> {
     type Cache = std::sync::Mutex<HashMap<std::any::TypeId, Arc<Numbers>>>;
     static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);

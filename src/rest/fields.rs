@@ -127,6 +127,8 @@ fn schema_of(info: &ResourceInfo) -> std::result::Result<Schema, fieldmanager::E
 /// other; an object that does not decode, as a write may leave one midway, does not convert).
 pub(crate) struct KindVersions<A, B> {
     schemas: [(&'static str, Schema); 2],
+    /// The versions' names (`v1`), `A`'s first.
+    names: [&'static str; 2],
     kinds: std::marker::PhantomData<fn() -> (A, B)>,
 }
 
@@ -137,6 +139,7 @@ impl<A: VersionOf<B>, B: VersionOf<A>> KindVersions<A, B> {
                 (A::group_version(), schema_of(&ResourceInfo::of::<A>(true))?),
                 (B::group_version(), schema_of(&ResourceInfo::of::<B>(true))?),
             ],
+            names: [A::version_name(), B::version_name()],
             kinds: std::marker::PhantomData,
         })
     }
@@ -179,6 +182,39 @@ impl<A: VersionOf<B>, B: VersionOf<A>> fieldmanager::Versions for KindVersions<A
         }
     }
 }
+
+/// For admission, the same conversion by version name (`matchPolicy: Equivalent`).
+impl<A: VersionOf<B>, B: VersionOf<A>> crate::admission::Equivalents for KindVersions<A, B> {
+    fn versions(&self) -> &[&'static str] {
+        &self.names
+    }
+
+    fn convert_to(&self, object: &Value, version: &str) -> Option<Value> {
+        let to = if version == A::version_name() {
+            A::group_version()
+        } else if version == B::version_name() {
+            B::group_version()
+        } else {
+            return None;
+        };
+        fieldmanager::Versions::convert(self, object, to)
+    }
+
+    fn numbers(&self, version: &str) -> Option<Arc<crate::admission::cel::Numbers>> {
+        if version == A::version_name() {
+            Some(super::admit::numbers_of::<A>())
+        } else if version == B::version_name() {
+            Some(super::admit::numbers_of::<B>())
+        } else {
+            None
+        }
+    }
+}
+
+/// A kind's versions as its field managers and admission see them.
+pub trait Versions: fieldmanager::Versions + crate::admission::Equivalents {}
+
+impl<T: fieldmanager::Versions + crate::admission::Equivalents> Versions for T {}
 
 impl FieldManagers {
     /// `live` with the apply configuration `config` merged in, as a MutatingAdmissionPolicy's

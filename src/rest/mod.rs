@@ -90,6 +90,8 @@ pub(crate) struct KindApiInner<K> {
     pub(crate) ctx: RestContext,
     /// The kind's field managers (a kind whose schema does not convert is not served).
     pub(crate) fields: fields::FieldManagers,
+    /// The kind's versions, for admission's `matchPolicy: Equivalent` (None: it has one).
+    pub(crate) equivalents: Option<Arc<dyn crate::admission::Equivalents>>,
 }
 
 /// A kind's handler state: one `Arc`, so the per-request clone is one atomic increment.

@@ -92,15 +92,18 @@ impl Endpoints {
     /// management (server-side apply), naming the kind: at start-up rather than at its first
     /// write.
     /// `info` is what the kind's registration says of it (its version and the one it is stored
-    /// at); `versions`, its other versions for field management when it has any.
+    /// at); `versions`, its versions for field management and admission when it has several.
     pub fn with<K: ServedResource>(
         mut self,
         store: Arc<dyn Store<K>>,
         info: ResourceInfo,
-        versions: Option<Arc<dyn farm_fieldmanager::Versions>>,
+        versions: Option<Arc<dyn super::fields::Versions>>,
         ctx: RestContext,
     ) -> anyhow::Result<Self> {
-        let fields = super::fields::FieldManagers::of(&info, versions).map_err(|e| {
+        let managed = versions
+            .clone()
+            .map(|v| -> Arc<dyn farm_fieldmanager::Versions> { v });
+        let fields = super::fields::FieldManagers::of(&info, managed).map_err(|e| {
             anyhow::anyhow!(
                 "kind {} ({}.{}): its schema does not convert for field management: {e}",
                 info.kind,
@@ -108,8 +111,13 @@ impl Endpoints {
                 crate::resource::GROUP
             )
         })?;
-        let endpoint: Arc<dyn Endpoint> =
-            Arc::new(KindApi::<K>(Arc::new(KindApiInner { store, ctx, fields })));
+        let equivalents = versions.map(|v| -> Arc<dyn crate::admission::Equivalents> { v });
+        let endpoint: Arc<dyn Endpoint> = Arc::new(KindApi::<K>(Arc::new(KindApiInner {
+            store,
+            ctx,
+            fields,
+            equivalents,
+        })));
         let version_index = match self.versions.iter().position(|v| *v == info.version) {
             Some(index) => index,
             None => {

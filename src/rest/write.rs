@@ -36,15 +36,16 @@ struct Author {
 }
 
 impl Author {
-    /// The attributes of a write of `K` by this author.
+    /// The attributes of a write of `K` through `api` by this author.
     fn attributes<'a, K: ServedResource>(
         &'a self,
+        api: &KindApi<K>,
         operation: Operation,
         part: Subresource,
         namespace: &'a str,
         name: &'a str,
     ) -> crate::admission::Attributes<'a> {
-        admit::attributes::<K>(
+        let mut attributes = admit::attributes::<K>(
             operation,
             part,
             namespace,
@@ -52,7 +53,9 @@ impl Author {
             self.user.as_deref(),
             self.dry_run,
             admit::write_options(self.dry_run, &self.manager),
-        )
+        );
+        attributes.equivalents = api.equivalents.clone();
+        attributes
     }
 }
 
@@ -113,8 +116,13 @@ pub(crate) async fn create<K: ServedResource>(
     prepare_create(&mut object, &namespace)?;
     namespace_lifecycle(&api, &object).await?;
     let name = object.meta().name.clone().unwrap_or_default();
-    let attributes =
-        author.attributes::<K>(Operation::Create, Subresource::Object, &namespace, &name);
+    let attributes = author.attributes::<K>(
+        &api,
+        Operation::Create,
+        Subresource::Object,
+        &namespace,
+        &name,
+    );
     // Managed fields first, as kube-apiserver: what webhooks add is nobody's.
     api.fields
         .update(Subresource::Object, None, &mut object, &author.manager)?;
@@ -175,7 +183,7 @@ pub(crate) async fn update<K: ServedResource>(
     let writer = api.writer()?;
     // A PUT names the resourceVersion it replaces: a conflict is the client's to resolve.
     let pinned = AtomicBool::new(true);
-    let attributes = author.attributes::<K>(Operation::Update, part, &namespace, &name);
+    let attributes = author.attributes::<K>(&api, Operation::Update, part, &namespace, &name);
     let (object, warnings, manager, api, key) = (&object, &warnings, &author.manager, &api, &key);
     let to = (api, writer, &attributes, author.dry_run);
     let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
@@ -231,7 +239,7 @@ pub(crate) async fn patch<K: ServedResource>(
     // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
     let writer = api.writer()?;
     let pinned = AtomicBool::new(false);
-    let attributes = author.attributes::<K>(Operation::Update, part, &namespace, &name);
+    let attributes = author.attributes::<K>(&api, Operation::Update, part, &namespace, &name);
     let manager = &author.manager;
     let (api, key, body, name, namespace, pinned_ref) =
         (&api, &key, &body, &name, &namespace, &pinned);
@@ -366,10 +374,16 @@ impl Apply {
     /// The attributes of this apply as a create or an update.
     fn attributes<K: ServedResource>(
         &self,
+        api: &KindApi<K>,
         operation: Operation,
     ) -> crate::admission::Attributes<'_> {
-        self.author
-            .attributes::<K>(operation, self.part, &self.key.namespace, &self.key.name)
+        self.author.attributes::<K>(
+            api,
+            operation,
+            self.part,
+            &self.key.namespace,
+            &self.key.name,
+        )
     }
 
     async fn attempt<K: ServedResource>(
@@ -415,7 +429,7 @@ impl Apply {
                 object.meta_mut().resource_version = None;
                 prepare_create(&mut object, &self.key.namespace)?;
                 namespace_lifecycle(api, &object).await?;
-                let attributes = self.attributes::<K>(Operation::Create);
+                let attributes = self.attributes::<K>(api, Operation::Create);
                 admit::admit_create(api, attributes, &mut object, false, &mut warnings).await?;
                 (
                     writer.create(object, self.author.dry_run).await?,
@@ -431,7 +445,7 @@ impl Apply {
                 let managed = object.meta().managed_fields.clone();
                 let mut object = written_part(object, current.as_ref(), self.part);
                 object.meta_mut().managed_fields = managed;
-                let attributes = self.attributes::<K>(Operation::Update);
+                let attributes = self.attributes::<K>(api, Operation::Update);
                 prepare_update(&mut object, current.as_ref(), self.part)?;
                 admit::admit_update(
                     api,
@@ -517,7 +531,7 @@ async fn delete_one<K: ServedResource>(
     user: Option<&crate::auth::UserInfo>,
 ) -> Result<Deleted<K>> {
     let preconditions = options.preconditions.clone().unwrap_or_default();
-    let attributes = admit::attributes::<K>(
+    let mut attributes = admit::attributes::<K>(
         Operation::Delete,
         Subresource::Object,
         &key.namespace,
@@ -526,6 +540,7 @@ async fn delete_one<K: ServedResource>(
         dry_run,
         serde_json::to_value(options).unwrap_or_default(),
     );
+    attributes.equivalents = api.equivalents.clone();
     let attributes = &attributes;
     // A precondition pins the delete: failing it again and again will not help.
     let pinned =

@@ -2360,3 +2360,146 @@ async fn no_mutating_policy_breaks_a_write() {
     );
     assert!(outcomes.iter().any(|code| *code >= 400), "{outcomes:?}");
 }
+
+/// `matchPolicy: Equivalent`, kube-apiserver's default: a webhook or policy whose rules name
+/// only v1alpha judges a write made through v1, converted to v1alpha (`kind` and `resource`
+/// v1alpha, `requestKind` and `requestResource` v1); what it mutates is converted back, v1's
+/// nickname kept; `Exact` is not called. A v1alpha write is judged as it always was.
+#[tokio::test]
+async fn hooks_of_one_version_judge_writes_made_through_another() {
+    let hook = Webhook::start().await;
+    // The mutating webhook sets v1alpha's weight of a Llama named "patched" (the validating
+    // ones see it set).
+    hook.answer(|request| {
+        if request["name"] == "patched" && request["object"]["spec"]["weight"] == 200 {
+            patch(json!([{"op": "replace", "path": "/spec/weight", "value": 7.0}]))
+        } else {
+            allow()
+        }
+    });
+    let alpha_rules = json!([{"apiGroups": ["farm.example.com"], "apiVersions": ["v1alpha"],
+        "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}]);
+    let policy_rules = json!({"resourceRules": alpha_rules.clone()});
+    let configurations = [
+        mutating(
+            "alpha-mutating",
+            json!({"clientConfig": hook.client_config("/mutate"), "rules": alpha_rules.clone()}),
+        ),
+        validating(
+            "alpha-equivalent",
+            json!({"clientConfig": hook.client_config("/equivalent"), "rules": alpha_rules.clone()}),
+        ),
+        validating(
+            "alpha-exact",
+            json!({"clientConfig": hook.client_config("/exact"), "rules": alpha_rules.clone(),
+                   "matchPolicy": "Exact"}),
+        ),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": "alpha-weight"},
+            "spec": {
+                "matchConstraints": policy_rules.clone(),
+                "validations": [{
+                    "expression": "object.spec.weight < 500.0",
+                    "messageExpression": "'too heavy at ' + request.kind.version + ' for a ' + request.requestKind.version + ' write'",
+                }],
+            },
+        }),
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+               "metadata": {"name": "alpha-weight"},
+               "spec": {"policyName": "alpha-weight", "validationActions": ["Deny"]}}),
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+               "metadata": {"name": "alpha-height"},
+               "spec": {"matchConstraints": policy_rules,
+                        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression":
+                            "[JSONPatch{op: 'replace', path: '/spec/height', value: object.spec.height * 2.0}]"}}]}}),
+        mutating_binding("alpha-height", "alpha-height", None, json!({})),
+    ];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let v1 = "/apis/farm.example.com/v1/namespaces/default/llamas";
+    let v1_llama = |name: &str, weight: f64| {
+        json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": name},
+               "spec": {"weightKg": weight, "heightMetres": 1.5, "nickname": "Kuzco"}})
+        .to_string()
+        .into_bytes()
+    };
+    let reviews = |path: &str| -> Vec<Value> {
+        hook.seen()
+            .into_iter()
+            .filter(|r| r["test:uri"].as_str().is_some_and(|u| u.starts_with(path)))
+            .collect()
+    };
+
+    // A v1 write: every v1alpha hook sees it at v1alpha; their mutations come back to v1.
+    let created = send(&server, "POST", v1, Some(v1_llama("patched", 200.0))).await;
+    assert_eq!(created.status, 201, "{}", created.json());
+    let body = created.json();
+    assert_eq!(body["apiVersion"], "farm.example.com/v1");
+    assert_eq!(
+        body["spec"],
+        json!({"weightKg": 7, "heightMetres": 3, "nickname": "Kuzco"}),
+        "the webhook's weight, the policy's height, v1's nickname kept"
+    );
+    assert_eq!(body["metadata"].get("annotations"), None, "{body}");
+    let mutated = reviews("/mutate");
+    assert_eq!(mutated.len(), 1, "{mutated:?}");
+    let request = &mutated[0]["request"];
+    assert_eq!(request["kind"]["version"], "v1alpha");
+    assert_eq!(request["resource"]["version"], "v1alpha");
+    assert_eq!(request["requestKind"]["version"], "v1");
+    assert_eq!(request["requestResource"]["version"], "v1");
+    assert_eq!(request["object"]["apiVersion"], "farm.example.com/v1alpha");
+    // The policy ran first (it doubled the height); v1's nickname rides in the annotation.
+    assert_eq!(
+        request["object"]["spec"],
+        json!({"weight": 200, "height": 3})
+    );
+    assert_eq!(
+        request["object"]["metadata"]["annotations"]["farm.example.com/v1-nickname"],
+        "Kuzco"
+    );
+    let validated = reviews("/equivalent");
+    assert_eq!(validated.len(), 1, "{validated:?}");
+    let request = &validated[0]["request"];
+    assert_eq!(request["kind"]["version"], "v1alpha");
+    assert_eq!(request["requestKind"]["version"], "v1");
+    assert_eq!(request["object"]["spec"], json!({"weight": 7, "height": 3}));
+    assert!(reviews("/exact").is_empty(), "Exact takes no v1 write");
+
+    // The v1alpha policy judges v1's weightKg as its weight.
+    let refused = send(&server, "POST", v1, Some(v1_llama("heavy", 900.0))).await;
+    assert_eq!(refused.status, 422, "{}", refused.json());
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.ends_with("denied request: too heavy at v1alpha for a v1 write")),
+        "{}",
+        refused.json()
+    );
+    assert_eq!(
+        send(&server, "GET", &format!("{v1}/heavy"), None)
+            .await
+            .status,
+        404
+    );
+
+    // A v1alpha write: the same hooks, and Exact too, at the version requested.
+    let created = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("alpha", 10.0, json!({}))),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.json());
+    assert_eq!(created.json()["spec"], json!({"weight": 10, "height": 2}));
+    for path in ["/equivalent", "/exact"] {
+        let seen = reviews(path);
+        let request = &seen.last().unwrap()["request"];
+        assert_eq!(request["name"], "alpha", "{path}");
+        assert_eq!(request["kind"]["version"], "v1alpha", "{path}");
+        assert_eq!(request["requestKind"]["version"], "v1alpha", "{path}");
+    }
+}

@@ -100,19 +100,22 @@ impl<P: Reflected, B: Reflected> Watched<P, B> {
 }
 
 /// MatchResources: resourceRules (with resourceNames; none: every resource),
-/// excludeResourceRules, namespaceSelector and objectSelector. No MatchResources at all
-/// matches nothing (a policy without matchConstraints).
-pub(crate) async fn matches(
+/// excludeResourceRules, namespaceSelector and objectSelector, the rules with their
+/// `matchPolicy` (`Equivalent`, the default, also takes a write made through another version
+/// of a kind they name). The version at which they take the write (a policy sees it
+/// converted to that version), or None; no MatchResources at all matches nothing (a policy
+/// without matchConstraints).
+pub(crate) async fn matches<'a>(
     namespaces: &Namespaces,
     resources: Option<&MatchResources>,
-    attributes: &Attributes<'_>,
+    attributes: &Attributes<'a>,
     object: Option<&Value>,
     old: Option<&Value>,
-) -> Result<bool> {
+) -> Result<Option<&'a str>> {
     let Some(resources) = resources else {
-        return Ok(false);
+        return Ok(None);
     };
-    let named = |rule: &NamedRuleWithOperations| {
+    let named = |rule: &NamedRuleWithOperations, version: &str| {
         let plain = rules::Rule {
             api_groups: &rule.api_groups,
             api_versions: &rule.api_versions,
@@ -120,26 +123,38 @@ pub(crate) async fn matches(
             resources: &rule.resources,
             scope: rule.scope.as_deref(),
         };
-        plain.matches(attributes)
+        plain.matches_at(attributes, version)
             && rule
                 .resource_names
                 .as_ref()
                 .is_none_or(|names| names.is_empty() || names.iter().any(|n| n == attributes.name))
     };
+    let equivalent = rules::equivalent(resources.match_policy.as_deref());
+    let excluded = resources
+        .exclude_resource_rules
+        .as_deref()
+        .unwrap_or_default();
+    if rules::matched_version(excluded, equivalent, attributes, named).is_some() {
+        return Ok(None);
+    }
     // No resourceRules takes every resource (a binding narrowing by selectors only).
     let rules = resources.resource_rules.as_deref().unwrap_or_default();
-    if (!rules.is_empty() && !rules.iter().any(named))
-        || resources.exclude_resource_rules.iter().flatten().any(named)
-    {
-        return Ok(false);
-    }
-    rules::Selectors::parse(
+    let version = if rules.is_empty() {
+        attributes.version
+    } else {
+        match rules::matched_version(rules, equivalent, attributes, named) {
+            Some(version) => version,
+            None => return Ok(None),
+        }
+    };
+    let selected = rules::Selectors::parse(
         resources.object_selector.as_ref(),
         resources.namespace_selector.as_ref(),
     )
     .map_err(Error::Internal)?
     .take(attributes, object, old, namespaces)
-    .await
+    .await?;
+    Ok(selected.then_some(version))
 }
 
 /// The inputs every policy expression sees: `object`, `oldObject` (typed by the kind's

@@ -19,7 +19,7 @@ use serde_json::Value;
 use super::{Common, Params, Watched, compile, inputs, matches};
 use crate::admission::Environment;
 use crate::{
-    admission::{Attributes, Operation, cel, reinvocation::Passes, webhook::Patcher},
+    admission::{AtVersion, Attributes, Operation, cel, reinvocation::Passes, webhook::Patcher},
     error::{Error, Result},
     metrics::{MutationCheckLabels, policy_error_type},
 };
@@ -102,7 +102,8 @@ impl MutatingPolicies {
                 continue;
             };
             let namespaces = &self.env.namespaces;
-            if !matches(
+            // The policy's rules say at which version it sees the write.
+            let Some(version) = matches(
                 namespaces,
                 spec.match_constraints.as_ref(),
                 attributes,
@@ -110,11 +111,13 @@ impl MutatingPolicies {
                 old,
             )
             .await?
-            {
+            else {
                 continue;
-            }
+            };
             if let Some(resources) = &binding_spec.match_resources
-                && !matches(namespaces, Some(resources), attributes, Some(object), old).await?
+                && matches(namespaces, Some(resources), attributes, Some(object), old)
+                    .await?
+                    .is_none()
             {
                 continue;
             }
@@ -157,9 +160,13 @@ impl MutatingPolicies {
                 }
                 let started = std::time::Instant::now();
                 let before = object.clone();
-                let errors = self
-                    .invoke(spec, attributes, object, old, &param, appliers)
-                    .await;
+                let errors = if version == attributes.version {
+                    self.invoke(spec, attributes, object, old, &param, appliers)
+                        .await
+                } else {
+                    self.invoke_at(version, spec, attributes, object, old, &param, appliers)
+                        .await?
+                };
                 let changed = *object != before;
                 if let Some(metrics) = self.env.metrics() {
                     let labels = MutationCheckLabels {
@@ -191,6 +198,39 @@ impl MutatingPolicies {
             Some(failure) => Err(refused(attributes, failure)),
             None => Ok(()),
         }
+    }
+
+    /// [`Self::invoke`] by a policy whose rules take the write at another `version` of the
+    /// kind: on the object converted to it, what it leaves converted back.
+    #[allow(clippy::too_many_arguments)]
+    async fn invoke_at(
+        &self,
+        version: &str,
+        spec: &MutatingAdmissionPolicySpec,
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        old: Option<&Value>,
+        params: &Value,
+        appliers: &Appliers<'_>,
+    ) -> Result<Vec<String>> {
+        let at = AtVersion::new(attributes, version, Some(&*object), old)?;
+        let before = at.object.as_deref().cloned().unwrap_or_default();
+        let mut converted = before.clone();
+        let errors = self
+            .invoke(
+                spec,
+                &at.attributes,
+                &mut converted,
+                at.old.as_deref(),
+                params,
+                appliers,
+            )
+            .await;
+        drop(at);
+        if converted != before {
+            *object = attributes.convert(&converted)?;
+        }
+        Ok(errors)
     }
 
     /// What `expressions` see of the write, `object` as it is now.

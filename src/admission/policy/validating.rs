@@ -3,7 +3,7 @@
 //! binding's `validationActions`. The `Audit` action and the policy's `auditAnnotations` go to
 //! the request's audit record (kube-apiserver's keys), when it has one.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{borrow::Cow, collections::HashMap, sync::Arc};
 
 use k8s_openapi::{
     api::admissionregistration::v1::{
@@ -239,7 +239,8 @@ impl ValidatingPolicies {
                 (None, None)
             };
             let (selected, selected_old) = (selected.as_deref(), selected_old.as_deref());
-            if !matches(
+            // The policy's rules say at which version it sees the write.
+            let Some(version) = matches(
                 namespaces,
                 spec.match_constraints.as_ref(),
                 attributes,
@@ -247,11 +248,11 @@ impl ValidatingPolicies {
                 selected_old,
             )
             .await?
-            {
+            else {
                 continue;
-            }
+            };
             if let Some(resources) = &binding_spec.match_resources
-                && !matches(
+                && matches(
                     namespaces,
                     Some(resources),
                     attributes,
@@ -259,6 +260,7 @@ impl ValidatingPolicies {
                     selected_old,
                 )
                 .await?
+                .is_none()
             {
                 continue;
             }
@@ -292,11 +294,24 @@ impl ValidatingPolicies {
                         let started = std::time::Instant::now();
                         let decision = match self.compiled(&policy, spec).await {
                             Ok(compiled) => {
-                                let fields = compiled.object_fields.as_deref();
-                                let (object, old) = (json(object, fields)?, json(old, fields)?);
+                                let (at, object, old) = if version == attributes.version {
+                                    let fields = compiled.object_fields.as_deref();
+                                    let (object, old) = (json(object, fields)?, json(old, fields)?);
+                                    (Cow::Borrowed(attributes), object, old)
+                                } else {
+                                    // Converted whole: a part of an object does not convert.
+                                    let at = attributes.at_version(version);
+                                    let convert = |of| -> Result<Option<Arc<Value>>> {
+                                        json(of, None)?
+                                            .map(|value| at.convert(&value).map(Arc::new))
+                                            .transpose()
+                                    };
+                                    let (object, old) = (convert(object)?, convert(old)?);
+                                    (Cow::Owned(at), object, old)
+                                };
                                 evaluate(
                                     compiled,
-                                    attributes,
+                                    &at,
                                     object.as_ref(),
                                     old.as_ref(),
                                     param,

@@ -412,16 +412,14 @@ pub fn review(
     object: Option<&Value>,
     old: Option<&Value>,
 ) -> Value {
-    let kind =
-        json!({"group": attributes.group, "version": attributes.version, "kind": attributes.kind});
-    let resource = json!({"group": attributes.group, "version": attributes.version, "resource": attributes.resource});
+    let [(kind, resource), (request_kind, request_resource)] = kinds_and_resources(attributes);
     let user = user_info(attributes);
     let mut request = json!({
         "uid": uid,
         "kind": kind,
         "resource": resource,
-        "requestKind": kind,
-        "requestResource": resource,
+        "requestKind": request_kind,
+        "requestResource": request_resource,
         "operation": attributes.operation.as_str(),
         "userInfo": user,
         "object": object,
@@ -433,6 +431,18 @@ pub fn review(
         request[field] = json!(value);
     }
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+}
+
+/// The AdmissionRequest's `kind` and `resource` (the version the hook judges the write at),
+/// then its `requestKind` and `requestResource` (the version requested).
+fn kinds_and_resources(attributes: &Attributes<'_>) -> [(Value, Value); 2] {
+    let (group, kind, resource) = (attributes.group, &attributes.kind, &attributes.resource);
+    [attributes.version, attributes.request_version()].map(|version| {
+        (
+            json!({"group": group, "version": version, "kind": kind}),
+            json!({"group": group, "version": version, "resource": resource}),
+        )
+    })
 }
 
 /// The AdmissionRequest's subresource, name and namespace fields that are not empty.
@@ -451,13 +461,11 @@ fn names<'a>(attributes: &Attributes<'a>) -> impl Iterator<Item = (&'static str,
 /// are variables of their own) and without a uid.
 pub fn request_variable(attributes: &Attributes<'_>) -> Value {
     let mut request = serde_json::Map::with_capacity(14);
-    let kind =
-        json!({"group": attributes.group, "version": attributes.version, "kind": attributes.kind});
-    let resource = json!({"group": attributes.group, "version": attributes.version, "resource": attributes.resource});
+    let [(kind, resource), (request_kind, request_resource)] = kinds_and_resources(attributes);
     request.insert("uid".into(), Value::String(String::new()));
-    request.insert("requestKind".into(), kind.clone());
+    request.insert("requestKind".into(), request_kind);
     request.insert("kind".into(), kind);
-    request.insert("requestResource".into(), resource.clone());
+    request.insert("requestResource".into(), request_resource);
     request.insert("resource".into(), resource);
     request.insert(
         "operation".into(),

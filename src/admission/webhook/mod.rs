@@ -17,7 +17,7 @@ use k8s_openapi::{
 use kube::runtime::reflector;
 use serde_json::Value;
 
-use super::{Attributes, Environment, Operation, cel, reinvocation::Passes};
+use super::{AtVersion, Attributes, Environment, Operation, cel, reinvocation::Passes};
 use crate::{
     error::{Error, Result},
     metrics::{RejectionLabels, WebhookLabels},
@@ -47,6 +47,9 @@ struct Hook {
     name: String,
     client: WebhookClientConfig,
     rules: Vec<RuleWithOperations>,
+    /// `matchPolicy: Equivalent` (the default): its rules also take writes made through
+    /// another version of a kind they name.
+    equivalent: bool,
     /// `failurePolicy: Fail` (the default): a failed call refuses the write.
     fail: bool,
     namespace_selector: Option<ApiLabelSelector>,
@@ -68,6 +71,7 @@ impl Hook {
         name: &str,
         client: &WebhookClientConfig,
         rules: &Option<Vec<RuleWithOperations>>,
+        match_policy: &Option<String>,
         failure_policy: &Option<String>,
         namespace_selector: &Option<ApiLabelSelector>,
         object_selector: &Option<ApiLabelSelector>,
@@ -80,6 +84,7 @@ impl Hook {
             name: name.to_owned(),
             client: client.clone(),
             rules: rules.clone().unwrap_or_default(),
+            equivalent: rules::equivalent(match_policy.as_deref()),
             fail: failure_policy.as_deref() != Some("Ignore"),
             namespace_selector: namespace_selector.clone(),
             object_selector: object_selector.clone(),
@@ -102,6 +107,7 @@ macro_rules! hook {
             &w.name,
             &w.client_config,
             &w.rules,
+            &w.match_policy,
             &w.failure_policy,
             &w.namespace_selector,
             &w.object_selector,
@@ -258,22 +264,25 @@ impl Webhooks {
         Ok(self.validating.as_ref().is_some_and(|s| !s.is_empty()))
     }
 
-    /// ShouldCallHook: the namespaceSelector, objectSelector and rules, in that order (an
-    /// error of a selector counts only if the rules match), then the `matchConditions`.
-    async fn should_call(
+    /// ShouldCallHook: the rules first, here. The version at which `hook` takes the write:
+    /// the one requested, or with `matchPolicy: Equivalent` another version of the kind its
+    /// rules name, where it sees the write converted. None: it does not take it.
+    fn matched<'a>(hook: &Hook, attributes: &Attributes<'a>) -> Option<&'a str> {
+        rules::matched_version(&hook.rules, hook.equivalent, attributes, |rule, version| {
+            rules::rule_matches_at(rule, attributes, version)
+        })
+    }
+
+    /// ShouldCallHook past the rules ([`Self::matched`]): the objectSelector and
+    /// namespaceSelector (an error of one counts only if the rules match), then the
+    /// `matchConditions`, on the write at the version the rules took.
+    async fn selected(
         &self,
         hook: &Hook,
         attributes: &Attributes<'_>,
         object: Option<&Value>,
         old: Option<&Value>,
     ) -> Result<bool> {
-        if !hook
-            .rules
-            .iter()
-            .any(|rule| rules::rule_matches(rule, attributes))
-        {
-            return Ok(false);
-        }
         let selectors = rules::Selectors::parse(
             hook.object_selector.as_ref(),
             hook.namespace_selector.as_ref(),
@@ -457,8 +466,57 @@ impl Webhooks {
         apply: &Patcher,
         warnings: &mut Vec<String>,
     ) -> Result<(bool, bool)> {
+        let Some(version) = Self::matched(hook, attributes) else {
+            return Ok((false, false));
+        };
+        if version == attributes.version {
+            return self
+                .mutate_at(
+                    hook,
+                    round_and_index,
+                    attributes,
+                    object,
+                    old,
+                    apply,
+                    warnings,
+                )
+                .await;
+        }
+        // A hook of another version mutates the object converted to it; what it leaves is
+        // converted back.
+        let at = AtVersion::new(attributes, version, Some(object), old)?;
+        let mut converted = at.object.as_deref().cloned().unwrap_or_default();
+        let (called, changed) = self
+            .mutate_at(
+                hook,
+                round_and_index,
+                &at.attributes,
+                &mut converted,
+                at.old.as_deref(),
+                apply,
+                warnings,
+            )
+            .await?;
+        if changed {
+            *object = attributes.convert(&converted)?;
+        }
+        Ok((called, changed))
+    }
+
+    /// [`Self::mutate_once`] at the version the hook takes the write at.
+    #[allow(clippy::too_many_arguments)]
+    async fn mutate_at(
+        &self,
+        hook: &Hook,
+        round_and_index: (usize, usize),
+        attributes: &Attributes<'_>,
+        object: &mut Value,
+        old: Option<&Value>,
+        apply: &Patcher,
+        warnings: &mut Vec<String>,
+    ) -> Result<(bool, bool)> {
         let present = (attributes.operation != Operation::Delete).then_some(&*object);
-        if !self.should_call(hook, attributes, present, old).await? {
+        if !self.selected(hook, attributes, present, old).await? {
             return Ok((false, false));
         }
         let Some(answer) = self.call(hook, attributes, present, old, true).await? else {
@@ -553,19 +611,28 @@ impl Webhooks {
         self.ready(attributes).await?;
         let mut calls = Vec::new();
         for hook in self.validating_hooks() {
-            if self.should_call(&hook, attributes, object, old).await? {
-                calls.push(hook);
+            let Some(version) = Self::matched(&hook, attributes) else {
+                continue;
+            };
+            let at = AtVersion::new(attributes, version, object, old)?;
+            let (object, old) = (at.object.as_deref(), at.old.as_deref());
+            if self.selected(&hook, &at.attributes, object, old).await? {
+                calls.push((hook, at));
             }
         }
-        let answers = futures::future::join_all(
-            calls
-                .iter()
-                .map(|hook| self.call(hook, attributes, object, old, false)),
-        )
+        let answers = futures::future::join_all(calls.iter().map(|(hook, at)| {
+            self.call(
+                hook,
+                &at.attributes,
+                at.object.as_deref(),
+                at.old.as_deref(),
+                false,
+            )
+        }))
         .await;
         let mut warnings = Vec::new();
         let mut refusal = None;
-        for (hook, answer) in calls.iter().zip(answers) {
+        for ((hook, _), answer) in calls.iter().zip(answers) {
             match answer {
                 Ok(Some(answer)) => {
                     warnings.extend(answer.warnings.iter().cloned());

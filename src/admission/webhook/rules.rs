@@ -15,6 +15,15 @@ use crate::selector::LabelSelector;
 /// version and resource. `*` is every resource but no subresource; `llamas/*` is the resource
 /// and all its subresources; `*/status` every status subresource.
 pub fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
+    rule_matches_at(rule, attributes, attributes.version)
+}
+
+/// [`rule_matches`] for the write at the kind's `version`.
+pub fn rule_matches_at(
+    rule: &RuleWithOperations,
+    attributes: &Attributes<'_>,
+    version: &str,
+) -> bool {
     Rule {
         api_groups: &rule.api_groups,
         api_versions: &rule.api_versions,
@@ -22,7 +31,38 @@ pub fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> b
         resources: &rule.resources,
         scope: rule.scope.as_deref(),
     }
-    .matches(attributes)
+    .matches_at(attributes, version)
+}
+
+/// Whether a `matchPolicy` is `Equivalent` (the default) rather than `Exact`.
+pub fn equivalent(match_policy: Option<&str>) -> bool {
+    match_policy != Some("Exact")
+}
+
+/// The version at which `rules` take the write: the one requested if any rule takes it, else
+/// (`equivalent`) the first other version of the kind that one takes, the rules in order and
+/// each rule's versions in the kind's (k8s.io/apiserver's ShouldCallHook and policy
+/// `matchesResourceRules`). None: no rule takes it.
+pub fn matched_version<'a, R>(
+    rules: &[R],
+    equivalent: bool,
+    attributes: &Attributes<'a>,
+    matches: impl Fn(&R, &str) -> bool,
+) -> Option<&'a str> {
+    if rules.iter().any(|rule| matches(rule, attributes.version)) {
+        return Some(attributes.version);
+    }
+    let versions = attributes
+        .equivalents
+        .as_ref()
+        .filter(|_| equivalent)?
+        .versions();
+    rules.iter().find_map(|rule| {
+        versions
+            .iter()
+            .copied()
+            .find(|version| *version != attributes.version && matches(rule, version))
+    })
 }
 
 /// The fields a webhook's rule and a policy's named rule share, borrowed.
@@ -42,6 +82,11 @@ pub struct Rule<'r> {
 impl Rule<'_> {
     /// Whether the rule takes the write `attributes` describes.
     pub fn matches(&self, attributes: &Attributes<'_>) -> bool {
+        self.matches_at(attributes, attributes.version)
+    }
+
+    /// Whether the rule takes the write `attributes` describes, made at the kind's `version`.
+    pub fn matches_at(&self, attributes: &Attributes<'_>, version: &str) -> bool {
         let exact_or_wildcard = |items: &Option<Vec<String>>, requested: &str| {
             items
                 .iter()
@@ -66,7 +111,7 @@ impl Rule<'_> {
         scope
             && exact_or_wildcard(self.operations, attributes.operation.as_str())
             && exact_or_wildcard(self.api_groups, attributes.group)
-            && exact_or_wildcard(self.api_versions, attributes.version)
+            && exact_or_wildcard(self.api_versions, version)
             && resource
     }
 }
@@ -203,6 +248,8 @@ mod tests {
             dry_run: false,
             options: serde_json::Value::Null,
             numbers: None,
+            equivalents: None,
+            requested_version: None,
         }
     }
 
@@ -258,6 +305,92 @@ mod tests {
         let mut other_version = rule(&["*"], &["*"], None);
         other_version.api_versions = Some(vec!["v1".into()]);
         assert!(!rule_matches(&other_version, &create));
+    }
+
+    /// Two versions, v1 and v1alpha, converted by renaming `spec.a` and `spec.b`.
+    #[derive(Debug)]
+    struct TwoVersions;
+
+    impl crate::admission::Equivalents for TwoVersions {
+        fn versions(&self) -> &[&'static str] {
+            &["v1", "v1alpha"]
+        }
+        fn convert_to(
+            &self,
+            object: &serde_json::Value,
+            version: &str,
+        ) -> Option<serde_json::Value> {
+            let (from, to) = if version == "v1" {
+                ("a", "b")
+            } else {
+                ("b", "a")
+            };
+            let value = object.get("spec")?.get(from)?.clone();
+            Some(serde_json::json!({
+                "apiVersion": format!("farm.example.com/{version}"),
+                "spec": {to: value},
+            }))
+        }
+        fn numbers(&self, _: &str) -> Option<std::sync::Arc<crate::admission::cel::Numbers>> {
+            None
+        }
+    }
+
+    #[test]
+    fn match_policy_takes_the_requested_version_first_then_an_equivalent_one() {
+        let mut write = attributes(Operation::Create, "default", "");
+        write.version = "v1";
+        let versioned = |versions: &[&str]| {
+            let mut rule = rule(&["*"], &["llamas"], None);
+            rule.api_versions = Some(versions.iter().map(|v| v.to_string()).collect());
+            rule
+        };
+        let at = |rules: &[RuleWithOperations], equivalent: bool, write: &Attributes<'_>| {
+            matched_version(rules, equivalent, write, |rule, version| {
+                rule_matches_at(rule, write, version)
+            })
+            .map(str::to_owned)
+        };
+        let alpha = [versioned(&["v1alpha"])];
+        // Without the kind's versions known, or with Exact, only the version requested.
+        assert_eq!(at(&alpha, true, &write), None);
+        write.equivalents = Some(std::sync::Arc::new(TwoVersions));
+        assert_eq!(at(&alpha, false, &write), None);
+        assert_eq!(at(&alpha, true, &write).as_deref(), Some("v1alpha"));
+        // A rule that takes the version requested wins, wherever it is listed.
+        let both = [versioned(&["v1alpha"]), versioned(&["v1"])];
+        assert_eq!(at(&both, true, &write).as_deref(), Some("v1"));
+        assert_eq!(at(&[versioned(&["v2"])], true, &write), None);
+        assert!(equivalent(None) && equivalent(Some("Equivalent")) && !equivalent(Some("Exact")));
+
+        // The write at v1alpha: kind and resource there, the request's version kept, the
+        // object converted (a null one, a delete's, stays null).
+        let object = serde_json::json!({"apiVersion": "farm.example.com/v1", "spec": {"b": 3}});
+        let judged = crate::admission::AtVersion::new(
+            &write,
+            "v1alpha",
+            Some(&object),
+            Some(&serde_json::Value::Null),
+        )
+        .unwrap();
+        assert!(judged.converted());
+        assert_eq!(judged.attributes.version, "v1alpha");
+        assert_eq!(judged.attributes.request_version(), "v1");
+        assert_eq!(
+            judged.object.as_deref(),
+            Some(&serde_json::json!({"apiVersion": "farm.example.com/v1alpha", "spec": {"a": 3}}))
+        );
+        assert_eq!(judged.old.as_deref(), Some(&serde_json::Value::Null));
+        // An object that does not convert is kube-apiserver's 500, not a hook skipped.
+        assert!(
+            crate::admission::AtVersion::new(
+                &write,
+                "v1alpha",
+                Some(&serde_json::json!({"apiVersion": "farm.example.com/v1", "spec": {}})),
+                None,
+            )
+            .is_err()
+        );
     }
 
     #[test]
