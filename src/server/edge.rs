@@ -175,6 +175,10 @@ impl Edge {
                 let masters = user.as_deref().is_some_and(UserInfo::is_system_masters);
                 let slot = match self.inflight.admit(info.verb, masters) {
                     Ok(slot) => slot,
+                    // A refusal the policy audits is written the way of any error: later.
+                    Err(_) if audited.is_some() => {
+                        return Err(pending(AuthStep::Checked(Ok(user)), target, None));
+                    }
                     Err(refused) => {
                         let fields = LogFields::of(&info);
                         let refused = refused.into_response();

@@ -29,7 +29,7 @@ rules:
 "#;
 
 /// An auditor of `policy` writing to `path`.
-fn auditor(policy: &str, path: &Path) -> Arc<Auditor> {
+pub(crate) fn auditor(policy: &str, path: &Path) -> Arc<Auditor> {
     let sink = log::start(
         log::LogOptions {
             path: path.to_owned(),
@@ -44,7 +44,7 @@ fn auditor(policy: &str, path: &Path) -> Arc<Auditor> {
 }
 
 /// The events written so far for `id` (waiting up to 5 s for `count` of them).
-async fn events(path: &Path, id: &str, count: usize) -> Vec<Value> {
+pub(crate) async fn events(path: &Path, id: &str, count: usize) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -62,7 +62,7 @@ async fn events(path: &Path, id: &str, count: usize) -> Vec<Value> {
     }
 }
 
-fn stages(events: &[Value]) -> Vec<&str> {
+pub(crate) fn stages(events: &[Value]) -> Vec<&str> {
     events
         .iter()
         .map(|e| e["stage"].as_str().unwrap())

@@ -1566,9 +1566,12 @@ async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
     });
     let suffix = std::process::id();
     let in_namespace = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+    // It names v1alpha only: v1 writes reach it converted (matchPolicy Equivalent).
     let mut weight = validating(
         &format!("farm-e2e-weight-{suffix}"),
         json!({"name": "weight.farm.example.com", "clientConfig": validator.client_config("/validate"),
+               "rules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["v1alpha"],
+                          "operations": ["CREATE", "UPDATE"], "resources": ["llamas"]}],
                "matchConditions": [{"name": "heavy", "expression": "object.spec.weight > 100"}],
                "namespaceSelector": in_namespace,
                "objectSelector": {"matchExpressions": [{"key": "hook", "operator": "DoesNotExist"}]}}),
@@ -1667,6 +1670,19 @@ async fn webhooks_configured_with_kubectl(cluster: &Cluster, ns: &str, step: &dy
     );
     assert!(!ok && err.contains("too heavy"), "{err}");
     assert_eq!(validator.seen().pop().unwrap()["request"]["dryRun"], true);
+
+    step(
+        "the webhook names v1alpha only: a v1 write reaches it at v1alpha (matchPolicy Equivalent)",
+    );
+    let v1 = json!({"apiVersion": "farm.example.com/v1", "kind": "Llama",
+                    "metadata": {"name": "heavy-v1", "namespace": ns},
+                    "spec": {"weightKg": 500.0, "heightMetres": 1.0}});
+    let (ok, _, err) = cluster.run(&["create", "-f", "-"], Some(&v1.to_string()));
+    assert!(!ok && err.contains("too heavy"), "{err}");
+    let request = validator.seen().pop().unwrap()["request"].clone();
+    assert_eq!(request["kind"]["version"], "v1alpha", "{request}");
+    assert_eq!(request["requestKind"]["version"], "v1", "{request}");
+    assert_eq!(request["object"]["spec"]["weight"].as_f64(), Some(500.0));
 
     step("a mutating webhook's patch is stored");
     cluster.ok(

@@ -248,3 +248,64 @@ async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not(
     );
     assert!(metrics.contains("apiserver_current_inflight_requests{request_kind=\"readOnly\"}"));
 }
+
+/// A refusal the audit policy takes is audited as kube-apiserver audits its 429s: its two
+/// events carry the code, and its `Audit-Id` is answered. A GET answered at once (the fast
+/// path) is refused the same way as one that waits.
+#[tokio::test]
+async fn an_audited_refusal_is_written_and_answers_its_audit_id() {
+    let fake = FakeKube::start().await;
+    fake.add(common::fake_kube::namespace("default", false));
+    fake.set_policy(|_| (true, "allowed by the test".into()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.log");
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n";
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        audit: Some(crate::audit::auditor(policy, &path)),
+        inflight: InflightLimits {
+            read_only: 1,
+            mutating: 1,
+        },
+        ..Default::default()
+    })
+    .await;
+    let writes = server.llamas.writable().unwrap();
+    for i in 0..40_000 {
+        writes
+            .create(
+                farm_apiserver::resources::Llama::from_stored(
+                    &farm_apiserver::resources::llama::synthetic(i),
+                ),
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let alice_identity = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
+    let alice = server.raw(Some(alice_identity), Alpn::Http1);
+    // Authorized once, so the next GET of dolly is answered on the fast path.
+    assert_eq!(alice.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 200);
+    let (status, held_list) = alice
+        .connect()
+        .await
+        .unwrap()
+        .get_and_hold("/apis/farm.example.com/v1alpha/llamas")
+        .await;
+    assert_eq!(status, 200);
+    let id = "0b4b4b4b-8b86-4011-b42d-00cf4fc964ff";
+    let refused = alice
+        .get(&format!("{LLAMAS}/dolly"), &[("audit-id", id)])
+        .await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.header("audit-id"), Some(id));
+    let written = crate::audit::events(&path, id, 2).await;
+    assert_eq!(
+        crate::audit::stages(&written),
+        ["RequestReceived", "ResponseComplete"]
+    );
+    assert_eq!(written[1]["responseStatus"]["code"], 429, "{}", written[1]);
+    assert_eq!(written[1]["user"]["username"], "alice");
+    assert_eq!(written[1]["verb"], "get");
+    drop(held_list);
+}
