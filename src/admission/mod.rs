@@ -118,14 +118,14 @@ impl<'v, 'a> AtVersion<'v, 'a> {
             });
         }
         let at = attributes.at_version(version);
-        let convert = |value: Option<&Value>| {
-            value
-                .map(|value| at.convert(value).map(Cow::Owned))
-                .transpose()
-        };
+        // The old object first: what the object's version cannot say is kept from it.
+        let old = old.map(|old| at.convert(old, None)).transpose()?;
+        let object = object
+            .map(|object| at.convert(object, old.as_ref()))
+            .transpose()?;
         Ok(Self {
-            object: convert(object)?,
-            old: convert(old)?,
+            object: object.map(Cow::Owned),
+            old: old.map(Cow::Owned),
             attributes: Cow::Owned(at),
         })
     }
@@ -143,9 +143,10 @@ impl<'v, 'a> AtVersion<'v, 'a> {
 pub trait Equivalents: Send + Sync + std::fmt::Debug {
     /// Every version the kind is served at.
     fn versions(&self) -> &[&'static str];
-    /// `object`, at one of them (its `apiVersion`), converted to `version`; None if it does
-    /// not convert.
-    fn convert_to(&self, object: &Value, version: &str) -> Option<Value>;
+    /// `object`, at one of them (its `apiVersion`), converted to `version` as a write is
+    /// (`current`: the object as stored, at `version`, which keeps what `object`'s version
+    /// cannot say); None if it does not convert.
+    fn convert_to(&self, object: &Value, version: &str, current: Option<&Value>) -> Option<Value>;
     /// Where `version`'s schema has numbers (CEL reads them as `double`).
     fn numbers(&self, version: &str) -> Option<Arc<cel::Numbers>>;
 }
@@ -197,10 +198,10 @@ impl<'a> Attributes<'a> {
         self.requested_version.unwrap_or(self.version)
     }
 
-    /// `object` (JSON at any version of the kind) converted to this write's `version`; a
-    /// null (a delete's object) stays null. 500 if it does not convert, as kube-apiserver
-    /// answers a failed conversion for admission.
-    pub fn convert(&self, object: &Value) -> crate::error::Result<Value> {
+    /// `object` (JSON at any version of the kind) converted to this write's `version`
+    /// (`current`: the object as it is at that version, when there is one); a null (a
+    /// delete's object) stays null. 500 if it does not convert.
+    pub fn convert(&self, object: &Value, current: Option<&Value>) -> crate::error::Result<Value> {
         if object.is_null()
             || object.get("apiVersion").and_then(Value::as_str)
                 == Some(&format!("{}/{}", self.group, self.version))
@@ -209,7 +210,7 @@ impl<'a> Attributes<'a> {
         }
         self.equivalents
             .as_ref()
-            .and_then(|equivalents| equivalents.convert_to(object, self.version))
+            .and_then(|equivalents| equivalents.convert_to(object, self.version, current))
             .ok_or_else(|| {
                 crate::error::Error::Internal(format!(
                     "failed to convert the {} for admission to {}/{}",

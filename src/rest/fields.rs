@@ -26,6 +26,8 @@ use crate::{
 pub(crate) struct FieldManagers {
     object: FieldManager,
     status: FieldManager,
+    /// The kind's versions, when it has several (a policy's merge is at the object's).
+    versions: Option<Arc<dyn fieldmanager::Versions>>,
 }
 
 impl FieldManagers {
@@ -53,6 +55,7 @@ impl FieldManagers {
         Ok(Self {
             object: manager(""),
             status: manager("status"),
+            versions,
         })
     }
 
@@ -153,12 +156,31 @@ impl<A, B> std::fmt::Debug for KindVersions<A, B> {
     }
 }
 
-fn converted<F: serde::de::DeserializeOwned, T: serde::Serialize>(
+/// `object` (at `F`) converted to `T`, as the store converts a write: `current`, the object
+/// as stored at `T` (when there is one), keeps what `F` cannot say.
+fn converted<F: VersionOf<T>, T: ServedResource>(
     object: &Value,
-    convert: impl FnOnce(&F) -> T,
+    current: Option<&Value>,
 ) -> Option<Value> {
     let from = F::deserialize(object).ok()?;
-    serde_json::to_value(convert(&from)).ok()
+    let current = current.and_then(|current| T::deserialize(current).ok());
+    serde_json::to_value(from.to_stored(current.as_ref())).ok()
+}
+
+impl<A: VersionOf<B>, B: VersionOf<A>> KindVersions<A, B> {
+    /// `object` converted to the apiVersion `version`, `current` at that version.
+    fn convert_at(&self, object: &Value, version: &str, current: Option<&Value>) -> Option<Value> {
+        let from = object.get("apiVersion")?.as_str()?;
+        if from == version {
+            Some(object.clone())
+        } else if from == A::group_version() && version == B::group_version() {
+            converted::<A, B>(object, current)
+        } else if from == B::group_version() && version == A::group_version() {
+            converted::<B, A>(object, current)
+        } else {
+            None
+        }
+    }
 }
 
 impl<A: VersionOf<B>, B: VersionOf<A>> fieldmanager::Versions for KindVersions<A, B> {
@@ -170,16 +192,7 @@ impl<A: VersionOf<B>, B: VersionOf<A>> fieldmanager::Versions for KindVersions<A
     }
 
     fn convert(&self, object: &Value, version: &str) -> Option<Value> {
-        let from = object.get("apiVersion")?.as_str()?;
-        if from == version {
-            Some(object.clone())
-        } else if from == A::group_version() && version == B::group_version() {
-            converted::<A, B>(object, |a| a.to_stored(None))
-        } else if from == B::group_version() && version == A::group_version() {
-            converted::<B, A>(object, |b| b.to_stored(None))
-        } else {
-            None
-        }
+        self.convert_at(object, version, None)
     }
 }
 
@@ -189,7 +202,7 @@ impl<A: VersionOf<B>, B: VersionOf<A>> crate::admission::Equivalents for KindVer
         &self.names
     }
 
-    fn convert_to(&self, object: &Value, version: &str) -> Option<Value> {
+    fn convert_to(&self, object: &Value, version: &str, current: Option<&Value>) -> Option<Value> {
         let to = if version == A::version_name() {
             A::group_version()
         } else if version == B::version_name() {
@@ -197,7 +210,7 @@ impl<A: VersionOf<B>, B: VersionOf<A>> crate::admission::Equivalents for KindVer
         } else {
             return None;
         };
-        fieldmanager::Versions::convert(self, object, to)
+        self.convert_at(object, to, current)
     }
 
     fn numbers(&self, version: &str) -> Option<Arc<crate::admission::cel::Numbers>> {
@@ -219,13 +232,20 @@ impl<T: fieldmanager::Versions + crate::admission::Equivalents> Versions for T {
 impl FieldManagers {
     /// `live` with the apply configuration `config` merged in, as a MutatingAdmissionPolicy's
     /// is (SMD's merge, no ownership recorded): a configuration that sets part of an atomic
-    /// list, map or struct is refused, as the rest of it would be dropped.
+    /// list, map or struct is refused, as the rest of it would be dropped. The schema is that
+    /// of `live`'s version (a policy of another version sees the object converted to its own).
     pub(crate) fn merge_configuration(
         &self,
         live: &Value,
         config: &Value,
     ) -> std::result::Result<Value, String> {
-        let schema = self.object.schema();
+        let version = live.get("apiVersion").and_then(Value::as_str);
+        let schema = match (&self.versions, version) {
+            (Some(versions), Some(version)) => versions
+                .schema(version)
+                .unwrap_or_else(|| self.object.schema()),
+            _ => self.object.schema(),
+        };
         let atomics = fieldmanager::typed::atomic_paths(schema, config);
         if !atomics.is_empty() {
             return Err(format!(

@@ -2390,6 +2390,18 @@ async fn hooks_of_one_version_judge_writes_made_through_another() {
             json!({"clientConfig": hook.client_config("/equivalent"), "rules": alpha_rules.clone()}),
         ),
         validating(
+            "v1-only",
+            json!({"clientConfig": hook.client_config("/v1-only"),
+                   "rules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["v1"],
+                              "operations": ["CREATE"], "resources": ["llamas"]}]}),
+        ),
+        validating(
+            "alpha-deletes",
+            json!({"clientConfig": hook.client_config("/deletes"),
+                   "rules": [{"apiGroups": ["farm.example.com"], "apiVersions": ["v1alpha"],
+                              "operations": ["DELETE"], "resources": ["llamas"]}]}),
+        ),
+        validating(
             "alpha-exact",
             json!({"clientConfig": hook.client_config("/exact"), "rules": alpha_rules.clone(),
                    "matchPolicy": "Exact"}),
@@ -2411,8 +2423,8 @@ async fn hooks_of_one_version_judge_writes_made_through_another() {
         json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
                "metadata": {"name": "alpha-height"},
                "spec": {"matchConstraints": policy_rules,
-                        "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression":
-                            "[JSONPatch{op: 'replace', path: '/spec/height', value: object.spec.height * 2.0}]"}}]}}),
+                        "mutations": [{"patchType": "ApplyConfiguration", "applyConfiguration": {"expression":
+                            "Object{spec: Object.spec{height: object.spec.height * 2.0}}"}}]}}),
         mutating_binding("alpha-height", "alpha-height", None, json!({})),
     ];
     let (server, _fake) = server_with(TestStorage::Memory, &configurations)
@@ -2467,6 +2479,40 @@ async fn hooks_of_one_version_judge_writes_made_through_another() {
     assert_eq!(request["requestKind"]["version"], "v1");
     assert_eq!(request["object"]["spec"], json!({"weight": 7, "height": 3}));
     assert!(reviews("/exact").is_empty(), "Exact takes no v1 write");
+    let seen = reviews("/v1-only");
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["request"]["requestKind"]["version"], "v1");
+    assert_eq!(seen[0]["request"]["kind"]["version"], "v1");
+
+    // An update through v1: the old object too is at v1alpha, the nickname in it.
+    let patched = send(
+        &server,
+        "PATCH",
+        &format!("{v1}/patched"),
+        Some(br#"{"spec":{"weightKg":8}}"#.to_vec()),
+    )
+    .await;
+    assert_eq!(patched.status, 200, "{}", patched.json());
+    assert_eq!(
+        patched.json()["spec"],
+        json!({"weightKg": 8, "heightMetres": 6, "nickname": "Kuzco"})
+    );
+    let request = &reviews("/equivalent").last().unwrap()["request"].clone();
+    assert_eq!(request["operation"], "UPDATE");
+    assert_eq!(request["requestKind"]["version"], "v1");
+    assert_eq!(
+        request["oldObject"]["apiVersion"],
+        "farm.example.com/v1alpha"
+    );
+    assert_eq!(
+        request["oldObject"]["spec"],
+        json!({"weight": 7, "height": 3})
+    );
+    assert_eq!(
+        request["oldObject"]["metadata"]["annotations"]["farm.example.com/v1-nickname"],
+        "Kuzco"
+    );
+    assert_eq!(request["object"]["spec"], json!({"weight": 8, "height": 6}));
 
     // The v1alpha policy judges v1's weightKg as its weight.
     let refused = send(&server, "POST", v1, Some(v1_llama("heavy", 900.0))).await;
@@ -2485,7 +2531,23 @@ async fn hooks_of_one_version_judge_writes_made_through_another() {
         404
     );
 
-    // A v1alpha write: the same hooks, and Exact too, at the version requested.
+    // A delete through v1: the v1alpha DELETE webhook gets the old object at v1alpha.
+    assert_eq!(
+        send(&server, "DELETE", &format!("{v1}/patched"), None)
+            .await
+            .status,
+        200
+    );
+    let deleted = reviews("/deletes");
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    let request = &deleted[0]["request"];
+    assert_eq!(request["kind"]["version"], "v1alpha");
+    assert_eq!(request["requestKind"]["version"], "v1");
+    assert_eq!(request["object"], Value::Null);
+    assert_eq!(request["oldObject"]["spec"]["weight"], 8);
+
+    // A v1alpha write: the same hooks, and Exact too, at the version requested; the v1 one at
+    // v1, the write converted up.
     let created = send(
         &server,
         "POST",
@@ -2502,4 +2564,12 @@ async fn hooks_of_one_version_judge_writes_made_through_another() {
         assert_eq!(request["kind"]["version"], "v1alpha", "{path}");
         assert_eq!(request["requestKind"]["version"], "v1alpha", "{path}");
     }
+    let request = &reviews("/v1-only").last().unwrap()["request"].clone();
+    assert_eq!(request["name"], "alpha");
+    assert_eq!(request["kind"]["version"], "v1");
+    assert_eq!(request["requestKind"]["version"], "v1alpha");
+    assert_eq!(
+        request["object"]["spec"],
+        json!({"weightKg": 10, "heightMetres": 2})
+    );
 }

@@ -5,7 +5,7 @@
 //! A failing mutation is the policy's failure, judged by its `failurePolicy` once every policy
 //! has run; a JSON patch whose `test` fails changes nothing.
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use k8s_openapi::{
     api::admissionregistration::v1::{
@@ -165,7 +165,7 @@ impl MutatingPolicies {
                         .await
                 } else {
                     self.invoke_at(version, spec, attributes, object, old, &param, appliers)
-                        .await?
+                        .await
                 };
                 let changed = *object != before;
                 if let Some(metrics) = self.env.metrics() {
@@ -201,7 +201,8 @@ impl MutatingPolicies {
     }
 
     /// [`Self::invoke`] by a policy whose rules take the write at another `version` of the
-    /// kind: on the object converted to it, what it leaves converted back.
+    /// kind: on the object converted to it, what it leaves converted back. A conversion that
+    /// fails is the policy's failure (judged by its failurePolicy), as kube-apiserver's.
     #[allow(clippy::too_many_arguments)]
     async fn invoke_at(
         &self,
@@ -212,25 +213,31 @@ impl MutatingPolicies {
         old: Option<&Value>,
         params: &Value,
         appliers: &Appliers<'_>,
-    ) -> Result<Vec<String>> {
-        let at = AtVersion::new(attributes, version, Some(&*object), old)?;
-        let before = at.object.as_deref().cloned().unwrap_or_default();
+    ) -> Vec<String> {
+        let failed =
+            |e: crate::error::Error| vec![format!("failed to convert object version: {e}")];
+        let (at, before) = match AtVersion::new(attributes, version, Some(&*object), old) {
+            Ok(at) => {
+                let before = at.object.as_deref().cloned().unwrap_or_default();
+                (
+                    at.attributes.into_owned(),
+                    (before, at.old.map(Cow::into_owned)),
+                )
+            }
+            Err(e) => return failed(e),
+        };
+        let (before, old) = before;
         let mut converted = before.clone();
-        let errors = self
-            .invoke(
-                spec,
-                &at.attributes,
-                &mut converted,
-                at.old.as_deref(),
-                params,
-                appliers,
-            )
+        let mut errors = self
+            .invoke(spec, &at, &mut converted, old.as_ref(), params, appliers)
             .await;
-        drop(at);
         if converted != before {
-            *object = attributes.convert(&converted)?;
+            match attributes.convert(&converted, Some(object)) {
+                Ok(back) => *object = back,
+                Err(e) => errors.extend(failed(e)),
+            }
         }
-        Ok(errors)
+        errors
     }
 
     /// What `expressions` see of the write, `object` as it is now.

@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::{Common, Params, Watched, compile, inputs, matches};
 use crate::admission::Environment;
 use crate::{
-    admission::{Attributes, ObjectJson, cel, webhook::forbidden},
+    admission::{AtVersion, Attributes, ObjectJson, cel, webhook::forbidden},
     error::{Error, Result},
     metrics::policy_error_type,
     namespaces::Namespaces,
@@ -289,25 +289,45 @@ impl ValidatingPolicies {
                 Err(_) => continue,
                 Ok(None) => Vec::new(),
                 Ok(Some(params)) => {
+                    // A policy of another version sees the write converted to it, whole (a
+                    // part of an object does not convert), once; a conversion that fails is
+                    // the policy's failure.
+                    let converted = if version == attributes.version {
+                        None
+                    } else {
+                        let (whole, whole_old) = (json(object, None)?, json(old, None)?);
+                        Some(
+                            AtVersion::new(
+                                attributes,
+                                version,
+                                whole.as_deref(),
+                                whole_old.as_deref(),
+                            )
+                            .map(|at| {
+                                let owned =
+                                    |v: Option<Cow<'_, Value>>| v.map(|v| Arc::new(v.into_owned()));
+                                (at.attributes.into_owned(), owned(at.object), owned(at.old))
+                            })
+                            .map_err(|e| format!("failed to convert object version: {e}")),
+                        )
+                    };
                     let mut decisions = Vec::new();
                     for param in params {
                         let started = std::time::Instant::now();
-                        let decision = match self.compiled(&policy, spec).await {
-                            Ok(compiled) => {
-                                let (at, object, old) = if version == attributes.version {
-                                    let fields = compiled.object_fields.as_deref();
-                                    let (object, old) = (json(object, fields)?, json(old, fields)?);
-                                    (Cow::Borrowed(attributes), object, old)
-                                } else {
-                                    // Converted whole: a part of an object does not convert.
-                                    let at = attributes.at_version(version);
-                                    let convert = |of| -> Result<Option<Arc<Value>>> {
-                                        json(of, None)?
-                                            .map(|value| at.convert(&value).map(Arc::new))
-                                            .transpose()
-                                    };
-                                    let (object, old) = (convert(object)?, convert(old)?);
-                                    (Cow::Owned(at), object, old)
+                        let decision = match (self.compiled(&policy, spec).await, &converted) {
+                            (Err(message), _) => Err(message),
+                            (_, Some(Err(message))) => Err(message.clone()),
+                            (Ok(compiled), converted) => {
+                                let (at, object, old) = match converted {
+                                    Some(Ok((at, object, old))) => {
+                                        (Cow::Borrowed(at), object.clone(), old.clone())
+                                    }
+                                    _ => {
+                                        let fields = compiled.object_fields.as_deref();
+                                        let (object, old) =
+                                            (json(object, fields)?, json(old, fields)?);
+                                        (Cow::Borrowed(attributes), object, old)
+                                    }
                                 };
                                 evaluate(
                                     compiled,
@@ -320,7 +340,6 @@ impl ValidatingPolicies {
                                 )
                                 .await
                             }
-                            Err(message) => Err(message),
                         };
                         decisions.push((decision, started.elapsed().as_secs_f64()));
                     }

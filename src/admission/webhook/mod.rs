@@ -274,8 +274,8 @@ impl Webhooks {
     }
 
     /// ShouldCallHook past the rules ([`Self::matched`]): the objectSelector and
-    /// namespaceSelector (an error of one counts only if the rules match), then the
-    /// `matchConditions`, on the write at the version the rules took.
+    /// namespaceSelector (an error of one counts only if the rules match), on the write as
+    /// requested (labels are the same at every version), before anything is converted.
     async fn selected(
         &self,
         hook: &Hook,
@@ -283,21 +283,28 @@ impl Webhooks {
         object: Option<&Value>,
         old: Option<&Value>,
     ) -> Result<bool> {
-        let selectors = rules::Selectors::parse(
+        rules::Selectors::parse(
             hook.object_selector.as_ref(),
             hook.namespace_selector.as_ref(),
         )
-        .map_err(|e| Error::Internal(format!("webhook {:?}: {e}", hook.name)))?;
-        if !selectors
-            .take(attributes, object, old, &self.env.namespaces)
-            .await?
-        {
-            return Ok(false);
+        .map_err(|e| Error::Internal(format!("webhook {:?}: {e}", hook.name)))?
+        .take(attributes, object, old, &self.env.namespaces)
+        .await
+    }
+
+    /// The last of ShouldCallHook: the `matchConditions`, on the write at the version the
+    /// rules took.
+    async fn conditions(
+        &self,
+        hook: &Hook,
+        attributes: &Attributes<'_>,
+        object: Option<&Value>,
+        old: Option<&Value>,
+    ) -> Result<bool> {
+        if hook.match_conditions.is_empty() {
+            return Ok(true);
         }
-        if !hook.match_conditions.is_empty() {
-            return self.conditions_hold(hook, attributes, object, old).await;
-        }
-        Ok(true)
+        self.conditions_hold(hook, attributes, object, old).await
     }
 
     /// `matchConditions` (CEL over `object`, `oldObject`, `request` and `authorizer`): a false one skips the
@@ -469,6 +476,10 @@ impl Webhooks {
         let Some(version) = Self::matched(hook, attributes) else {
             return Ok((false, false));
         };
+        let present = (attributes.operation != Operation::Delete).then_some(&*object);
+        if !self.selected(hook, attributes, present, old).await? {
+            return Ok((false, false));
+        }
         if version == attributes.version {
             return self
                 .mutate_at(
@@ -498,7 +509,7 @@ impl Webhooks {
             )
             .await?;
         if changed {
-            *object = attributes.convert(&converted)?;
+            *object = attributes.convert(&converted, Some(object))?;
         }
         Ok((called, changed))
     }
@@ -516,7 +527,7 @@ impl Webhooks {
         warnings: &mut Vec<String>,
     ) -> Result<(bool, bool)> {
         let present = (attributes.operation != Operation::Delete).then_some(&*object);
-        if !self.selected(hook, attributes, present, old).await? {
+        if !self.conditions(hook, attributes, present, old).await? {
             return Ok((false, false));
         }
         let Some(answer) = self.call(hook, attributes, present, old, true).await? else {
@@ -610,13 +621,25 @@ impl Webhooks {
     ) -> Result<Vec<String>> {
         self.ready(attributes).await?;
         let mut calls = Vec::new();
+        // The write at each version a hook takes it at, converted once.
+        let mut versions: Vec<Arc<AtVersion<'_, '_>>> = Vec::new();
         for hook in self.validating_hooks() {
             let Some(version) = Self::matched(&hook, attributes) else {
                 continue;
             };
-            let at = AtVersion::new(attributes, version, object, old)?;
-            let (object, old) = (at.object.as_deref(), at.old.as_deref());
-            if self.selected(&hook, &at.attributes, object, old).await? {
+            if !self.selected(&hook, attributes, object, old).await? {
+                continue;
+            }
+            let at = match versions.iter().find(|at| at.attributes.version == version) {
+                Some(at) => at.clone(),
+                None => {
+                    let at = Arc::new(AtVersion::new(attributes, version, object, old)?);
+                    versions.push(at.clone());
+                    at
+                }
+            };
+            let (judged, object, old) = (&at.attributes, at.object.as_deref(), at.old.as_deref());
+            if self.conditions(&hook, judged, object, old).await? {
                 calls.push((hook, at));
             }
         }

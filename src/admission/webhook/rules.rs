@@ -319,6 +319,7 @@ mod tests {
             &self,
             object: &serde_json::Value,
             version: &str,
+            _: Option<&serde_json::Value>,
         ) -> Option<serde_json::Value> {
             let (from, to) = if version == "v1" {
                 ("a", "b")
