@@ -177,6 +177,9 @@ pub(super) struct Event<'a> {
     pub(super) request_uri: Cow<'a, str>,
     pub(super) verb: &'static str,
     pub(super) user: EventUser<'a>,
+    /// The user the request acted as, when it impersonated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) impersonated_user: Option<EventUser<'a>>,
     #[serde(rename = "sourceIPs", skip_serializing_if = "Vec::is_empty")]
     pub(super) source_ips: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -217,6 +220,7 @@ impl<'a> Event<'a> {
             ),
             verb: info.verb,
             user: user.map(EventUser::of).unwrap_or_default(),
+            impersonated_user: None,
             source_ips: source_ips(headers, remote),
             user_agent: headers
                 .get(axum::http::header::USER_AGENT)
@@ -250,12 +254,8 @@ impl<'a> Event<'a> {
             stage: self.stage,
             request_uri: owned(self.request_uri),
             verb: self.verb,
-            user: EventUser {
-                username: owned(self.user.username),
-                uid: owned(self.user.uid),
-                groups: Cow::Owned(self.user.groups.into_owned()),
-                extra: Cow::Owned(self.user.extra.into_owned()),
-            },
+            user: self.user.into_owned(),
+            impersonated_user: self.impersonated_user.map(EventUser::into_owned),
             source_ips: self.source_ips,
             user_agent: self.user_agent.map(owned),
             object_ref: self.object_ref.map(|r| ObjectRef {
@@ -330,6 +330,16 @@ impl<'a> EventUser<'a> {
             uid: Cow::Borrowed(&user.uid),
             groups: Cow::Borrowed(&user.groups),
             extra: Cow::Borrowed(&user.extra),
+        }
+    }
+
+    /// The user, borrowing nothing.
+    fn into_owned(self) -> EventUser<'static> {
+        EventUser {
+            username: owned(self.username),
+            uid: owned(self.uid),
+            groups: Cow::Owned(self.groups.into_owned()),
+            extra: Cow::Owned(self.extra.into_owned()),
         }
     }
 }

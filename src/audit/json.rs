@@ -44,6 +44,10 @@ impl Event<'_> {
         out.push(b'"');
         out.extend_from_slice(br#","user":"#);
         user(out, &self.user);
+        if let Some(impersonated) = &self.impersonated_user {
+            out.extend_from_slice(br#","impersonatedUser":"#);
+            user(out, impersonated);
+        }
         if !self.source_ips.is_empty() {
             out.extend_from_slice(br#","sourceIPs":"#);
             strings(out, &self.source_ips);
@@ -325,6 +329,11 @@ mod tests {
                     ("x".into(), vec![]),
                 ])),
             },
+            impersonated_user: Some(EventUser {
+                username: "system:serviceaccount:farm:robot".into(),
+                groups: vec!["system:serviceaccounts".into()].into(),
+                ..Default::default()
+            }),
             source_ips: vec!["10.0.0.1".into(), "::1".into()],
             user_agent: Some("kubectl/v1.36.0 (linux/amd64) <tab>\t".into()),
             object_ref: Some(ObjectRef {

@@ -367,4 +367,43 @@ mod tests {
         let current = std::fs::metadata(&path).unwrap().len();
         assert_eq!(current % (100 * 1024), 0);
     }
+
+    /// `--audit-log-maxage`: a rotation removes the backups older than that many days (named
+    /// by their time, as lumberjack names them), and keeps the younger ones.
+    #[tokio::test]
+    async fn a_rotation_removes_backups_older_than_max_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let backup = |age: jiff::SignedDuration| {
+            let at = jiff::Timestamp::now() - age;
+            let name = format!("audit-{}.log", at.strftime(BACKUP_TIME));
+            std::fs::write(dir.path().join(&name), b"old\n").unwrap();
+            name
+        };
+        let old = backup(jiff::SignedDuration::from_hours(24 * 10));
+        let young = backup(jiff::SignedDuration::from_hours(1));
+        let sink = start(
+            LogOptions {
+                path: path.clone(),
+                max_age_days: 3,
+                max_backups: 0,
+                max_size_mb: 1,
+            },
+            16,
+        )
+        .unwrap();
+        let line = [vec![b'x'; 100 * 1024 - 1], vec![b'\n']].concat();
+        for _ in 0..11 {
+            sink.send(line.clone()).await.unwrap();
+        }
+        sink.flush().await;
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(!names.contains(&old), "{names:?}");
+        assert!(names.contains(&young), "{names:?}");
+        // The young backup, the one this rotation made, and the live file.
+        assert_eq!(names.len(), 3, "{names:?}");
+    }
 }

@@ -226,12 +226,14 @@ impl Auditor {
         true
     }
 
-    /// The record of a request by `user` (None when authentication failed), or None when the
-    /// policy writes nothing of it. Its RequestReceived event is written here.
+    /// The record of a request by `user` (None when authentication failed), acting as
+    /// `impersonated` when it impersonates, or None when the policy writes nothing of it (the
+    /// policy judges the user who authenticated, as kube-apiserver's does). Its
+    /// RequestReceived event is written here.
     pub async fn begin(
         self: &Arc<Self>,
         id: &str,
-        user: Option<&UserInfo>,
+        (user, impersonated): (Option<&UserInfo>, Option<&UserInfo>),
         info: &RequestInfo<'_>,
         request: RequestParts<'_>,
     ) -> Option<Arc<Record>> {
@@ -239,9 +241,11 @@ impl Auditor {
         if config.level == Level::None {
             return None;
         }
+        let mut event = Event::of(config.level, id, user, info, request);
+        event.impersonated_user = impersonated.map(event::EventUser::of);
         let record = Arc::new(Record {
             auditor: self.clone(),
-            event: Mutex::new(Event::of(config.level, id, user, info, request).into_owned()),
+            event: Mutex::new(event.into_owned()),
             config,
         });
         record.emit(Stage::RequestReceived).await;

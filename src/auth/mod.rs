@@ -3,6 +3,7 @@
 
 pub mod authn;
 pub mod authz;
+pub mod impersonation;
 pub mod source;
 pub mod user;
 
@@ -39,7 +40,15 @@ pub enum AuthStep {
     Authorize(Arc<UserInfo>),
     /// A bearer token has to be reviewed (TokenReview) first.
     ReviewToken,
+    /// The request asks to impersonate: the authenticated user (None: a bearer token to review
+    /// first) must be allowed to, and the request is then authorized as the user it becomes.
+    Impersonate(Option<Arc<UserInfo>>),
 }
+
+/// A finished check: its outcome (as the impersonated user, when the request impersonates),
+/// and the user who authenticated when that is another (the impersonator, whom the audit log
+/// names as `user`).
+pub type Finished = (Checked, Option<Arc<UserInfo>>);
 
 impl Auth {
     /// Authenticates one request as far as it can without waiting (certificate or front-proxy
@@ -58,20 +67,28 @@ impl Auth {
 
     /// Authorizes an [`Auth::authenticate_sync`]ed request as far as it can without waiting
     /// (a cached or unneeded decision). `now` is when the request started (cached decisions'
-    /// age is counted from it).
+    /// age is counted from it). A request that `impersonating` (see
+    /// [`impersonation::requested`]) is left to [`Auth::finish`].
     pub fn authorize_sync(
         &self,
         authenticated: Authenticated,
         peer: Option<&PeerCertificates>,
         info: &RequestInfo<'_>,
-        now: std::time::Instant,
+        (now, impersonating): (std::time::Instant, bool),
     ) -> AuthStep {
         let Authenticated::User(user) = authenticated else {
-            return AuthStep::ReviewToken;
+            return if impersonating {
+                AuthStep::Impersonate(None)
+            } else {
+                AuthStep::ReviewToken
+            };
         };
         let Some(user) = user else {
             return AuthStep::Checked(anonymous(info).map_err(|e| (e, None)));
         };
+        if impersonating {
+            return AuthStep::Impersonate(Some(user));
+        }
         let memo = peer.map(|p| &p.decisions);
         let decided = crate::telemetry::in_span("authorization", || {
             self.authz.authorize_sync(&user, info, now, memo)
@@ -83,29 +100,47 @@ impl Auth {
         }
     }
 
-    /// Finishes a check [`Auth::authorize_sync`] left: sends the review it needs. Ok(None) for an
-    /// anonymous call to an always-allowed path, the user otherwise; 401/403 as errors.
+    /// Finishes a check [`Auth::authorize_sync`] left: sends the review it needs, and
+    /// impersonates first when the request asks to. Ok(None) for an anonymous call to an
+    /// always-allowed path, the user otherwise; 401/403 as errors.
     pub async fn finish(
         &self,
         step: AuthStep,
         headers: &HeaderMap,
         info: &RequestInfo<'_>,
-    ) -> Checked {
+    ) -> Finished {
+        let impersonating = matches!(step, AuthStep::Impersonate(_));
         let user = match step {
-            AuthStep::Checked(checked) => return checked,
-            AuthStep::Authorize(user) => user,
-            AuthStep::ReviewToken => {
+            AuthStep::Checked(checked) => return (checked, None),
+            AuthStep::Authorize(user) | AuthStep::Impersonate(Some(user)) => user,
+            AuthStep::ReviewToken | AuthStep::Impersonate(None) => {
                 let reviewed = crate::telemetry::in_span_async(
                     "authentication",
                     None,
                     self.authn.review_token(headers),
                 )
                 .await;
-                match reviewed.map_err(|e| (e, None))? {
-                    Some(user) => user,
-                    None => return anonymous(info).map_err(|e| (e, None)),
+                match reviewed {
+                    Ok(Some(user)) => user,
+                    Ok(None) => return (anonymous(info).map_err(|e| (e, None)), None),
+                    Err(error) => return (Err((error, None)), None),
                 }
             }
+        };
+        let (user, impersonator) = if impersonating {
+            let impersonated = crate::telemetry::in_span_async(
+                "impersonation",
+                None,
+                impersonation::impersonate(&self.authz, &user, headers),
+            )
+            .await;
+            match impersonated {
+                Ok(Some(impersonated)) => (impersonated, Some(user)),
+                Ok(None) => (user, None),
+                Err(error) => return (Err((error, Some(user))), None),
+            }
+        } else {
+            (user, None)
         };
         let decided = crate::telemetry::in_span_async(
             "authorization",
@@ -113,10 +148,11 @@ impl Auth {
             self.authz.authorize(&user, info),
         )
         .await;
-        match decided {
+        let checked = match decided {
             Ok(()) => Ok(Some(user)),
             Err(error) => Err((error, Some(user))),
-        }
+        };
+        (checked, impersonator)
     }
 }
 

@@ -155,9 +155,10 @@ impl Edge {
                 log: RequestLog::of(&info),
             })
         };
+        let impersonating = crate::auth::impersonation::requested(request.headers());
         let step = self
             .auth
-            .authorize_sync(authenticated, peer, &info, started);
+            .authorize_sync(authenticated, peer, &info, (started, impersonating));
         drop(current);
         // A traced request has its spans written on the way, and so has one the audit
         // policy writes unless it was allowed (its events are written here when it is
@@ -248,8 +249,8 @@ impl Edge {
         // unfinished with this future, it writes its last event itself).
         let mut open = std::sync::OnceLock::<audit::Open>::new();
         let work = async {
-            let checked = match auth {
-                AuthStep::Checked(checked) => checked,
+            let (checked, impersonator) = match auth {
+                AuthStep::Checked(checked) => (checked, None),
                 // A review to send (rare: once per user and TTL): it needs the request info
                 // again, which borrowed from the request the first step could not keep.
                 step => {
@@ -269,7 +270,7 @@ impl Edge {
                             .extensions()
                             .get::<connection::RemoteAddr>()
                             .map(|r| r.0),
-                        &checked,
+                        (&checked, impersonator.as_deref()),
                     ),
                 )
                 .await
@@ -353,7 +354,7 @@ impl Edge {
         method: &axum::http::Method,
         (uri, headers): (&axum::http::Uri, &axum::http::HeaderMap),
         remote: Option<std::net::IpAddr>,
-        checked: &crate::auth::Checked,
+        (checked, impersonator): (&crate::auth::Checked, Option<&UserInfo>),
     ) -> Option<Arc<audit::Record>> {
         let info = RequestInfo::parse(method, uri.path(), uri.query());
         let parts = (uri, headers, remote);
@@ -370,7 +371,15 @@ impl Edge {
             }
             Ok(user) | Err((_, user)) => user.as_deref(),
         };
-        let record = auditor.begin(id, user, &info, parts).await?;
+        // The user who authenticated, and the one it became (kube-apiserver's
+        // `impersonatedUser`).
+        let (user, impersonated) = match impersonator {
+            Some(impersonator) => (Some(impersonator), user),
+            None => (user, None),
+        };
+        let record = auditor
+            .begin(id, (user, impersonated), &info, parts)
+            .await?;
         // What authorization decided, as kube-apiserver's authorization filter notes it.
         let decision = match checked {
             Ok(_) => Some("allow"),

@@ -771,3 +771,151 @@ async fn the_webhook_backend_gets_event_lists() {
     }
     drop(server);
 }
+
+/// Impersonation (`Impersonate-User`, `-Group`, `kubectl --as`), as k8s.io/apiserver serves it to
+/// a client that calls the server directly: each part impersonated is authorized for the user
+/// who authenticated (`impersonate` users, groups), the request is then authorized as the user
+/// it becomes, and the audit log names both (`user` and `impersonatedUser`); what is refused
+/// gets kube-apiserver's 403 and is audited as the user who asked.
+#[tokio::test]
+async fn impersonation_acts_as_another_user_and_the_audit_log_names_both() {
+    let fake = FakeKube::start().await;
+    fake.add(common::fake_kube::namespace("default", false));
+    // alice may impersonate bob and the group farmers, and nothing else; bob may read.
+    fake.set_policy(|spec| {
+        let attributes = &spec["resourceAttributes"];
+        let (verb, resource, name) = (
+            attributes["verb"].as_str().unwrap_or_default(),
+            attributes["resource"].as_str().unwrap_or_default(),
+            attributes["name"].as_str().unwrap_or_default(),
+        );
+        let allowed = match (spec["user"].as_str().unwrap_or_default(), verb) {
+            ("alice", "impersonate") => {
+                matches!((resource, name), ("users", "bob") | ("groups", "farmers"))
+            }
+            ("bob", "get" | "list" | "watch") => true,
+            ("bob", _) => spec.get("nonResourceAttributes").is_some(),
+            _ => false,
+        };
+        (allowed, String::new())
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.log");
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        audit: Some(auditor(POLICY, &path)),
+        ..Default::default()
+    })
+    .await;
+    let alice = server.raw(
+        Some(server.dev_ca().issue_client("alice", &["staff"]).unwrap()),
+        Alpn::Http1,
+    );
+    let dolly = format!("{LLAMAS}/dolly");
+
+    // As bob, in farmers: read as bob; the audit log names alice and bob.
+    let id = "7a1b2c3d-8b86-4011-b42d-00cf4fc964ff";
+    let read = alice
+        .get(
+            &dolly,
+            &[
+                ("audit-id", id),
+                ("impersonate-user", "bob"),
+                ("impersonate-group", "farmers"),
+            ],
+        )
+        .await;
+    assert_eq!(read.status, 200, "{}", read.json());
+    let written = events(&path, id, 2).await;
+    assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
+    for event in &written {
+        assert_eq!(event["user"]["username"], "alice", "{event}");
+        assert_eq!(
+            event["user"]["groups"],
+            json!(["staff", "system:authenticated"])
+        );
+        assert_eq!(event["impersonatedUser"]["username"], "bob", "{event}");
+        assert_eq!(
+            event["impersonatedUser"]["groups"],
+            json!(["farmers", "system:authenticated"])
+        );
+    }
+    // alice herself may not read; the request was authorized as bob.
+    assert_eq!(alice.get(&dolly, &[]).await.status, 403);
+
+    // A user or group alice may not impersonate: kube-apiserver's 403, audited as alice.
+    let id = "7a1b2c3d-8b86-4011-b42d-00cf4fc96500";
+    let refused = alice
+        .get(&dolly, &[("audit-id", id), ("impersonate-user", "eve")])
+        .await;
+    assert_eq!(refused.status, 403);
+    assert_eq!(
+        refused.json()["message"],
+        "users \"eve\" is forbidden: User \"alice\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope"
+    );
+    let written = events(&path, id, 2).await;
+    assert_eq!(written[1]["user"]["username"], "alice");
+    assert!(
+        written[1].get("impersonatedUser").is_none(),
+        "{}",
+        written[1]
+    );
+    assert_eq!(written[1]["responseStatus"]["code"], 403);
+    let refused = alice
+        .get(
+            &dolly,
+            &[("impersonate-user", "bob"), ("impersonate-group", "admins")],
+        )
+        .await;
+    assert_eq!(refused.status, 403);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("groups \"admins\" is forbidden: User \"alice\"")),
+        "{}",
+        refused.json()
+    );
+    // Groups without a user: refused (kube-apiserver's words; 400, not its 500).
+    let refused = alice.get(&dolly, &[("impersonate-group", "farmers")]).await;
+    assert_eq!(refused.status, 400, "{}", refused.json());
+
+    // bob may read, not write: a create as bob is refused as bob's.
+    let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
+        "metadata": {"name": "by-bob"}, "spec": {"weight": 1.0, "height": 1.0}});
+    let refused = alice
+        .send(
+            "POST",
+            LLAMAS,
+            &[
+                ("content-type", "application/json"),
+                ("impersonate-user", "bob"),
+            ],
+            Some(body.to_string().into_bytes()),
+        )
+        .await;
+    assert_eq!(refused.status, 403);
+    assert!(
+        refused.json()["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("User \"bob\" cannot create resource \"llamas\"")),
+        "{}",
+        refused.json()
+    );
+
+    // kubectl --as, with the development kubeconfig (system:masters may impersonate anyone).
+    let cache = server.dir.path().join("kubectl-cache");
+    if let Some(mut kubectl) = common::kubectl(&server.kubeconfig(), &cache) {
+        kubectl.args(["get", "llama", "dolly", "-o", "name", "--as", "bob"]);
+        let (ok, out, err) = common::run(kubectl, None).await;
+        assert!(ok, "{err}");
+        assert_eq!(out.trim(), "llama.farm.example.com/dolly");
+        let mut kubectl = common::kubectl(&server.kubeconfig(), &cache).unwrap();
+        kubectl.args(["create", "-f", "-", "--as", "bob"]);
+        let (ok, _, err) = common::run(kubectl, Some(&body.to_string())).await;
+        assert!(!ok);
+        assert!(
+            err.contains("User \"bob\" cannot create resource \"llamas\""),
+            "{err}"
+        );
+    }
+}

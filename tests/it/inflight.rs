@@ -172,6 +172,13 @@ async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not(
     );
     assert_eq!(status["details"]["retryAfterSeconds"], 1);
     assert_eq!(status["code"], 429);
+    // The held list is in flight, as the gauge says.
+    let metrics = admin.get("/metrics", &[]).await;
+    let in_flight = counter(
+        &String::from_utf8_lossy(&metrics.body),
+        "apiserver_current_inflight_requests{request_kind=\"readOnly\"}",
+    );
+    assert!(in_flight >= 1.0, "{in_flight}");
     // Masters are served; the probes answer.
     assert_eq!(admin.get(&format!("{LLAMAS}/dolly"), &[]).await.status, 200);
     assert_eq!(alice.get("/readyz", &[]).await.status, 200);

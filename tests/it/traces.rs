@@ -190,3 +190,66 @@ async fn spans_join_the_callers_trace() {
     }
     drop(server);
 }
+
+/// `samplingRatePerMillion: 1000000`: a request with no parent starts a trace of its own; one
+/// whose parent is not sampled stays untraced (kube-apiserver's parent-based sampler).
+#[tokio::test]
+async fn the_sampling_rate_starts_traces_and_an_unsampled_parent_is_followed() {
+    let (collector, port) = Collector::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tracing.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{port}\nsamplingRatePerMillion: 1000000\n"
+        ),
+    )
+    .unwrap();
+    let certs = dir.path().join("certs");
+    let server = Running::start_with_env(
+        vec![
+            "--cert-dir".to_owned(),
+            certs.display().to_string(),
+            "--tracing-config-file".to_owned(),
+            config.display().to_string(),
+        ],
+        &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
+    );
+    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
+    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
+        .unwrap()
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .unwrap();
+    let client = RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let dolly = "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly";
+    let unsampled = "4bf92f3577b34da6a3ce929d0e0e4799";
+    let traceparent = format!("00-{unsampled}-00f067aa0ba902b7-00");
+    assert_eq!(
+        client
+            .get(dolly, &[("traceparent", &traceparent)])
+            .await
+            .status,
+        200
+    );
+    assert_eq!(client.get(dolly, &[]).await.status, 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !collector
+        .spans()
+        .iter()
+        .any(|(_, s)| s.name == "KubernetesAPI")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "no span received");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Give a span of the unsampled request time to arrive, were it sent.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let servers: Vec<Span> = collector
+        .spans()
+        .into_iter()
+        .map(|(_, s)| s)
+        .filter(|s| s.name == "KubernetesAPI")
+        .collect();
+    assert_eq!(servers.len(), 1, "only the request without a parent");
+    assert!(servers[0].parent_span_id.is_empty(), "a trace of its own");
+    assert_ne!(hex(&servers[0].trace_id), unsampled);
+}
