@@ -309,6 +309,16 @@ impl ResponseStatus {
             code,
         }
     }
+
+    /// The Panic stage's status, in kube-apiserver's words.
+    pub(super) fn panicked() -> Self {
+        Self {
+            status: Some("Failure".into()),
+            message: Some("APIServer panic'd".into()),
+            reason: Some("InternalError".into()),
+            ..Self::code(500)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -45,6 +45,33 @@ pub type RequestParts<'r> = (&'r Uri, &'r HeaderMap, Option<std::net::IpAddr>);
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
 
 /// `value` `count` times: clones first and itself last, so one backend gets no copy.
+/// An allowed request's events answered at once: RequestReceived, then (with authorization's
+/// annotations, added after it as kube-apiserver's filter order puts them, and `status`)
+/// ResponseComplete, each where the policy writes that stage.
+fn allowed_events(
+    config: &RequestConfig,
+    event: &mut Event<'_>,
+    reason: &dyn Fn() -> String,
+    status: ResponseStatus,
+) -> Vec<Vec<u8>> {
+    let mut lines = Vec::with_capacity(2);
+    if config.writes(Stage::RequestReceived) {
+        lines.push(event.line(Stage::RequestReceived));
+    }
+    event.annotations.insert(
+        Cow::Borrowed("authorization.k8s.io/decision"),
+        "allow".into(),
+    );
+    event
+        .annotations
+        .insert(Cow::Borrowed("authorization.k8s.io/reason"), reason());
+    event.response_status = Some(status);
+    if config.writes(Stage::ResponseComplete) {
+        lines.push(event.line(Stage::ResponseComplete));
+    }
+    lines
+}
+
 fn copies<T: Clone>(value: T, count: usize) -> impl Iterator<Item = T> {
     let mut value = Some(value);
     (1..=count).filter_map(move |n| {
@@ -180,23 +207,38 @@ impl Auditor {
             return false;
         }
         let mut event = Event::of(config.level, id, user, info, request);
-        let mut lines = Vec::with_capacity(2);
-        if config.writes(Stage::RequestReceived) {
-            lines.push(event.line(Stage::RequestReceived));
-        }
-        // What authorization decided, as kube-apiserver's authorization filter (after the
-        // audit filter's RequestReceived) notes it.
-        event.annotations.insert(
-            Cow::Borrowed("authorization.k8s.io/decision"),
-            "allow".into(),
-        );
-        event
-            .annotations
-            .insert(Cow::Borrowed("authorization.k8s.io/reason"), reason());
-        event.response_status = Some(ResponseStatus::code(code));
+        let lines = allowed_events(config, &mut event, reason, ResponseStatus::code(code));
+        self.send_lines_now(lines, false)
+    }
+
+    /// The events of a request [`Auditor::complete_sync`] would have written whose handler
+    /// panicked: RequestReceived, then Panic (500 "APIServer panic'd"), as the record of a
+    /// request that waits writes them. Nothing here may wait: a backend without room drops
+    /// them (counted).
+    pub fn panicked_sync(
+        &self,
+        config: &RequestConfig,
+        id: &str,
+        (user, reason): (Option<&UserInfo>, &dyn Fn() -> String),
+        info: &RequestInfo<'_>,
+        request: RequestParts<'_>,
+    ) {
+        let mut event = Event::of(config.level, id, user, info, request);
+        let mut lines = allowed_events(config, &mut event, reason, ResponseStatus::panicked());
+        // The last line is the Panic stage's, not ResponseComplete's.
         if config.writes(Stage::ResponseComplete) {
-            lines.push(event.line(Stage::ResponseComplete));
+            lines.pop();
         }
+        if config.writes(Stage::Panic) {
+            lines.push(event.line(Stage::Panic));
+        }
+        self.send_lines_now(lines, true);
+    }
+
+    /// Hands `lines` to every backend at once: true when done (or dropped, counted, by a full
+    /// batch backend, or by any full backend when `anyway`); false, nothing sent, when a
+    /// blocking backend has no room and not `anyway`.
+    fn send_lines_now(&self, lines: Vec<Vec<u8>>, anyway: bool) -> bool {
         if lines.is_empty() {
             return true;
         }
@@ -205,7 +247,7 @@ impl Auditor {
         let mut reserved = Vec::with_capacity(self.backends.len());
         for backend in &self.backends {
             let room = backend.sink.try_reserve(&lines);
-            if room.is_none() && backend.mode == Mode::Blocking {
+            if room.is_none() && backend.mode == Mode::Blocking && !anyway {
                 return false;
             }
             reserved.push(room);

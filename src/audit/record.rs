@@ -239,13 +239,7 @@ impl Drop for Open {
             return;
         };
         let (stage, status) = if std::thread::panicking() {
-            let status = ResponseStatus {
-                status: Some("Failure".into()),
-                message: Some("APIServer panic'd".into()),
-                reason: Some("InternalError".into()),
-                ..ResponseStatus::code(500)
-            };
-            (Stage::Panic, status)
+            (Stage::Panic, ResponseStatus::panicked())
         } else {
             let status = ResponseStatus {
                 status: Some("Success".into()),

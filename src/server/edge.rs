@@ -186,9 +186,39 @@ impl Edge {
                         return Ok(self.finish(&fields, user.as_deref(), refused, started));
                     }
                 };
-                let answered = target.as_ref().and_then(|target| {
-                    target.call_sync(request.method(), uri.query(), request.headers())
-                });
+                let call = || {
+                    target.as_ref().and_then(|target| {
+                        target.call_sync(request.method(), uri.query(), request.headers())
+                    })
+                };
+                // Authorization's reason, for the audit log.
+                let reason = || {
+                    user.as_ref().map_or_else(String::new, |user| {
+                        self.auth
+                            .authz
+                            .reason(user, &info, peer.map(|p| &p.decisions))
+                    })
+                };
+                let answered = match &audited {
+                    None => call(),
+                    // A handler's panic writes the Panic event, as on the way that waits, and
+                    // goes on to the recovery's 500.
+                    Some((auditor, config)) => {
+                        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+                            Ok(answered) => answered,
+                            Err(panic) => {
+                                auditor.panicked_sync(
+                                    config,
+                                    &audit::Auditor::id_of(request.headers()),
+                                    (user.as_deref(), &reason),
+                                    &info,
+                                    (uri, request.headers(), remote),
+                                );
+                                std::panic::resume_unwind(panic)
+                            }
+                        }
+                    }
+                };
                 drop(slot);
                 let Some(mut response) = answered else {
                     return Err(pending(AuthStep::Checked(Ok(user)), target, None));
@@ -198,13 +228,7 @@ impl Edge {
                     let written = auditor.complete_sync(
                         config,
                         &id,
-                        (user.as_deref(), &|| {
-                            user.as_ref().map_or_else(String::new, |user| {
-                                self.auth
-                                    .authz
-                                    .reason(user, &info, peer.map(|p| &p.decisions))
-                            })
-                        }),
+                        (user.as_deref(), &reason),
                         &info,
                         (uri, request.headers(), remote),
                         response.status().as_u16(),

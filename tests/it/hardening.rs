@@ -269,6 +269,50 @@ async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
     );
 }
 
+/// With an audit log, a handler's panic writes kube-apiserver's Panic event (500 "APIServer
+/// panic'd") after RequestReceived, on the path that answers at once as on the one that
+/// waits; the server serves on.
+#[tokio::test]
+async fn a_panicking_handler_is_audited() {
+    let (mut options, peer) = oneshot_identity();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.log");
+    options.audit = Some(crate::audit::auditor(
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n",
+        &path,
+    ));
+    let group = ApiGroup::new().serve::<Llama>(Arc::new(Panicky(MemoryStore::default())));
+    let (state, _shutdown) = AppState::new(group, options).unwrap();
+    let app = App {
+        router: server::app(state.clone()),
+        peer,
+    };
+    for (uri, id) in [
+        (
+            format!("{LLAMAS}/boom"),
+            "11111111-8b86-4011-b42d-00cf4fc964ff",
+        ),
+        (
+            "/apis/farm.example.com/v1alpha/namespaces/boom/llamas".to_owned(),
+            "22222222-8b86-4011-b42d-00cf4fc964ff",
+        ),
+    ] {
+        let reply = call(&app, "GET", &uri, &[("audit-id", id)], "").await;
+        assert_eq!(reply.status, 500);
+        let written = crate::audit::events(&path, id, 2).await;
+        assert_eq!(
+            crate::audit::stages(&written),
+            ["RequestReceived", "Panic"],
+            "{uri}"
+        );
+        let status = &written[1]["responseStatus"];
+        assert_eq!(status["code"], 500);
+        assert_eq!(status["message"], "APIServer panic'd");
+        assert_eq!(written[1]["user"]["username"], "farm-dev-admin");
+    }
+    assert_eq!(get(&app, &format!("{LLAMAS}/calm")).await.status, 404);
+}
+
 /// The spec is float64 (Kubernetes' `number`), stored and served as sent: a JSON patch `test`
 /// of the value a GET shows matches (with f32 it was 31.399999618530273 inside and 422).
 #[tokio::test]
