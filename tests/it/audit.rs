@@ -919,3 +919,66 @@ async fn impersonation_acts_as_another_user_and_the_audit_log_names_both() {
         );
     }
 }
+
+/// The log backend's flags on the shipped binary: `--audit-log-maxsize=1` rotates the log at
+/// 1 MiB, `--audit-log-maxbackup=1` keeps one rotated file, named as lumberjack names them.
+#[tokio::test]
+async fn the_log_rotates_at_max_size_as_the_flags_say() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: RequestResponse\n",
+    )
+    .unwrap();
+    let logs = dir.path().join("logs");
+    let log = logs.join("audit.log");
+    let certs = dir.path().join("certs");
+    let server = common::process::Running::start([
+        "--cert-dir".to_owned(),
+        certs.display().to_string(),
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", log.display()),
+        "--audit-log-maxsize=1".to_owned(),
+        "--audit-log-maxbackup=1".to_owned(),
+    ]);
+    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
+    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
+        .unwrap()
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .unwrap();
+    let client = common::RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    // Lists of the sample Llamas at RequestResponse: several KiB an event, 2.5 MiB in all.
+    let names = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(&logs)
+            .map(|entries| {
+                entries
+                    .map(|e| e.unwrap().file_name().into_string().unwrap())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let mut written = 0;
+    while written < 5 * 512 * 1024 {
+        let listed = client.get(LLAMAS, &[]).await;
+        assert_eq!(listed.status, 200);
+        written += 2 * listed.body.len();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while names().len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no rotation: {:?}",
+            names()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names = names();
+    assert_eq!(names.len(), 2, "one backup kept: {names:?}");
+    assert_eq!(names[1], "audit.log");
+    assert!(names[0].starts_with("audit-") && names[0].ends_with(".log"));
+    let backup = std::fs::metadata(logs.join(&names[0])).unwrap().len();
+    assert!(backup <= 1024 * 1024, "{backup}");
+}

@@ -272,13 +272,17 @@ async fn through_kube_apiserver() {
         ),
         _ => None,
     };
-    // An audit log of every request (its policy file beside it).
+    // An audit log (its policy file beside it): FarmPods left out, creates with their objects,
+    // the rest at Metadata.
     let audit_dir = tempfile::tempdir().unwrap();
     let audit_policy = audit_dir.path().join("policy.yaml");
     let audit_log = audit_dir.path().join("audit.log");
     std::fs::write(
         &audit_policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: None\n  resources: [{group: farm.example.com, resources: [farmpods]}]\n\
+         - level: RequestResponse\n  verbs: [create]\n\
+         - level: Metadata\n",
     )
     .unwrap();
     // Traces, sampled only where the caller's were (a kube-apiserver with tracing on).
@@ -560,6 +564,44 @@ async fn audit_ids_join(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), log: &
         event["annotations"]["authorization.k8s.io/decision"],
         "allow"
     );
+    // The policy's levels: a create with both objects; FarmPods not at all; a list at
+    // Metadata, without its objects.
+    assert_eq!(event["level"], "RequestResponse");
+    assert_eq!(event["requestObject"]["metadata"]["name"], "audited");
+    assert!(
+        event["responseObject"]["metadata"]["uid"].is_string(),
+        "{event}"
+    );
+    cluster.ok(&["get", "farmpods", "-n", ns], None);
+    cluster.ok(&["get", "llamas", "-n", ns], None);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let listed = loop {
+        let events: Vec<Value> = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .collect();
+        let lists: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["verb"] == "list" && e["objectRef"]["namespace"] == ns)
+            .collect();
+        if let Some(listed) = lists
+            .iter()
+            .find(|e| e["objectRef"]["resource"] == "llamas")
+        {
+            assert!(
+                !lists
+                    .iter()
+                    .any(|e| e["objectRef"]["resource"] == "farmpods"),
+                "FarmPods are left out: {lists:?}"
+            );
+            break (*listed).clone();
+        }
+        assert!(Instant::now() < deadline, "no event for the list");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(listed["level"], "Metadata");
+    assert!(listed.get("responseObject").is_none(), "{listed}");
     cluster.ok(&["delete", "llama", "audited", "-n", ns], None);
 }
 
