@@ -117,6 +117,10 @@ struct Backend {
     sink: log::Sink,
     mode: Mode,
     plugin: &'static str,
+    /// The request waits until its events are sent, not only buffered: kube-apiserver's
+    /// blocking webhook. (A blocking log waits for room in its buffer alone, so that no
+    /// request waits on the disk.)
+    delivered: bool,
 }
 
 impl std::fmt::Debug for Auditor {
@@ -140,7 +144,12 @@ impl Auditor {
     ) -> Arc<Self> {
         let backends = backends
             .into_iter()
-            .map(|(sink, mode, plugin)| Backend { sink, mode, plugin })
+            .map(|(sink, mode, plugin)| Backend {
+                sink,
+                mode,
+                plugin,
+                delivered: plugin == "webhook" && mode == Mode::Blocking,
+            })
             .collect();
         Arc::new(Self {
             policy,
@@ -242,6 +251,10 @@ impl Auditor {
         if lines.is_empty() {
             return true;
         }
+        // A backend the request waits on is waited on the way that can wait.
+        if !anyway && self.backends.iter().any(|b| b.delivered) {
+            return false;
+        }
         // Room in every backend first: the events go to all of them, or (a blocking one
         // being full) to none yet.
         let mut reserved = Vec::with_capacity(self.backends.len());
@@ -340,6 +353,9 @@ impl Auditor {
                             backend.plugin,
                             "the audit backend stopped: an event was dropped",
                         );
+                    } else if backend.delivered {
+                        // Sent now (its batch closed), before the request goes on.
+                        backend.sink.flush().await;
                     }
                 }
                 Mode::Batch => self.try_send(backend, copy),

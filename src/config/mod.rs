@@ -255,8 +255,8 @@ pub struct Args {
     #[arg(long, env = "FARM_AUDIT_WEBHOOK_CONFIG_FILE")]
     pub audit_webhook_config_file: Option<PathBuf>,
 
-    /// When the webhook's buffer is full: `batch` drops the event (counted and logged),
-    /// `blocking` makes the request wait for room.
+    /// `batch`: events are sent in batches, and a full buffer drops them (counted and
+    /// logged); `blocking`: a request is answered once its events have been sent.
     #[arg(long, env = "FARM_AUDIT_WEBHOOK_MODE", value_enum, default_value_t = crate::audit::Mode::Batch)]
     pub audit_webhook_mode: crate::audit::Mode,
 

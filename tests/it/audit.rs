@@ -982,3 +982,57 @@ async fn the_log_rotates_at_max_size_as_the_flags_say() {
     let backup = std::fs::metadata(logs.join(&names[0])).unwrap().len();
     assert!(backup <= 1024 * 1024, "{backup}");
 }
+
+/// `--audit-webhook-mode=blocking`, as kube-apiserver's: a request is answered only once its
+/// events have reached the webhook (its batch is sent at once, not after the 30 s wait a
+/// batch would have), on the path that answers a GET at once as on the one that waits.
+#[tokio::test]
+async fn a_blocking_webhook_has_the_events_before_the_answer() {
+    let receiver = AuditReceiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n",
+    )
+    .unwrap();
+    let kubeconfig = dir.path().join("audit-webhook.kubeconfig");
+    std::fs::write(&kubeconfig, receiver.kubeconfig("/audit")).unwrap();
+    let certs = dir.path().join("certs");
+    let server = common::process::Running::start([
+        "--cert-dir".to_owned(),
+        certs.display().to_string(),
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-webhook-config-file={}", kubeconfig.display()),
+        "--audit-webhook-mode=blocking".to_owned(),
+        "--audit-webhook-batch-max-wait=30s".to_owned(),
+    ]);
+    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
+    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
+        .unwrap()
+        .issue_client("farm-dev-admin", &["system:masters"])
+        .unwrap();
+    let client = common::RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    for (attempt, id) in ["blocking-1", "blocking-2", "blocking-3"]
+        .iter()
+        .enumerate()
+    {
+        let started = std::time::Instant::now();
+        let got = client
+            .get(&format!("{LLAMAS}/dolly"), &[("audit-id", id)])
+            .await;
+        assert_eq!(got.status, 200);
+        let stages: Vec<Value> = receiver
+            .events()
+            .into_iter()
+            .filter(|e| e["auditID"] == *id)
+            .map(|e| e["stage"].clone())
+            .collect();
+        assert_eq!(
+            stages,
+            ["RequestReceived", "ResponseComplete"],
+            "attempt {attempt}: the events were at the webhook before the answer"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+}
