@@ -157,3 +157,43 @@ impl Drop for OwnedSlot {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_as_kube_apiserver_counts_them() {
+        let metrics = Metrics::new(&["llamas"]);
+        let inflight = Inflight::new(
+            InflightLimits {
+                read_only: 1,
+                mutating: 0,
+            },
+            &metrics,
+        );
+        let held = inflight.admit("get", false).unwrap();
+        assert!(matches!(
+            inflight.admit("list", false),
+            Err(Error::TooManyRequests)
+        ));
+        // Watches and system:masters are not counted; 0 is no limit.
+        assert!(inflight.admit("watch", false).is_ok());
+        assert!(inflight.admit("get", true).is_ok());
+        let writes: Vec<_> = (0..1000)
+            .map(|_| inflight.admit("create", false).unwrap())
+            .collect();
+        inflight.report();
+        let gauge = |kind| {
+            metrics
+                .inflight
+                .get_or_create(&InflightLabels { request_kind: kind })
+                .get()
+        };
+        assert_eq!((gauge("readOnly"), gauge("mutating")), (1, 1000));
+        drop((held, writes));
+        assert!(inflight.admit("get", false).is_ok());
+        inflight.report();
+        assert_eq!((gauge("readOnly"), gauge("mutating")), (0, 0));
+    }
+}
