@@ -3,16 +3,17 @@
 //! answers do to it.
 
 pub mod call;
+#[macro_use]
+mod hook;
 pub mod rules;
 
 use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::{
     api::admissionregistration::v1::{
-        MatchCondition, MutatingWebhookConfiguration, RuleWithOperations,
-        ValidatingWebhookConfiguration, WebhookClientConfig,
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
     },
-    apimachinery::pkg::apis::meta::v1::{LabelSelector as ApiLabelSelector, Status},
+    apimachinery::pkg::apis::meta::v1::Status,
 };
 use kube::runtime::reflector;
 use serde_json::Value;
@@ -23,6 +24,7 @@ use crate::{
     metrics::{RejectionLabels, WebhookLabels},
     reflect,
 };
+use hook::Hook;
 
 /// How long a write waits for the configurations to be listed the first time.
 pub(crate) const READY_WAIT: Duration = Duration::from_secs(10);
@@ -40,83 +42,6 @@ pub struct Webhooks {
     clients: call::Clients,
     /// Set once every configuration watch has listed (for `/readyz`).
     synced: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// One webhook as dispatch needs it, whichever kind of configuration it came from.
-struct Hook {
-    name: String,
-    client: WebhookClientConfig,
-    rules: Vec<RuleWithOperations>,
-    /// `matchPolicy: Equivalent` (the default): its rules also take writes made through
-    /// another version of a kind they name.
-    equivalent: bool,
-    /// `failurePolicy: Fail` (the default): a failed call refuses the write.
-    fail: bool,
-    namespace_selector: Option<ApiLabelSelector>,
-    object_selector: Option<ApiLabelSelector>,
-    side_effects: String,
-    timeout: Duration,
-    review_versions: Vec<String>,
-    match_conditions: Vec<MatchCondition>,
-    /// `reinvocationPolicy: IfNeeded`.
-    reinvoke: bool,
-    /// The configuration it is listed in (for the audit log's annotations).
-    configuration: String,
-}
-
-impl Hook {
-    /// The fields both kinds of webhook have (`reinvoke` false).
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        name: &str,
-        client: &WebhookClientConfig,
-        rules: &Option<Vec<RuleWithOperations>>,
-        match_policy: &Option<String>,
-        failure_policy: &Option<String>,
-        namespace_selector: &Option<ApiLabelSelector>,
-        object_selector: &Option<ApiLabelSelector>,
-        side_effects: &str,
-        timeout_seconds: Option<i32>,
-        review_versions: &[String],
-        match_conditions: &Option<Vec<MatchCondition>>,
-    ) -> Self {
-        Hook {
-            name: name.to_owned(),
-            client: client.clone(),
-            rules: rules.clone().unwrap_or_default(),
-            equivalent: rules::equivalent(match_policy.as_deref()),
-            fail: failure_policy.as_deref() != Some("Ignore"),
-            namespace_selector: namespace_selector.clone(),
-            object_selector: object_selector.clone(),
-            side_effects: side_effects.to_owned(),
-            timeout: timeout_of(timeout_seconds),
-            review_versions: review_versions.to_vec(),
-            match_conditions: match_conditions.clone().unwrap_or_default(),
-            reinvoke: false,
-            configuration: String::new(),
-        }
-    }
-}
-
-/// A webhook of either kind as a [`Hook`] (k8s-openapi's MutatingWebhook and
-/// ValidatingWebhook share these fields, but no trait).
-macro_rules! hook {
-    ($w:expr) => {{
-        let w = $w;
-        Hook::new(
-            &w.name,
-            &w.client_config,
-            &w.rules,
-            &w.match_policy,
-            &w.failure_policy,
-            &w.namespace_selector,
-            &w.object_selector,
-            &w.side_effects,
-            w.timeout_seconds,
-            &w.admission_review_versions,
-            &w.match_conditions,
-        )
-    }};
 }
 
 /// A watched kind's configurations in name order (kube-apiserver calls webhooks so).
@@ -685,11 +610,6 @@ fn audit_annotations(webhook: &str, answer: &call::Answer) {
             || value.clone(),
         );
     }
-}
-
-/// A webhook's timeout: `timeoutSeconds` (default 10, at most 30).
-fn timeout_of(seconds: Option<i32>) -> Duration {
-    Duration::from_secs(seconds.unwrap_or(10).clamp(1, 30) as u64)
 }
 
 /// kube-apiserver's Forbidden for the object written, e.g. `llamas.farm.example.com "dolly"
