@@ -325,7 +325,7 @@ pub async fn serve(
     tracing::info!(
         addr = %running.addr,
         startup_ms = started.elapsed().as_millis() as u64,
-        "serving farm.example.com/v1alpha"
+        "serving farm.example.com"
     );
     running.stopped().await?;
     tracing::info!("stopped");

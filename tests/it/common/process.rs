@@ -79,7 +79,7 @@ impl Running {
             let Ok(log) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
-            if log["message"] == "serving farm.example.com/v1alpha" {
+            if log["message"] == "serving farm.example.com" {
                 break log["addr"]
                     .as_str()
                     .expect("addr")
