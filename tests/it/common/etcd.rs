@@ -220,13 +220,30 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// Starts `size` members and waits until each answers; None when there is no etcd.
+    /// Starts `size` members and waits until each answers; None when there is no etcd. A
+    /// cluster whose member does not come up is started again on other ports, up to three
+    /// times: a port found free may be taken by another test before etcd binds it.
     pub async fn start(size: usize) -> Option<Self> {
         let binary = binary()?;
+        for _ in 0..2 {
+            if let Some(cluster) = Self::try_start(&binary, size).await {
+                return Some(cluster);
+            }
+            eprintln!("an etcd member did not start: starting the cluster on other ports");
+        }
+        let cluster = Self::try_start(&binary, size).await;
+        assert!(
+            cluster.is_some(),
+            "the etcd cluster did not start, three times"
+        );
+        cluster
+    }
+
+    async fn try_start(binary: &std::path::Path, size: usize) -> Option<Self> {
         let mut members: Vec<Etcd> = (0..size)
             .map(|_| Etcd {
                 child: None,
-                binary: binary.clone(),
+                binary: binary.to_owned(),
                 dir: tempfile::tempdir().expect("tempdir"),
                 client_port: free_port(),
                 peer_port: free_port(),
@@ -243,7 +260,9 @@ impl EtcdCluster {
             member.spawn_member(&format!("farm-{i}"), &initial);
         }
         for member in &members {
-            member.wait().await;
+            if !member.answers().await {
+                return None;
+            }
         }
         Some(Self { members })
     }
@@ -282,15 +301,16 @@ impl Etcd {
         self.child = Some(child);
     }
 
-    async fn wait(&self) {
+    /// Whether it answers within 15 s.
+    async fn answers(&self) -> bool {
         let client = self.client();
         for _ in 0..300 {
             if client.revision(b"/").await.is_ok() {
-                return;
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("etcd member {} did not start", self.endpoint());
+        false
     }
 }
 
