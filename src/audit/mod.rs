@@ -44,15 +44,14 @@ pub type RequestParts<'r> = (&'r Uri, &'r HeaderMap, Option<std::net::IpAddr>);
 /// The header that carries a request's audit ID, both ways.
 pub const AUDIT_ID: HeaderName = HeaderName::from_static("audit-id");
 
-/// `value` `count` times: clones first and itself last, so one backend gets no copy.
 /// An allowed request's events answered at once: RequestReceived, then (with authorization's
-/// annotations, added after it as kube-apiserver's filter order puts them, and `status`)
-/// ResponseComplete, each where the policy writes that stage.
+/// annotations, added after it as kube-apiserver's filter order puts them, and `status`) the
+/// `last` stage (ResponseComplete, or Panic), each where the policy writes that stage.
 fn allowed_events(
     config: &RequestConfig,
     event: &mut Event<'_>,
     reason: &dyn Fn() -> String,
-    status: ResponseStatus,
+    (last, status): (Stage, ResponseStatus),
 ) -> Vec<Vec<u8>> {
     let mut lines = Vec::with_capacity(2);
     if config.writes(Stage::RequestReceived) {
@@ -66,12 +65,13 @@ fn allowed_events(
         .annotations
         .insert(Cow::Borrowed("authorization.k8s.io/reason"), reason());
     event.response_status = Some(status);
-    if config.writes(Stage::ResponseComplete) {
-        lines.push(event.line(Stage::ResponseComplete));
+    if config.writes(last) {
+        lines.push(event.line(last));
     }
     lines
 }
 
+/// `value` `count` times: clones first and itself last, so one backend gets no copy.
 fn copies<T: Clone>(value: T, count: usize) -> impl Iterator<Item = T> {
     let mut value = Some(value);
     (1..=count).filter_map(move |n| {
@@ -216,7 +216,12 @@ impl Auditor {
             return false;
         }
         let mut event = Event::of(config.level, id, user, info, request);
-        let lines = allowed_events(config, &mut event, reason, ResponseStatus::code(code));
+        let lines = allowed_events(
+            config,
+            &mut event,
+            reason,
+            (Stage::ResponseComplete, ResponseStatus::code(code)),
+        );
         self.send_lines_now(lines, false)
     }
 
@@ -233,14 +238,12 @@ impl Auditor {
         request: RequestParts<'_>,
     ) {
         let mut event = Event::of(config.level, id, user, info, request);
-        let mut lines = allowed_events(config, &mut event, reason, ResponseStatus::panicked());
-        // The last line is the Panic stage's, not ResponseComplete's.
-        if config.writes(Stage::ResponseComplete) {
-            lines.pop();
-        }
-        if config.writes(Stage::Panic) {
-            lines.push(event.line(Stage::Panic));
-        }
+        let lines = allowed_events(
+            config,
+            &mut event,
+            reason,
+            (Stage::Panic, ResponseStatus::panicked()),
+        );
         self.send_lines_now(lines, true);
     }
 

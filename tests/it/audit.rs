@@ -679,12 +679,7 @@ async fn the_webhook_backend_gets_event_lists() {
         "--audit-webhook-batch-max-wait=100ms".to_owned(),
         "--audit-webhook-initial-backoff=100ms".to_owned(),
     ]);
-    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
-    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
-        .unwrap()
-        .issue_client("farm-dev-admin", &["system:masters"])
-        .unwrap();
-    let client = common::RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let client = server.admin(&certs, Alpn::Http1);
     let created = client
         .send(
             "POST",
@@ -942,12 +937,7 @@ async fn the_log_rotates_at_max_size_as_the_flags_say() {
         "--audit-log-maxsize=1".to_owned(),
         "--audit-log-maxbackup=1".to_owned(),
     ]);
-    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
-    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
-        .unwrap()
-        .issue_client("farm-dev-admin", &["system:masters"])
-        .unwrap();
-    let client = common::RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let client = server.admin(&certs, Alpn::Http1);
     // Lists of the sample Llamas at RequestResponse: several KiB an event, 2.5 MiB in all.
     let names = || -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(&logs)
@@ -1007,12 +997,7 @@ async fn a_blocking_webhook_has_the_events_before_the_answer() {
         "--audit-webhook-mode=blocking".to_owned(),
         "--audit-webhook-batch-max-wait=30s".to_owned(),
     ]);
-    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
-    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
-        .unwrap()
-        .issue_client("farm-dev-admin", &["system:masters"])
-        .unwrap();
-    let client = common::RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let client = server.admin(&certs, Alpn::Http1);
     for (attempt, id) in ["blocking-1", "blocking-2", "blocking-3"]
         .iter()
         .enumerate()

@@ -30,12 +30,7 @@ fn start_on(certs: &Path, servers: &str) -> Running {
 }
 
 fn client(server: &Running, certs: &Path) -> RawClient {
-    let ca = std::fs::read_to_string(certs.join("ca.crt")).expect("ca.crt");
-    let admin = farm_apiserver::tls::DevCa::load_or_create(certs)
-        .expect("dev ca")
-        .issue_client("farm-dev-admin", &["system:masters"])
-        .expect("client cert");
-    RawClient::new(server.addr, &ca, Some(admin), Alpn::Http2)
+    server.admin(certs, Alpn::Http2)
 }
 
 async fn send(client: &RawClient, method: &str, path: &str, body: &str) -> RawResponse {

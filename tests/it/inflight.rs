@@ -66,26 +66,24 @@ fn counter(metrics: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-#[tokio::test]
-async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not() {
-    // A cluster that authorizes everyone, and a validating webhook that takes its time: a
-    // create holds its place for as long.
+/// A fake cluster with the namespace `default` that authorizes everyone.
+async fn allowing_cluster() -> std::sync::Arc<FakeKube> {
     let fake = FakeKube::start().await;
     fake.add(common::fake_kube::namespace("default", false));
     fake.set_policy(|_| (true, "allowed by the test".into()));
-    let webhook = crate::admission::Webhook::start().await;
-    fake.add(crate::admission::validating(
-        "slow",
-        json!({"clientConfig": webhook.client_config("/validate")}),
-    ));
+    fake
+}
+
+/// A server of `fake` (`options` besides) with one place for each kind of request, holding
+/// 40,000 Llamas: a list of them whose client stops reading holds the read-only place.
+async fn one_place_each(fake: &FakeKube, options: Options) -> TestServer {
     let server = TestServer::start_with(Options {
         cluster: Some(fake.client().await),
-        webhooks: true,
         inflight: InflightLimits {
             read_only: 1,
             mutating: 1,
         },
-        ..Default::default()
+        ..options
     })
     .await;
     let writes = server.llamas.writable().unwrap();
@@ -100,6 +98,26 @@ async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not(
             .await
             .unwrap();
     }
+    server
+}
+
+#[tokio::test]
+async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not() {
+    // A validating webhook that takes its time: a create holds its place for as long.
+    let fake = allowing_cluster().await;
+    let webhook = crate::admission::Webhook::start().await;
+    fake.add(crate::admission::validating(
+        "slow",
+        json!({"clientConfig": webhook.client_config("/validate")}),
+    ));
+    let server = one_place_each(
+        &fake,
+        Options {
+            webhooks: true,
+            ..Default::default()
+        },
+    )
+    .await;
     let alice_identity = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
     let alice = server.raw(Some(alice_identity.clone()), Alpn::Http1);
     let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
@@ -261,34 +279,18 @@ async fn past_the_limits_requests_get_429_but_watches_probes_and_masters_do_not(
 /// path) is refused the same way as one that waits.
 #[tokio::test]
 async fn an_audited_refusal_is_written_and_answers_its_audit_id() {
-    let fake = FakeKube::start().await;
-    fake.add(common::fake_kube::namespace("default", false));
-    fake.set_policy(|_| (true, "allowed by the test".into()));
+    let fake = allowing_cluster().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("audit.log");
     let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n";
-    let server = TestServer::start_with(Options {
-        cluster: Some(fake.client().await),
-        audit: Some(crate::audit::auditor(policy, &path)),
-        inflight: InflightLimits {
-            read_only: 1,
-            mutating: 1,
+    let server = one_place_each(
+        &fake,
+        Options {
+            audit: Some(crate::audit::auditor(policy, &path)),
+            ..Default::default()
         },
-        ..Default::default()
-    })
+    )
     .await;
-    let writes = server.llamas.writable().unwrap();
-    for i in 0..40_000 {
-        writes
-            .create(
-                farm_apiserver::resources::Llama::from_stored(
-                    &farm_apiserver::resources::llama::synthetic(i),
-                ),
-                false,
-            )
-            .await
-            .unwrap();
-    }
     let alice_identity = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
     let alice = server.raw(Some(alice_identity), Alpn::Http1);
     // Authorized once, so the next GET of dolly is answered on the fast path.

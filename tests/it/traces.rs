@@ -8,50 +8,56 @@ use crate::common;
 use std::time::Duration;
 
 use common::{
-    Alpn, RawClient,
+    Alpn,
     otlp::{Collector, attribute, hex},
     process::Running,
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
 
-#[tokio::test]
-async fn spans_join_the_callers_trace() {
+/// The shipped binary tracing to a local collector at `rate` per million (its flags `args`
+/// besides), with an admin client; the temporary directory holds its configuration.
+async fn traced(
+    rate: u32,
+    args: Vec<String>,
+) -> (Collector, Running, common::RawClient, tempfile::TempDir) {
     let (collector, port) = Collector::start().await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("tracing.yaml");
     std::fs::write(
         &config,
         format!(
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{port}\nsamplingRatePerMillion: 0\n"
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{port}\nsamplingRatePerMillion: {rate}\n"
         ),
     )
     .unwrap();
     let certs = dir.path().join("certs");
-    // Llamas on etcd, when there is one: its calls are spans too.
-    let etcd = common::etcd::Etcd::start().await;
-    let mut args = vec![
+    let mut all = vec![
         "--cert-dir".to_owned(),
         certs.display().to_string(),
         "--tracing-config-file".to_owned(),
         config.display().to_string(),
     ];
-    if let Some(etcd) = &etcd {
-        args.extend([
-            "--storage=etcd".to_owned(),
-            format!("--etcd-servers={}", etcd.endpoint()),
-        ]);
-    }
+    all.extend(args);
     let server = Running::start_with_env(
-        args,
+        all,
         // Batches go out at once rather than every 5 s.
         &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
     );
-    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
-    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
-        .unwrap()
-        .issue_client("farm-dev-admin", &["system:masters"])
-        .unwrap();
-    let client = RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let client = server.admin(&certs, Alpn::Http1);
+    (collector, server, client, dir)
+}
+
+#[tokio::test]
+async fn spans_join_the_callers_trace() {
+    // Llamas on etcd, when there is one: its calls are spans too.
+    let etcd = common::etcd::Etcd::start().await;
+    let args = etcd.as_ref().map_or_else(Vec::new, |etcd| {
+        vec![
+            "--storage=etcd".to_owned(),
+            format!("--etcd-servers={}", etcd.endpoint()),
+        ]
+    });
+    let (collector, server, client, _dir) = traced(0, args).await;
 
     // kube-apiserver's span, sampled.
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -195,32 +201,7 @@ async fn spans_join_the_callers_trace() {
 /// whose parent is not sampled stays untraced (kube-apiserver's parent-based sampler).
 #[tokio::test]
 async fn the_sampling_rate_starts_traces_and_an_unsampled_parent_is_followed() {
-    let (collector, port) = Collector::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("tracing.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{port}\nsamplingRatePerMillion: 1000000\n"
-        ),
-    )
-    .unwrap();
-    let certs = dir.path().join("certs");
-    let server = Running::start_with_env(
-        vec![
-            "--cert-dir".to_owned(),
-            certs.display().to_string(),
-            "--tracing-config-file".to_owned(),
-            config.display().to_string(),
-        ],
-        &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
-    );
-    let ca = std::fs::read_to_string(certs.join("ca.crt")).unwrap();
-    let admin = farm_apiserver::tls::DevCa::load_or_create(&certs)
-        .unwrap()
-        .issue_client("farm-dev-admin", &["system:masters"])
-        .unwrap();
-    let client = RawClient::new(server.addr, &ca, Some(admin), Alpn::Http1);
+    let (collector, _server, client, _dir) = traced(1_000_000, Vec::new()).await;
     let dolly = "/apis/farm.example.com/v1alpha/namespaces/default/llamas/dolly";
     let unsampled = "4bf92f3577b34da6a3ce929d0e0e4799";
     let traceparent = format!("00-{unsampled}-00f067aa0ba902b7-00");

@@ -94,4 +94,15 @@ impl Running {
             start_up,
         }
     }
+
+    /// A client of it as the development kubeconfig's user (`system:masters`), trusting the
+    /// development CA in `certs` (its `--cert-dir`).
+    pub fn admin(&self, certs: &std::path::Path, alpn: super::Alpn) -> super::RawClient {
+        let ca = std::fs::read_to_string(certs.join("ca.crt")).expect("ca.crt");
+        let admin = farm_apiserver::tls::DevCa::load_or_create(certs)
+            .expect("dev ca")
+            .issue_client("farm-dev-admin", &["system:masters"])
+            .expect("client cert");
+        super::RawClient::new(self.addr, &ca, Some(admin), alpn)
+    }
 }
