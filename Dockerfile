@@ -12,12 +12,13 @@
 FROM rust:1-bookworm AS builder
 ARG TARGETPLATFORM
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 # The apply engine, a workspace crate the server depends on.
 COPY fieldmanager ./fieldmanager
 # bench/ and etcd-proto/ (the etcd client's code generator) are workspace members: their
-# manifests must be there even though they are not built.
+# manifests must be there even though they are not built. build.rs links with
+# bench/symbol.order.
 COPY bench ./bench
 COPY etcd-proto ./etcd-proto
 # The dist profile (fat LTO) is what bench/run measures. The target/ cache is one per platform:

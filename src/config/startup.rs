@@ -226,8 +226,10 @@ impl Args {
     /// Runs the command, or serves until SIGTERM/SIGINT: logging, the listener, certificates,
     /// the cluster (when there is one) for FarmPods, TokenReview, SubjectAccessReview and
     /// admission, the storage, then [`server::build`] with the binary's kinds
-    /// ([`crate::group::register`]). Returns when the server has stopped.
-    pub async fn run(self) -> anyhow::Result<()> {
+    /// ([`crate::group::register`]). `serving` is called once, when start-up is done and the
+    /// listener accepts (the binary gives the allocator's spare memory back to the OS there).
+    /// Returns when the server has stopped.
+    pub async fn run(self, on_serving: fn()) -> anyhow::Result<()> {
         if let Some(Command::Certs(certs)) = &self.command {
             return certs.run();
         }
@@ -285,7 +287,10 @@ impl Args {
             delay: Duration::from_secs(self.shutdown_delay),
             grace: Duration::from_secs(self.shutdown_grace),
         };
-        let served = server::build(config).await?.serve(timing, started).await;
+        let served = server::build(config)
+            .await?
+            .serve(timing, (started, on_serving))
+            .await;
         // The last events and spans go out before the process ends.
         if let Some(auditor) = &auditor
             && tokio::time::timeout(Duration::from_secs(10), auditor.flush())

@@ -146,10 +146,14 @@ impl Server {
         self.bound.local_addr()
     }
 
-    /// Serves until SIGTERM or SIGINT, then stops as `timing` says (see [`serve`]); `started`
-    /// is when start-up began, for the log.
-    pub async fn serve(self, timing: ShutdownTiming, started: Instant) -> anyhow::Result<()> {
-        serve(self.bound, app(self.state), self.shutdown, timing, started).await
+    /// Serves until SIGTERM or SIGINT, then stops as `timing` says (see [`serve`]); `startup`
+    /// is when start-up began, for the log, and what to call once serving.
+    pub async fn serve(
+        self,
+        timing: ShutdownTiming,
+        startup: (Instant, fn()),
+    ) -> anyhow::Result<()> {
+        serve(self.bound, app(self.state), self.shutdown, timing, startup).await
     }
 
     /// Serves in the background until `stop`, then gives open connections `grace`.

@@ -305,13 +305,13 @@ pub struct ShutdownTiming {
 
 /// Serves `app` on `bound` until SIGTERM/SIGINT, then: readiness fails, after `timing.delay`
 /// watches end and the listener stops accepting, in-flight requests get `timing.grace` to
-/// finish.
+/// finish. `serving` is called once the listener accepts.
 pub async fn serve(
     bound: Bound,
     app: App,
     shutdown: Shutdown,
     timing: ShutdownTiming,
-    started: Instant,
+    (started, serving): (Instant, fn()),
 ) -> anyhow::Result<()> {
     let stop = async move {
         wait_for_signal().await;
@@ -327,6 +327,7 @@ pub async fn serve(
         startup_ms = started.elapsed().as_millis() as u64,
         "serving farm.example.com"
     );
+    serving();
     running.stopped().await?;
     tracing::info!("stopped");
     Ok(())
