@@ -224,7 +224,6 @@ fn target(pki: &Pki, addr: SocketAddr) -> Result<Target> {
     Target::new(addr, &pki.server_ca, &pki.proxy, proxy_headers())
 }
 
-/// Starts farm-apiserver; returns it and the time until /readyz answered 200.
 /// How many of bench/symbol.order's functions `server` defines, and how many it lists.
 fn symbol_order_coverage(server: &std::path::Path) -> Result<(usize, usize)> {
     let order =
@@ -246,6 +245,7 @@ fn symbol_order_coverage(server: &std::path::Path) -> Result<(usize, usize)> {
     Ok((found, listed.len()))
 }
 
+/// Starts farm-apiserver; returns it and the time until /readyz answered 200.
 async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc, Duration)> {
     let port = free_port()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
