@@ -5,7 +5,8 @@
 use axum::http::Method;
 
 /// One request as authorization, metrics and the log see it. Path parts are borrowed as sent
-/// (not percent-decoded); a part the path does not have is "".
+/// (not percent-decoded); a part the path does not have is "". A function of the verb and the
+/// path: authorization's per-connection memo relies on it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestInfo<'a> {
     /// Under `/apis/<group>/<version>/` (or `/api/<version>/`) and naming a resource: the

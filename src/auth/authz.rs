@@ -83,21 +83,28 @@ fn request_fields<'a>(info: &RequestInfo<'a>) -> impl Iterator<Item = &'a str> {
     fields.into_iter().take(n)
 }
 
-/// The decisions one connection's requests used lately, found by comparing a request with
-/// theirs instead of building and hashing its cache key: a client repeats its requests (a
-/// controller's GETs, a poll), and the aggregator keeps them on the same connections. Each
-/// entry is the shared cache's cell, so its answer and age are the cache's; the user is the
-/// connection's one `Arc` for that identity (see `authn`), compared by address.
+/// The decisions one connection's requests used lately, found by comparing a request's verb
+/// and path with theirs instead of building and hashing its cache key: a client repeats its
+/// requests (a controller's GETs, a poll), and the aggregator keeps them on the same
+/// connections. A request's attributes are a function of its verb and path (see
+/// [`RequestInfo`]), so the two name its cache key's request part. Each entry is the shared
+/// cache's cell, so its answer and age are the cache's; the user is the connection's one `Arc`
+/// for that identity (see `authn`), compared by address.
 #[derive(Debug, Default)]
 pub struct DecisionMemo(Mutex<Vec<Remembered>>);
 
 #[derive(Debug)]
 struct Remembered {
     user: Arc<UserInfo>,
-    /// The cache key and where its request part begins.
-    key: String,
-    request_at: usize,
+    verb: &'static str,
+    path: Box<str>,
     cell: Arc<OnceCell<Decision>>,
+}
+
+impl Remembered {
+    fn is(&self, user: &Arc<UserInfo>, info: &RequestInfo<'_>) -> bool {
+        Arc::ptr_eq(&self.user, user) && self.verb == info.verb && *self.path == *info.path
+    }
 }
 
 /// Decisions one connection remembers.
@@ -112,30 +119,27 @@ impl DecisionMemo {
         let memo = self.0.lock().ok()?;
         memo.iter()
             .rev()
-            .find(|r| Arc::ptr_eq(&r.user, user) && same_request(&r.key[r.request_at..], info))
+            .find(|r| r.is(user, info))
             .map(|r| r.cell.clone())
     }
 
     fn remember(
         &self,
         user: &Arc<UserInfo>,
-        key: String,
-        request_at: usize,
+        info: &RequestInfo<'_>,
         cell: Arc<OnceCell<Decision>>,
     ) {
         let Ok(mut memo) = self.0.lock() else {
             return;
         };
-        memo.retain(|r| {
-            !(Arc::ptr_eq(&r.user, user) && r.key[r.request_at..] == key[request_at..])
-        });
+        memo.retain(|r| !r.is(user, info));
         if memo.len() >= MEMO_DECISIONS {
             memo.remove(0);
         }
         memo.push(Remembered {
             user: user.clone(),
-            key,
-            request_at,
+            verb: info.verb,
+            path: info.path.into(),
             cell,
         });
     }
@@ -160,19 +164,6 @@ fn push_decimal(key: &mut String, mut n: usize) {
 }
 
 /// Whether `key` (a cache key's request part) is `info`'s, compared as it is read.
-fn same_request(mut key: &str, info: &RequestInfo<'_>) -> bool {
-    for value in request_fields(info) {
-        match key
-            .strip_prefix(value)
-            .and_then(|rest| rest.strip_prefix('\0'))
-        {
-            Some(rest) => key = rest,
-            None => return false,
-        }
-    }
-    key.is_empty()
-}
-
 fn without_cluster(user: &UserInfo, info: &RequestInfo<'_>) -> Error {
     Error::Forbidden(forbidden_message(
         user,
@@ -269,12 +260,12 @@ impl Authorizer {
         }
     }
 
-    /// Everything a review depends on, and where the request's part begins. The user's part
+    /// Everything a review depends on. The user's part
     /// is length-prefixed (extra keys are percent-decoded, so any byte may be in them); the
     /// request's fields come from the path and the method, where no NUL can be, and are
     /// separated by one. Built by appending (not `write!`): it is computed on every authorized
     /// request a connection's [`DecisionMemo`] does not know.
-    fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> (String, usize) {
+    fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> String {
         let mut key = String::with_capacity(160);
         let field = |key: &mut String, value: &str| {
             push_decimal(key, value.len());
@@ -296,12 +287,11 @@ impl Authorizer {
             }
         }
         key.push('\0');
-        let request_at = key.len();
         for value in request_fields(info) {
             key.push_str(value);
             key.push('\0');
         }
-        (key, request_at)
+        key
     }
 
     fn ttl(&self, decision: &Decision) -> Duration {
@@ -338,14 +328,14 @@ impl Authorizer {
         {
             return Some(self.verdict(decision, user, info));
         }
-        let (key, request_at) = Self::cache_key(user, info);
+        let key = Self::cache_key(user, info);
         let cell = match self.cache.lock() {
             Ok(cache) => cache.get(&key)?.clone(),
             Err(_) => return Some(Err(cache_poisoned())),
         };
         let decision = cell.get().filter(|d| fresh(d))?;
         if let Some(memo) = memo {
-            memo.remember(user, key, request_at, cell.clone());
+            memo.remember(user, info, cell.clone());
         }
         Some(self.verdict(decision, user, info))
     }
@@ -363,7 +353,7 @@ impl Authorizer {
             return String::new();
         }
         let cell = memo.and_then(|memo| memo.find(user, info)).or_else(|| {
-            let (key, _) = Self::cache_key(user, info);
+            let key = Self::cache_key(user, info);
             self.cache.lock().ok()?.get(&key).cloned()
         });
         cell.and_then(|cell| cell.get().map(|d| d.reason.clone()))
@@ -384,7 +374,7 @@ impl Authorizer {
         let Some(client) = &self.client else {
             return Err(without_cluster(user, info));
         };
-        let (key, _) = Self::cache_key(user, info);
+        let key = Self::cache_key(user, info);
         let cell = self.cell(key)?;
         // The cached decision without an await; the review itself is boxed because its future
         // (a kube client request) is kilobytes, and every request's future would otherwise be
@@ -527,7 +517,7 @@ mod tests {
             reason: "a reason".into(),
             at,
         };
-        let (key, _) = Authorizer::cache_key(user, info);
+        let key = Authorizer::cache_key(user, info);
         let cell = Arc::new(OnceCell::new_with(Some(decision)));
         authz.cache.lock().unwrap().insert(key, cell);
     }
@@ -623,11 +613,9 @@ mod tests {
         ];
         let keys: std::collections::HashSet<String> = users
             .iter()
-            .map(|u| Authorizer::cache_key(u, &get).0)
+            .map(|u| Authorizer::cache_key(u, &get))
             .collect();
         assert_eq!(keys.len(), users.len(), "{keys:#?}");
-        let (key, at) = Authorizer::cache_key(&users[0], &get);
-        assert!(same_request(&key[at..], &get));
     }
 
     #[test]

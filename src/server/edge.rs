@@ -587,6 +587,7 @@ impl App {
         let pending =
             match recovery::catch_sync(|| edge.handle_sync(peer, self.remote, &mut request)) {
                 Some(Ok(response)) => {
+                    rest::response::recycle_headers(std::mem::take(request.headers_mut()));
                     return Either::Left(std::future::ready(Ok(response)));
                 }
                 Some(Err(pending)) => pending,
