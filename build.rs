@@ -7,6 +7,10 @@
 //!   relocations take a few KB instead of 800 KB that the loader reads at every start. It
 //!   needs glibc 2.36 where the binary runs (Debian 12, the image's distroless base), so it is
 //!   used only when the glibc it is built against is that recent.
+//! - `-z max-page-size=0x10000`: segments aligned to 64 KiB in the file and in memory, so the
+//!   kernel loads the binary at a 64 KiB boundary. Its code then lines up with the page cache's
+//!   large folios and the kernel's 64 KiB fault-around windows; unaligned, each fault maps two
+//!   windows' worth of a cached binary (about 1 MiB more of an idle server's RSS).
 use std::process::Command;
 
 fn main() {
@@ -32,6 +36,7 @@ fn main() {
         );
         println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
     }
+    println!("cargo:rustc-link-arg-bins=-Wl,-z,max-page-size=0x10000");
     if glibc_at_least(2, 36) {
         println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     }

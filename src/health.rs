@@ -101,6 +101,13 @@ impl Health {
         }
     }
 
+    /// Whether `/readyz` would pass now.
+    pub fn is_ready(&self) -> bool {
+        self.checks(Probe::Readyz)
+            .iter()
+            .all(|c| c.result.is_ok() || c.informational)
+    }
+
     fn checks(&self, probe: Probe) -> Vec<Outcome> {
         let outcome = |name, result| Outcome {
             name,
@@ -184,9 +191,10 @@ fn report(health: &Health, probe: Probe, only: Option<&str>, verbose: bool) -> R
             Err(reason) if *informational => {
                 lines.push_str(&format!("[!]{name} degraded: {reason}\n"));
             }
-            // Like k8s.io/apiserver: details only in the server's log.
+            // Like k8s.io/apiserver: details only in the server's log, at its V(2) (a probe
+            // fails as a matter of course while the caches fill).
             Err(reason) => {
-                tracing::warn!(check = name, %reason, "{} check failed", probe.name());
+                tracing::debug!(check = name, %reason, "{} check failed", probe.name());
                 lines.push_str(&format!("[-]{name} failed: reason withheld\n"));
             }
         }
@@ -293,5 +301,31 @@ mod tests {
         let names: Vec<_> = outcomes.iter().map(|o| o.name).collect();
         assert_eq!(names, ["ping", "shutdown", "etcd"]);
         assert_eq!(outcomes[2].result, Err("barns not read yet".to_owned()));
+    }
+
+    #[test]
+    fn ready_is_what_readyz_answers() {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        };
+
+        use super::{Check, Health};
+        let health = Health::new();
+        let synced = Arc::new(AtomicBool::new(false));
+        let flag = synced.clone();
+        health.add_readiness_check(Check::new("informer-sync", move || {
+            if flag.load(Ordering::SeqCst) {
+                Ok(())
+            } else {
+                Err("not listed yet".into())
+            }
+        }));
+        health.add_readiness_check(Check::informational("farmpods", || Err("degraded".into())));
+        assert!(!health.is_ready());
+        synced.store(true, Ordering::SeqCst);
+        assert!(health.is_ready(), "an informational check does not count");
+        health.start_shutdown();
+        assert!(!health.is_ready());
     }
 }

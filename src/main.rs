@@ -18,9 +18,10 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Gives the memory start-up used and freed (the documents built once, the certificates and
-/// kubeconfig parsed) back to the OS once the server is serving. mimalloc returns freed pages
-/// only after a delay, and only when later allocations or frees look: an idle server kept
-/// about 1 MiB it no longer used.
+/// kubeconfig parsed, the caches' first lists) back to the OS, once serving and again once
+/// ready, each time from the calling thread's heap and the abandoned ones. mimalloc returns
+/// freed pages only after a delay, and only when later allocations or frees look: an idle
+/// server kept about 1 MiB it no longer used.
 fn release_spare_memory() {
     // SAFETY: mi_collect takes no pointers; it may be called at any time from any thread.
     unsafe { libmimalloc_sys::mi_collect(true) }

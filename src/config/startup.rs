@@ -226,8 +226,9 @@ impl Args {
     /// Runs the command, or serves until SIGTERM/SIGINT: logging, the listener, certificates,
     /// the cluster (when there is one) for FarmPods, TokenReview, SubjectAccessReview and
     /// admission, the storage, then [`server::build`] with the binary's kinds
-    /// ([`crate::group::register`]). `on_serving` is called once, when start-up is done and the
-    /// listener accepts (the binary gives the allocator's spare memory back to the OS there).
+    /// ([`crate::group::register`]). `on_serving` is called when the listener accepts and again
+    /// once the server is first ready (see [`server::Server::serve`]): the binary gives the
+    /// allocator's spare memory back to the OS there.
     /// Returns when the server has stopped.
     pub async fn run(self, on_serving: fn()) -> anyhow::Result<()> {
         if let Some(Command::Certs(certs)) = &self.command {

@@ -147,12 +147,26 @@ impl Server {
     }
 
     /// Serves until SIGTERM or SIGINT, then stops as `timing` says (see [`serve`]); `startup`
-    /// is when start-up began, for the log, and what to call once serving.
+    /// is when start-up began, for the log, and what to call once serving: called when the
+    /// listener accepts, and again from a worker once the server is first ready (its caches
+    /// filled, start-up's last work done).
     pub async fn serve(
         self,
         timing: ShutdownTiming,
         startup: (Instant, fn()),
     ) -> anyhow::Result<()> {
+        let health = self.state.health.clone();
+        let on_ready = startup.1;
+        tokio::spawn(async move {
+            // Polled: readiness is a set of checks, not an event (at most two minutes).
+            for _ in 0..2400 {
+                if health.is_ready() {
+                    on_ready();
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
         serve(self.bound, app(self.state), self.shutdown, timing, startup).await
     }
 
