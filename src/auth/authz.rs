@@ -163,7 +163,6 @@ fn push_decimal(key: &mut String, mut n: usize) {
     key.push(';');
 }
 
-/// Whether `key` (a cache key's request part) is `info`'s, compared as it is read.
 fn without_cluster(user: &UserInfo, info: &RequestInfo<'_>) -> Error {
     Error::Forbidden(forbidden_message(
         user,
@@ -260,11 +259,11 @@ impl Authorizer {
         }
     }
 
-    /// Everything a review depends on. The user's part
-    /// is length-prefixed (extra keys are percent-decoded, so any byte may be in them); the
-    /// request's fields come from the path and the method, where no NUL can be, and are
-    /// separated by one. Built by appending (not `write!`): it is computed on every authorized
-    /// request a connection's [`DecisionMemo`] does not know.
+    /// Everything a review depends on. The user's part is length-prefixed (extra keys are
+    /// percent-decoded, so any byte may be in them); the request's fields come from the path
+    /// and the method, where no NUL can be, and are separated by one. Built by appending (not
+    /// `write!`): it is computed on every authorized request a connection's [`DecisionMemo`]
+    /// does not know.
     fn cache_key(user: &UserInfo, info: &RequestInfo<'_>) -> String {
         let mut key = String::with_capacity(160);
         let field = |key: &mut String, value: &str| {
