@@ -37,10 +37,7 @@ pub fn recycle_headers(mut headers: HeaderMap) {
         return;
     }
     headers.clear();
-    SPARE_HEADERS.with(|spare| match spare.take() {
-        None => spare.set(Some(headers)),
-        kept => spare.set(kept),
-    });
+    SPARE_HEADERS.with(|spare| spare.set(Some(spare.take().unwrap_or(headers))));
 }
 
 /// Built directly: `(code, body).into_response()` would first set an octet-stream content type
