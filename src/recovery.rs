@@ -24,9 +24,10 @@ pub fn response() -> Response {
     Error::Internal(MESSAGE.to_owned()).into_response()
 }
 
-/// Runs `handler`; None when it panicked (the hook has logged it).
-pub async fn catch<F: Future<Output = Response>>(handler: F) -> Option<Response> {
-    AssertUnwindSafe(handler).catch_unwind().await.ok()
+/// Runs `handler`; None when it panicked (the hook has logged it). A combinator, not an
+/// `async fn`, so that `handler` is held once, not again in a state of its own.
+pub fn catch<F: Future<Output = Response>>(handler: F) -> impl Future<Output = Option<Response>> {
+    AssertUnwindSafe(handler).catch_unwind().map(Result::ok)
 }
 
 /// Runs `handler` now; None when it panicked.

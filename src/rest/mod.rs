@@ -34,7 +34,7 @@ use crate::{
     store::{Store, WritableStore},
 };
 
-pub use route::{Endpoints, Route, Target};
+pub use route::{Answer, Endpoints, Route, Target};
 
 /// kube-apiserver's `--max-request-body-bytes` default for JSON bodies (3 MiB).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;

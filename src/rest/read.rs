@@ -6,7 +6,7 @@ use axum::{
     body::Body,
     extract::Request,
     http::{HeaderMap, StatusCode},
-    response::Response,
+    response::{IntoResponse, Response},
 };
 use futures::future::Either;
 use rand::Rng;
@@ -14,13 +14,14 @@ use rand::Rng;
 use super::KindApi;
 use super::options::{Query, WatchFrom, parse_bool, parse_query};
 use super::response::{json_response, object_response};
+use super::route::Answer;
 use crate::{
     error::Result,
     list_body::{ListWriter, StreamedList},
     negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
     selector::{FieldSelector, Filter},
-    store::{self, ListRequest, WatchRequest, WatchStart},
+    store::{self, ListRequest, Object, WatchRequest, WatchStart},
     table::IncludeObject,
     watch::{self, WatchOptions},
 };
@@ -229,14 +230,15 @@ pub(crate) async fn get_item<K: ServedResource>(
     object_response(&object, output, include, StatusCode::OK)
 }
 
-/// [`get_item`] without waiting; None for a watch or a store that is not in memory.
+/// [`get_item`] without the general path: at once from a store in memory, else a future of
+/// the store's own read with the options already parsed; None for a watch.
 pub(crate) fn get_item_sync<K: ServedResource>(
     api: &KindApi<K>,
     namespace: &str,
     name: &str,
     query: Option<&str>,
     headers: &HeaderMap,
-) -> Option<Result<Response>> {
+) -> Option<Answer> {
     let (output, include) = if query.is_none_or(str::is_empty) {
         // Most GETs carry no query: nothing to parse (get_item_options' checks otherwise).
         let checked = negotiate::output(headers).and_then(|output| {
@@ -245,18 +247,28 @@ pub(crate) fn get_item_sync<K: ServedResource>(
         });
         match checked {
             Ok(output) => (output, IncludeObject::Metadata),
-            Err(error) => return Some(Err(error)),
+            Err(error) => return Some(Answer::Now(error.into_response())),
         }
     } else {
         match get_item_options(api, query, headers) {
             Ok(options) if options.watch => return None,
             Ok(options) => (options.output, options.include),
-            Err(error) => return Some(Err(error)),
+            Err(error) => return Some(Answer::Now(error.into_response())),
         }
     };
-    let object = match api.store.get_sync(namespace, name)? {
-        Ok(object) => object,
-        Err(error) => return Some(Err(error)),
+    let respond = move |object: Result<Object<K>>| {
+        object
+            .and_then(|object| object_response(&object, output, include, StatusCode::OK))
+            .into_response()
     };
-    Some(object_response(&object, output, include, StatusCode::OK))
+    match api.store.get_sync(namespace, name) {
+        Some(object) => Some(Answer::Now(respond(object))),
+        None => {
+            let store = api.store.clone();
+            let key = ObjectKey::new(namespace.to_owned(), name.to_owned());
+            Some(Answer::Later(Box::pin(async move {
+                respond(store.get(&key).await)
+            })))
+        }
+    }
 }

@@ -63,6 +63,17 @@ pub struct Target<'a> {
     part: Subresource,
 }
 
+/// A GET of one object answered by [`Target::call_sync`]: at once, or once the store has read
+/// it (a consistent read from a watch cache, which first catches up with its source). The
+/// future borrows nothing, and is bounded by the store's own timeouts (an etcd call's, the
+/// cache's catching up), as the general path is by the request timeout.
+pub enum Answer {
+    /// The response.
+    Now(Response),
+    /// The response once the store has read the object.
+    Later(futures::future::BoxFuture<'static, Response>),
+}
+
 /// One kind's REST verbs behind a path.
 pub(crate) trait Endpoint: Send + Sync {
     fn call(
@@ -73,15 +84,16 @@ pub(crate) trait Endpoint: Send + Sync {
         request: Request,
     ) -> futures::future::BoxFuture<'static, Response>;
 
-    /// A GET of one object answered without waiting, when the store holds it in memory; None
-    /// when only [`Endpoint::call`] can answer.
+    /// A GET of one object answered without the general path: at once when the store holds
+    /// it in memory, else from the store's own read; None when only [`Endpoint::call`] can
+    /// answer (a watch).
     fn get_response_sync(
         &self,
         namespace: &str,
         name: &str,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Option<Response>;
+    ) -> Option<Answer>;
 
     /// The store's object count, for `apiserver_storage_objects`.
     fn stats(&self) -> futures::future::BoxFuture<'static, Result<StoreStats>>;
@@ -272,14 +284,14 @@ impl<'a> Target<'a> {
         }
     }
 
-    /// The response without waiting, when the request is a GET of one object the store holds
-    /// in memory; None when it has to go through [`Route::call`].
+    /// The answer to a GET of one object, without the general path ([`Answer`]); None when it
+    /// has to go through [`Route::call`].
     pub fn call_sync(
         &self,
         method: &Method,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Option<Response> {
+    ) -> Option<Answer> {
         let (Some(namespace), Some(name)) = (self.namespace, self.name) else {
             return None;
         };
@@ -290,7 +302,7 @@ impl<'a> Target<'a> {
             (Ok(namespace), Ok(name)) => self
                 .endpoint
                 .get_response_sync(&namespace, &name, query, headers),
-            (Err(error), _) | (_, Err(error)) => Some(error.into_response()),
+            (Err(error), _) | (_, Err(error)) => Some(Answer::Now(error.into_response())),
         }
     }
 }
@@ -324,8 +336,8 @@ impl<K: ServedResource> Endpoint for KindApi<K> {
         name: &str,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Option<Response> {
-        get_item_sync(self, namespace, name, query, headers).map(IntoResponse::into_response)
+    ) -> Option<Answer> {
+        get_item_sync(self, namespace, name, query, headers)
     }
 
     fn stats(&self) -> futures::future::BoxFuture<'static, Result<StoreStats>> {

@@ -57,6 +57,26 @@ struct Pending {
     log: RequestLog,
 }
 
+/// What [`Edge::handle_sync`] made of a request.
+enum Handled {
+    /// Answered.
+    Now(Response),
+    /// Checked and admitted, with its answer under way ([`Edge::answer_later`]).
+    Later(Box<Later>),
+    /// Everything else ([`Edge::handle`]).
+    Pending(Box<Pending>),
+}
+
+/// A GET answered from the store's own read ([`rest::Answer::Later`]): all the edge still
+/// owes it once that is done is its place in flight, its metrics and its log line.
+struct Later {
+    started: Instant,
+    answer: futures::future::BoxFuture<'static, Response>,
+    slot: Option<super::inflight::OwnedSlot>,
+    user: Option<Arc<UserInfo>>,
+    log: RequestLog,
+}
+
 /// What the request log and the metrics say of a request, owned.
 struct RequestLog {
     verb: &'static str,
@@ -118,14 +138,15 @@ impl<'a> LogFields<'a> {
 impl Edge {
     /// Answers without a future when everything the request needs is in memory (identity from
     /// the certificate and headers, authorization from the cache, the object from the store):
-    /// a cached GET, most of the traffic. Everything else goes on to [`Edge::handle`] with what
-    /// was learned here.
+    /// a cached GET, most of the traffic. A GET of one object whose store reads it with a
+    /// future (a consistent read on etcd) waits only for that ([`Handled::Later`]). Everything
+    /// else goes on to [`Edge::handle`] with what was learned here.
     fn handle_sync<B>(
         &self,
         peer: Option<&PeerCertificates>,
         remote: Option<std::net::IpAddr>,
         request: &mut axum::http::Request<B>,
-    ) -> Result<Response, Box<Pending>> {
+    ) -> Handled {
         let started = Instant::now();
         let trace = crate::telemetry::server_span(
             request.headers(),
@@ -165,11 +186,13 @@ impl Edge {
         // answered here); one the policy leaves out is answered here like any other.
         let audited = match self.audit.as_ref().map(|a| (a, a.judge(&step, &info))) {
             Some((auditor, audit::Judged::Allowed(config))) => Some((auditor, config)),
-            Some((_, audit::Judged::Later)) => return Err(pending(step, target, trace)),
+            Some((_, audit::Judged::Later)) => {
+                return Handled::Pending(pending(step, target, trace));
+            }
             _ => None,
         };
         if trace.is_some() {
-            return Err(pending(step, target, trace));
+            return Handled::Pending(pending(step, target, trace));
         }
         let (response, user) = match step {
             AuthStep::Checked(Ok(user)) => {
@@ -178,12 +201,21 @@ impl Edge {
                     Ok(slot) => slot,
                     // A refusal the policy audits is written the way of any error: later.
                     Err(_) if audited.is_some() => {
-                        return Err(pending(AuthStep::Checked(Ok(user)), target, None));
+                        return Handled::Pending(pending(
+                            AuthStep::Checked(Ok(user)),
+                            target,
+                            None,
+                        ));
                     }
                     Err(refused) => {
                         let fields = LogFields::of(&info);
                         let refused = refused.into_response();
-                        return Ok(self.finish(&fields, user.as_deref(), refused, started));
+                        return Handled::Now(self.finish(
+                            &fields,
+                            user.as_deref(),
+                            refused,
+                            started,
+                        ));
                     }
                 };
                 let call = || {
@@ -219,9 +251,29 @@ impl Edge {
                         }
                     }
                 };
-                drop(slot);
-                let Some(mut response) = answered else {
-                    return Err(pending(AuthStep::Checked(Ok(user)), target, None));
+                let mut response = match answered {
+                    Some(rest::Answer::Now(response)) => {
+                        drop(slot);
+                        response
+                    }
+                    // The audit policy's events are written on the way that waits.
+                    Some(rest::Answer::Later(answer)) if audited.is_none() => {
+                        return Handled::Later(Box::new(Later {
+                            started,
+                            answer,
+                            slot: slot.into_owned(&self.inflight),
+                            user,
+                            log: RequestLog::of(&info),
+                        }));
+                    }
+                    Some(rest::Answer::Later(_)) | None => {
+                        drop(slot);
+                        return Handled::Pending(pending(
+                            AuthStep::Checked(Ok(user)),
+                            target,
+                            None,
+                        ));
+                    }
                 };
                 if let Some((auditor, config)) = &audited {
                     let id = audit::Auditor::id_of(request.headers());
@@ -234,7 +286,11 @@ impl Edge {
                         response.status().as_u16(),
                     );
                     if !written {
-                        return Err(pending(AuthStep::Checked(Ok(user)), target, None));
+                        return Handled::Pending(pending(
+                            AuthStep::Checked(Ok(user)),
+                            target,
+                            None,
+                        ));
                     }
                     if let Some(id) = audit::id_header(&id) {
                         response.headers_mut().insert(audit::AUDIT_ID, id);
@@ -243,7 +299,7 @@ impl Edge {
                 (response, user)
             }
             AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
-            step => return Err(pending(step, target, None)),
+            step => return Handled::Pending(pending(step, target, None)),
         };
         let mut response = response;
         if self.audit.is_some()
@@ -252,12 +308,33 @@ impl Edge {
         {
             response.headers_mut().insert(audit::AUDIT_ID, id);
         }
-        Ok(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
+        Handled::Now(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
+    }
+
+    /// A GET [`Edge::handle_sync`] checked and admitted, answered once the store has read the
+    /// object; then as any other: metrics and the log line.
+    async fn answer_later(self: Arc<Self>, later: Box<Later>) -> Response {
+        let Later {
+            started,
+            answer,
+            slot,
+            user,
+            log,
+        } = *later;
+        let response = match recovery::catch(answer).await {
+            Some(response) => response,
+            None => {
+                self.metrics.panics.inc();
+                recovery::response()
+            }
+        };
+        drop(slot);
+        self.finish(&log.fields(), user.as_deref(), response, started)
     }
 
     /// The rest of a request [`Edge::handle_sync`] could not answer: the review it needs, the
     /// endpoint or router, within the request timeout (a watch within its own).
-    async fn handle(self: Arc<Self>, mut request: Request, pending: Box<Pending>) -> Response {
+    async fn handle(self: Arc<Self>, request: Request, pending: Box<Pending>) -> Response {
         let Pending {
             started,
             trace,
@@ -272,92 +349,27 @@ impl Edge {
         // The request's audit record, once it is begun (finished after a timeout too; dropped
         // unfinished with this future, it writes its last event itself).
         let mut open = std::sync::OnceLock::<audit::Open>::new();
-        let work = async {
-            let (checked, impersonator) = match auth {
-                AuthStep::Checked(checked) => (checked, None),
-                // A review to send (rare: once per user and TTL): it needs the request info
-                // again, which borrowed from the request the first step could not keep.
-                step => {
-                    let uri = request.uri().clone();
-                    let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
-                    self.auth.finish(step, request.headers_mut(), &info).await
-                }
-            };
-            if let (Some(auditor), Some(id)) = (&self.audit, &audit_id)
-                && let Some(begun) = Box::pin(
-                    self.begin_audit(
-                        auditor,
-                        id,
-                        request.method(),
-                        (request.uri(), request.headers()),
-                        request
-                            .extensions()
-                            .get::<connection::RemoteAddr>()
-                            .map(|r| r.0),
-                        (&checked, impersonator.as_deref()),
-                    ),
-                )
-                .await
-            {
-                let _ = open.set(audit::Open::new(begun));
-            }
-            match checked {
-                Ok(user) => {
-                    let masters = user.as_deref().is_some_and(UserInfo::is_system_masters);
-                    let slot = match self.inflight.admit_owned(log.verb, masters) {
-                        Ok(slot) => slot,
-                        Err(refused) => return (refused.into_response(), user),
-                    };
-                    let response = match route {
-                        Some(route) => {
-                            // Writes name their user to admission (webhooks see who wrote).
-                            if let Some(user) = &user
-                                && request.method() != axum::http::Method::GET
-                            {
-                                request.extensions_mut().insert(user.clone());
-                            }
-                            let record = open.get().and_then(audit::Open::record);
-                            audit::scope(record, route.call(request)).await
-                        }
-                        None => match tower::Service::call(&mut self.router.clone(), request).await
-                        {
-                            Ok(response) => response,
-                            Err(never) => match never {},
-                        },
-                    };
-                    // A streamed body (a large list) keeps its place until it is sent.
-                    let response = match slot {
-                        Some(slot)
-                            if http_body::Body::size_hint(response.body())
-                                .exact()
-                                .is_none() =>
-                        {
-                            response.map(|body| {
-                                axum::body::Body::new(connection::Holding::new(body, slot))
-                            })
-                        }
-                        _ => response,
-                    };
-                    (response, user)
-                }
-                Err((error, user)) => (error.into_response(), user),
-            }
-        };
-        let work = crate::telemetry::scope(trace.clone(), work);
-        let (response, user) = if log.verb == "watch" {
-            work.await
-        } else {
-            match tokio::time::timeout(self.request_timeout, work).await {
-                Ok(answered) => answered,
-                Err(_) => (
-                    Error::Timeout("request did not complete within the allotted timeout".into())
-                        .into_response(),
-                    None,
-                ),
-            }
+        // One future awaited whether or not it has a deadline (a watch has none), made in the
+        // call: a future held in a variable first would take its room twice in this one.
+        let deadline = (log.verb != "watch").then_some(self.request_timeout);
+        let (response, user) = match within(
+            deadline,
+            crate::telemetry::scope(
+                trace.clone(),
+                self.answer(request, auth, route, log.verb, audit_id.as_deref(), &open),
+            ),
+        )
+        .await
+        {
+            Ok(answered) => answered,
+            Err(_) => (
+                Error::Timeout("request did not complete within the allotted timeout".into())
+                    .into_response(),
+                None,
+            ),
         };
         let mut response = match open.take() {
-            Some(open) => open.finish(response, log.verb == "watch").await,
+            Some(open) => Box::pin(open.finish(response, log.verb == "watch")).await,
             None => response,
         };
         if let Some(value) = audit_id.as_deref().and_then(audit::id_header) {
@@ -367,6 +379,87 @@ impl Edge {
             crate::telemetry::end_server_span(cx, response.status().as_u16());
         }
         self.finish(&log.fields(), user.as_deref(), response, started)
+    }
+
+    /// The checked request answered: authorization's review when one is still to send, the
+    /// audit record begun, then the endpoint or the router within the bound on requests in
+    /// flight.
+    async fn answer(
+        &self,
+        mut request: Request,
+        auth: AuthStep,
+        route: Option<rest::Route>,
+        verb: &'static str,
+        audit_id: Option<&str>,
+        open: &std::sync::OnceLock<audit::Open>,
+    ) -> (Response, Option<Arc<UserInfo>>) {
+        let (checked, impersonator) = match auth {
+            AuthStep::Checked(checked) => (checked, None),
+            // A review to send (rare: once per user and TTL): it needs the request info
+            // again, which borrowed from the request the first step could not keep.
+            step => {
+                let uri = request.uri().clone();
+                let info = RequestInfo::parse(request.method(), uri.path(), uri.query());
+                Box::pin(self.auth.finish(step, request.headers_mut(), &info)).await
+            }
+        };
+        if let (Some(auditor), Some(id)) = (&self.audit, audit_id)
+            && let Some(begun) = Box::pin(
+                self.begin_audit(
+                    auditor,
+                    id,
+                    request.method(),
+                    (request.uri(), request.headers()),
+                    request
+                        .extensions()
+                        .get::<connection::RemoteAddr>()
+                        .map(|r| r.0),
+                    (&checked, impersonator.as_deref()),
+                ),
+            )
+            .await
+        {
+            let _ = open.set(audit::Open::new(begun));
+        }
+        match checked {
+            Ok(user) => {
+                let masters = user.as_deref().is_some_and(UserInfo::is_system_masters);
+                let slot = match self.inflight.admit_owned(verb, masters) {
+                    Ok(slot) => slot,
+                    Err(refused) => return (refused.into_response(), user),
+                };
+                let response = match route {
+                    Some(route) => {
+                        // Writes name their user to admission (webhooks see who wrote).
+                        if let Some(user) = &user
+                            && request.method() != axum::http::Method::GET
+                        {
+                            request.extensions_mut().insert(user.clone());
+                        }
+                        let record = open.get().and_then(audit::Open::record);
+                        audit::scope(record, route.call(request)).await
+                    }
+                    None => match tower::Service::call(&mut self.router.clone(), request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    },
+                };
+                // A streamed body (a large list) keeps its place until it is sent.
+                let response = match slot {
+                    Some(slot)
+                        if http_body::Body::size_hint(response.body())
+                            .exact()
+                            .is_none() =>
+                    {
+                        response
+                            .map(|body| axum::body::Body::new(connection::Holding::new(body, slot)))
+                    }
+                    _ => response,
+                };
+                (response, user)
+            }
+            Err((error, user)) => (error.into_response(), user),
+        }
     }
 
     /// The audit record of a request whose authentication and authorization are `checked`:
@@ -473,6 +566,18 @@ impl Edge {
             "request"
         );
         response
+    }
+}
+
+/// `work`, given up after `deadline` when there is one.
+fn within<F: Future>(
+    deadline: Option<Duration>,
+    work: F,
+) -> impl Future<Output = Result<F::Output, tokio::time::error::Elapsed>> {
+    use futures::future::{Either, FutureExt};
+    match deadline {
+        Some(deadline) => Either::Left(tokio::time::timeout(deadline, work)),
+        None => Either::Right(work.map(Ok)),
     }
 }
 
@@ -586,11 +691,21 @@ impl App {
         let edge = &self.edge;
         let pending =
             match recovery::catch_sync(|| edge.handle_sync(peer, self.remote, &mut request)) {
-                Some(Ok(response)) => {
+                Some(Handled::Now(response)) => {
                     rest::response::recycle_headers(std::mem::take(request.headers_mut()));
                     return Either::Left(std::future::ready(Ok(response)));
                 }
-                Some(Err(pending)) => pending,
+                Some(Handled::Later(later)) => {
+                    rest::response::recycle_headers(std::mem::take(request.headers_mut()));
+                    let busy = self.activity.as_ref().map(|a| a.begin());
+                    let answered = edge.clone().answer_later(later);
+                    return Either::Right(Box::pin(async move {
+                        let response = answered.await;
+                        drop(busy);
+                        Ok(response)
+                    }));
+                }
+                Some(Handled::Pending(pending)) => pending,
                 None => {
                     let response = edge.panicked(request.method(), request.uri());
                     return Either::Left(std::future::ready(Ok(response)));

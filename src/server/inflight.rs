@@ -134,6 +134,18 @@ impl Inflight {
 #[derive(Debug)]
 pub struct Slot<'a>(Option<&'a Limiter>);
 
+impl Slot<'_> {
+    /// This place, kept past the call after all (a request whose answer turned out to need
+    /// a future).
+    pub fn into_owned(self, inflight: &Arc<Inflight>) -> Option<OwnedSlot> {
+        let limiter = std::mem::ManuallyDrop::new(self).0?;
+        Some(OwnedSlot {
+            inflight: inflight.clone(),
+            mutating: std::ptr::eq(limiter, &inflight.mutating),
+        })
+    }
+}
+
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if let Some(limiter) = self.0 {
@@ -195,5 +207,33 @@ mod tests {
         assert!(inflight.admit("get", false).is_ok());
         inflight.report();
         assert_eq!((gauge("readOnly"), gauge("mutating")), (0, 0));
+    }
+
+    #[test]
+    fn a_place_kept_past_the_call_is_given_back_once() {
+        let metrics = Metrics::new(&["llamas"]);
+        let inflight = Arc::new(Inflight::new(
+            InflightLimits {
+                read_only: 1,
+                mutating: 1,
+            },
+            &metrics,
+        ));
+        let kept = inflight.admit("get", false).unwrap().into_owned(&inflight);
+        assert!(kept.is_some());
+        assert!(inflight.admit("get", false).is_err(), "still held");
+        assert!(inflight.admit("create", false).is_ok(), "a read's place");
+        drop(kept);
+        assert_eq!(inflight.read_only.current.load(Ordering::Acquire), 0);
+        assert!(inflight.admit("get", false).is_ok());
+        // A request not counted has no place to keep.
+        assert!(
+            inflight
+                .admit("get", true)
+                .unwrap()
+                .into_owned(&inflight)
+                .is_none()
+        );
+        assert_eq!(inflight.read_only.current.load(Ordering::Acquire), 0);
     }
 }

@@ -318,3 +318,73 @@ async fn an_audited_refusal_is_written_and_answers_its_audit_id() {
     assert_eq!(written[1]["verb"], "get");
     drop(held_list);
 }
+
+#[tokio::test]
+async fn a_get_on_etcd_holds_its_place_while_it_waits_for_etcd_and_is_counted_when_answered() {
+    if common::etcd::binary().is_none() {
+        println!("SKIPPED: no etcd (see common::etcd)");
+        return;
+    }
+    let fake = allowing_cluster().await;
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        storage: common::TestStorage::Etcd,
+        inflight: InflightLimits {
+            read_only: 1,
+            mutating: 1,
+        },
+        ..Default::default()
+    })
+    .await;
+    let alice = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
+    let alice = server.raw(Some(alice), Alpn::Http2);
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
+    let dolly = format!("{LLAMAS}/dolly");
+    assert_eq!(alice.get(&dolly, &[]).await.status, 200);
+
+    // A consistent GET waits for etcd's revision; etcd paused, it waits in its place.
+    let etcd = server.etcd.as_ref().expect("an etcd-backed server");
+    etcd.pause();
+    let waiting_client = alice.clone();
+    let waiting_path = dolly.clone();
+    let waiting = tokio::spawn(async move { waiting_client.get(&waiting_path, &[]).await });
+    // (Not /metrics meanwhile: its object counts read etcd too.)
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!waiting.is_finished(), "the GET waits for etcd");
+    let refused = alice.get(&format!("{LLAMAS}/nope"), &[]).await;
+    assert_eq!(
+        refused.status,
+        429,
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+    etcd.resume();
+    let metrics =
+        || async { String::from_utf8_lossy(&admin.get("/metrics", &[]).await.body).into_owned() };
+
+    let answered = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiting GET is answered once etcd is back")
+        .unwrap();
+    assert_eq!(answered.status, 200);
+    assert_eq!(answered.json()["metadata"]["name"], "dolly");
+    // Its place is given back, and a GET of a missing Llama is a 404 Status.
+    let missing = alice.get(&format!("{LLAMAS}/nope"), &[]).await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.json()["reason"], "NotFound");
+    // Counted as any GET: two 200s and a 404 for alice's reads, besides the 429.
+    let text = metrics().await;
+    let count = |code: &str| {
+        counter(
+            &text,
+            &format!("apiserver_request_total{{verb=\"GET\",resource=\"llamas\",code=\"{code}\"}}"),
+        )
+    };
+    assert_eq!(
+        (count("200"), count("404"), count("429")),
+        (2.0, 1.0, 1.0),
+        "{text}"
+    );
+    let in_flight = "apiserver_current_inflight_requests{request_kind=\"readOnly\"}";
+    assert_eq!(counter(&text, in_flight), 0.0, "{text}");
+}

@@ -200,6 +200,26 @@ impl Etcd {
         }
     }
 
+    /// Stops etcd where it is (SIGSTOP): it keeps its connections and answers nothing until
+    /// [`Etcd::resume`].
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused etcd run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("etcd is running");
+        let sent = std::process::Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill {signal} etcd");
+    }
+
     /// Starts it again on the same ports and data.
     pub async fn restart(&mut self) {
         self.kill();
