@@ -95,8 +95,9 @@ pub(crate) trait Endpoint: Send + Sync {
         headers: &HeaderMap,
     ) -> Option<Answer>;
 
-    /// The store's object count, for `apiserver_storage_objects`.
-    fn stats(&self) -> futures::future::BoxFuture<'static, Result<StoreStats>>;
+    /// The store's figures as it holds them now, for `apiserver_storage_objects`
+    /// ([`Store::stats_sync`]).
+    fn stats_sync(&self) -> Option<StoreStats>;
 }
 
 impl Endpoints {
@@ -203,11 +204,12 @@ impl Endpoints {
         })
     }
 
-    /// Each kind's qualified resource (`llamas.farm.example.com`) and its store's figures.
-    pub async fn stored_objects(&self) -> Vec<(String, StoreStats)> {
+    /// Each kind's qualified resource (`llamas.farm.example.com`) and its store's figures, as
+    /// held now: a scrape never waits on etcd.
+    pub fn stored_objects(&self) -> Vec<(String, StoreStats)> {
         let mut counts = Vec::with_capacity(self.kinds.len());
         for kind in self.kinds.iter().filter(|k| k.stored) {
-            if let Ok(stats) = kind.endpoint.stats().await {
+            if let Some(stats) = kind.endpoint.stats_sync() {
                 counts.push((format!("{}.{}", kind.plural, crate::resource::GROUP), stats));
             }
         }
@@ -340,9 +342,8 @@ impl<K: ServedResource> Endpoint for KindApi<K> {
         get_item_sync(self, namespace, name, query, headers)
     }
 
-    fn stats(&self) -> futures::future::BoxFuture<'static, Result<StoreStats>> {
-        let store = self.store.clone();
-        Box::pin(async move { store.stats().await })
+    fn stats_sync(&self) -> Option<StoreStats> {
+        self.store.stats_sync()
     }
 }
 

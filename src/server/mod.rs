@@ -220,7 +220,7 @@ async fn version() -> Response {
 
 async fn metrics_handler(State(state): State<AppState>) -> Response {
     state.inflight.report();
-    for (resource, stats) in state.endpoints.stored_objects().await {
+    for (resource, stats) in state.endpoints.stored_objects() {
         state.metrics.set_stored(&resource, &stats);
     }
     let mut response = (StatusCode::OK, state.metrics.render()).into_response();

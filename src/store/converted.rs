@@ -118,6 +118,10 @@ impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
         self.store.stats().await
     }
 
+    fn stats_sync(&self) -> Option<StoreStats> {
+        self.store.stats_sync()
+    }
+
     fn check_ready(&self) -> Result<()> {
         self.store.check_ready()
     }

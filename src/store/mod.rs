@@ -482,6 +482,12 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<K>>;
     /// The store's current revision (the resourceVersion of its last write) and object count.
     async fn stats(&self) -> Result<StoreStats>;
+    /// [`Store::stats`] as the store holds them now, without catching up with a source: what
+    /// `/metrics` reports, which must not wait on etcd (kube-apiserver's object counts are
+    /// kept apart from requests too). None when the store cannot tell without waiting.
+    fn stats_sync(&self) -> Option<StoreStats> {
+        None
+    }
     /// Not ready (a cache still syncing, a backend unreachable) answers 503.
     fn check_ready(&self) -> Result<()> {
         Ok(())

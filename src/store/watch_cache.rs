@@ -198,12 +198,6 @@ impl<K: ServedResource, S: Source<K>> WatchCache<K, S> {
         self.sink.state().clone()
     }
 
-    /// The revision the cache has applied, without catching up with its source first (as
-    /// [`Store::stats`] does for a source with consistent reads).
-    pub fn cached_revision(&self) -> u64 {
-        self.sink.cache.resource_version()
-    }
-
     /// The cache's objects and state, as its source's tasks feed them.
     pub(super) fn sink(&self) -> &Sink<K> {
         &self.sink
@@ -255,6 +249,10 @@ impl<K: ServedResource, S: Source<K>> Store<K> for WatchCache<K, S> {
     async fn stats(&self) -> Result<StoreStats> {
         self.source.catch_up(&self.sink).await?;
         Ok(self.sink.cache.counts())
+    }
+
+    fn stats_sync(&self) -> Option<StoreStats> {
+        Some(self.sink.cache.counts())
     }
 
     fn check_ready(&self) -> Result<()> {

@@ -1816,7 +1816,8 @@ impl EtcdBacked {
         let revision = self.etcd.client().revision(prefix).await;
         let revision = revision.map_err(|e| Error::ServiceUnavailable(e.to_string()))?;
         let deadline = Instant::now() + WAIT;
-        while self.store.cached_revision() < revision.max(0) as u64 && Instant::now() < deadline {
+        let cached = || self.store.stats_sync().map_or(0, |s| s.resource_version);
+        while cached() < revision.max(0) as u64 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         Ok(())

@@ -537,6 +537,10 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         Ok(self.counts())
     }
 
+    fn stats_sync(&self) -> Option<StoreStats> {
+        Some(self.counts())
+    }
+
     fn writable(&self) -> Option<&dyn WritableStore<K>> {
         Some(self)
     }
