@@ -15,10 +15,12 @@
 //! and by the tests' servers alike: the kinds are [`group::register`]'s, each on the store
 //! [`store::StorageFactory`] makes for it.
 //!
-//! The `_sync` (and `_now`) convention: a method so named answers without a future when all
-//! it needs is in memory, and returns None when only its async counterpart can answer
-//! ([`store::Store::get_sync`], [`rest::Target::call_sync`], [`auth::Auth::authorize_sync`]). A
-//! cached GET through the aggregator is then answered without a boxed future.
+//! The `_sync` (and `_now`) convention: a method so named answers without waiting when all it
+//! needs is in memory, and returns None when only its async counterpart can answer
+//! ([`store::Store::get_sync`], [`auth::Auth::authorize_sync`]). A cached GET through the
+//! aggregator is then answered without a boxed future. [`rest::Target::call_sync`] answers a
+//! GET of one object at once from such a store, or else with the store's own read as the one
+//! future (a consistent read on etcd), past the general path.
 
 pub mod admission;
 pub mod audit;

@@ -65,8 +65,7 @@ pub struct Target<'a> {
 
 /// A GET of one object answered by [`Target::call_sync`]: at once, or once the store has read
 /// it (a consistent read from a watch cache, which first catches up with its source). The
-/// future borrows nothing, and is bounded by the store's own timeouts (an etcd call's, the
-/// cache's catching up), as the general path is by the request timeout.
+/// future borrows nothing; the edge bounds it by the request timeout.
 pub enum Answer {
     /// The response.
     Now(Response),

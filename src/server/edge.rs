@@ -68,12 +68,14 @@ enum Handled {
 }
 
 /// A GET answered from the store's own read ([`rest::Answer::Later`]): all the edge still
-/// owes it once that is done is its place in flight, its metrics and its log line.
+/// owes it is the request timeout, its place in flight, its audit ID (under a policy that
+/// writes nothing of it), its metrics and its log line.
 struct Later {
     started: Instant,
     answer: futures::future::BoxFuture<'static, Response>,
     slot: Option<super::inflight::OwnedSlot>,
     user: Option<Arc<UserInfo>>,
+    audit_id: Option<axum::http::HeaderValue>,
     log: RequestLog,
 }
 
@@ -263,6 +265,9 @@ impl Edge {
                             answer,
                             slot: slot.into_owned(&self.inflight),
                             user,
+                            audit_id: self.audit.as_ref().and_then(|_| {
+                                audit::id_header(&audit::Auditor::id_of(request.headers()))
+                            }),
                             log: RequestLog::of(&info),
                         }));
                     }
@@ -312,23 +317,29 @@ impl Edge {
     }
 
     /// A GET [`Edge::handle_sync`] checked and admitted, answered once the store has read the
-    /// object; then as any other: metrics and the log line.
+    /// object, within the request timeout; then as any other: metrics and the log line.
     async fn answer_later(self: Arc<Self>, later: Box<Later>) -> Response {
         let Later {
             started,
             answer,
             slot,
             user,
+            audit_id,
             log,
         } = *later;
-        let response = match recovery::catch(answer).await {
-            Some(response) => response,
-            None => {
+        let answered = within(Some(self.request_timeout), recovery::catch(answer)).await;
+        let mut response = match answered {
+            Ok(Some(response)) => response,
+            Ok(None) => {
                 self.metrics.panics.inc();
                 recovery::response()
             }
+            Err(_) => timed_out(),
         };
         drop(slot);
+        if let Some(id) = audit_id {
+            response.headers_mut().insert(audit::AUDIT_ID, id);
+        }
         self.finish(&log.fields(), user.as_deref(), response, started)
     }
 
@@ -362,11 +373,7 @@ impl Edge {
         .await
         {
             Ok(answered) => answered,
-            Err(_) => (
-                Error::Timeout("request did not complete within the allotted timeout".into())
-                    .into_response(),
-                None,
-            ),
+            Err(_) => (timed_out(), None),
         };
         let mut response = match open.take() {
             Some(open) => Box::pin(open.finish(response, log.verb == "watch")).await,
@@ -567,6 +574,11 @@ impl Edge {
         );
         response
     }
+}
+
+/// kube-apiserver's 504 for a request past `--request-timeout`.
+fn timed_out() -> Response {
+    Error::Timeout("request did not complete within the allotted timeout".into()).into_response()
 }
 
 /// `work`, given up after `deadline` when there is one.

@@ -94,7 +94,8 @@ impl Inflight {
     }
 
     /// A place for a request of `verb` (as [`crate::request_info::RequestInfo`] names it)
-    /// while the caller answers it at once; the 429 when there is none.
+    /// while the caller answers it at once (or for longer, [`Slot::into_owned`]); the 429 when
+    /// there is none.
     pub fn admit(&self, verb: &str, masters: bool) -> Result<Slot<'_>, Error> {
         match self.limiter(verb, masters) {
             Some(limiter) => limiter.enter().map(|()| Slot(Some(limiter))),
@@ -130,15 +131,19 @@ impl Inflight {
     }
 }
 
-/// A request answered at once, counted until this is dropped.
+/// A request answered at once, counted until this is dropped or kept ([`Slot::into_owned`]).
 #[derive(Debug)]
 pub struct Slot<'a>(Option<&'a Limiter>);
 
 impl Slot<'_> {
     /// This place, kept past the call after all (a request whose answer turned out to need
     /// a future).
+    /// `inflight` is the one that gave the place.
     pub fn into_owned(self, inflight: &Arc<Inflight>) -> Option<OwnedSlot> {
         let limiter = std::mem::ManuallyDrop::new(self).0?;
+        debug_assert!(
+            std::ptr::eq(limiter, &inflight.read_only) || std::ptr::eq(limiter, &inflight.mutating)
+        );
         Some(OwnedSlot {
             inflight: inflight.clone(),
             mutating: std::ptr::eq(limiter, &inflight.mutating),

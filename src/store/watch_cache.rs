@@ -251,7 +251,10 @@ impl<K: ServedResource, S: Source<K>> Store<K> for WatchCache<K, S> {
         Ok(self.sink.cache.counts())
     }
 
+    /// None until the cache is served (syncing, or its source broken): no count rather than
+    /// an empty cache's 0.
     fn stats_sync(&self) -> Option<StoreStats> {
+        self.check_ready().ok()?;
         Some(self.sink.cache.counts())
     }
 

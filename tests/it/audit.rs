@@ -399,6 +399,48 @@ async fn a_get_answered_at_once_writes_what_a_waiting_one_writes() {
     );
 }
 
+/// A GET on etcd, whose store reads with a future (a consistent read), is answered as on
+/// memory: under a policy that writes nothing of it, still with its `Audit-Id` (a fresh one, or
+/// the aggregator's); under one that writes it, with both events.
+#[tokio::test]
+async fn a_get_on_etcd_answers_its_audit_id_whether_or_not_the_policy_writes_it() {
+    if common::etcd::binary().is_none() {
+        println!("SKIPPED: no etcd (see common::etcd)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("audit.log");
+    let policy = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: None\n  verbs: [get]\n  resources: [{group: farm.example.com, resources: [llamas], resourceNames: [dolly]}]\n- level: Metadata\n";
+    let server = TestServer::start_with(Options {
+        storage: common::TestStorage::Etcd,
+        audit: Some(auditor(policy, &path)),
+        ..Default::default()
+    })
+    .await;
+    let admin = server.raw(Some(server.admin_identity()), Alpn::Http2);
+    let dolly = format!("{LLAMAS}/dolly");
+    let unwritten = admin.get(&dolly, &[("audit-id", "etcd-none-1")]).await;
+    assert_eq!(unwritten.status, 200);
+    assert_eq!(unwritten.header("audit-id"), Some("etcd-none-1"));
+    let fresh = admin.get(&dolly, &[]).await;
+    assert_eq!(fresh.status, 200);
+    let fresh_id = fresh.header("audit-id").expect("an audit ID made for it");
+    assert!(!fresh_id.is_empty());
+    // A GET the policy writes: its two events, and its ID answered.
+    let missing = admin
+        .get(
+            &format!("{LLAMAS}/nobody"),
+            &[("audit-id", "etcd-written-1")],
+        )
+        .await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(missing.header("audit-id"), Some("etcd-written-1"));
+    let written = events(&path, "etcd-written-1", 2).await;
+    assert_eq!(stages(&written), ["RequestReceived", "ResponseComplete"]);
+    assert_eq!(written[1]["responseStatus"]["code"], 404);
+    assert!(events(&path, "etcd-none-1", 0).await.is_empty());
+}
+
 /// Admission's annotations reach the write's ResponseComplete event: a ValidatingAdmissionPolicy
 /// bound with `Audit` (its failure, as kube-apiserver's JSON list), its `auditAnnotations`
 /// (`<policy>/<key>`), and a validating webhook's `auditAnnotations` (`<webhook>/<key>`).

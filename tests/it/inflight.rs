@@ -401,3 +401,58 @@ async fn a_get_on_etcd_holds_its_place_while_etcd_is_paused_and_metrics_still_an
     );
     assert_eq!(counter(&text, in_flight), 0.0, "{text}");
 }
+
+#[tokio::test]
+async fn a_get_on_etcd_past_the_request_timeout_is_504_and_gives_its_place_back() {
+    if common::etcd::binary().is_none() {
+        println!("SKIPPED: no etcd (see common::etcd)");
+        return;
+    }
+    let fake = allowing_cluster().await;
+    let server = TestServer::start_with(Options {
+        cluster: Some(fake.client().await),
+        storage: common::TestStorage::Etcd,
+        request_timeout: Duration::from_millis(800),
+        inflight: InflightLimits {
+            read_only: 1,
+            mutating: 1,
+        },
+        ..Default::default()
+    })
+    .await;
+    let alice = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
+    let alice = server.raw(Some(alice), Alpn::Http2);
+    let dolly = format!("{LLAMAS}/dolly");
+    assert_eq!(alice.get(&dolly, &[]).await.status, 200);
+
+    // etcd paused: the GET's check would wait for etcd's own timeout (5 s); the request
+    // timeout ends it first, as kube-apiserver's does.
+    let etcd = server.etcd.as_ref().expect("an etcd-backed server");
+    etcd.pause();
+    let started = std::time::Instant::now();
+    let timed_out = alice.get(&dolly, &[]).await;
+    let took = started.elapsed();
+    etcd.resume();
+    assert_eq!(
+        timed_out.status,
+        504,
+        "{}",
+        String::from_utf8_lossy(&timed_out.body)
+    );
+    assert_eq!(timed_out.json()["reason"], "Timeout");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // Its place is free again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let reply = alice.get(&dolly, &[]).await;
+        if reply.status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never served again: {}",
+            reply.status
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
