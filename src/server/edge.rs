@@ -452,17 +452,7 @@ impl Edge {
                     },
                 };
                 // A streamed body (a large list) keeps its place until it is sent.
-                let response = match slot {
-                    Some(slot)
-                        if http_body::Body::size_hint(response.body())
-                            .exact()
-                            .is_none() =>
-                    {
-                        response
-                            .map(|body| axum::body::Body::new(connection::Holding::new(body, slot)))
-                    }
-                    _ => response,
-                };
+                let response = held_while_streamed(response, slot);
                 (response, user)
             }
             Err((error, user)) => (error.into_response(), user),
@@ -573,6 +563,21 @@ impl Edge {
             "request"
         );
         response
+    }
+}
+
+/// `response`, keeping `held` until its body is sent when that body is streamed (its size not
+/// known in advance); else as it is, `held` dropped now.
+fn held_while_streamed<G: Send + Unpin + 'static>(response: Response, held: Option<G>) -> Response {
+    match held {
+        Some(held)
+            if http_body::Body::size_hint(response.body())
+                .exact()
+                .is_none() =>
+        {
+            response.map(|body| axum::body::Body::new(connection::Holding::new(body, held)))
+        }
+        _ => response,
     }
 }
 
@@ -738,17 +743,7 @@ impl App {
                 None => edge.panicked(&method, &uri),
             };
             // A streamed body (a watch, a large list) keeps the connection busy until it ends.
-            Ok(match in_flight {
-                Some(guard)
-                    if http_body::Body::size_hint(response.body())
-                        .exact()
-                        .is_none() =>
-                {
-                    response
-                        .map(|body| axum::body::Body::new(connection::Holding::new(body, guard)))
-                }
-                _ => response,
-            })
+            Ok(held_while_streamed(response, in_flight))
         }))
     }
 }

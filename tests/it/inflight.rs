@@ -319,16 +319,20 @@ async fn an_audited_refusal_is_written_and_answers_its_audit_id() {
     drop(held_list);
 }
 
-#[tokio::test]
-async fn a_get_on_etcd_holds_its_place_while_etcd_is_paused_and_metrics_still_answer() {
+/// A server on etcd with one place for each kind of request and `request_timeout`, and alice's
+/// HTTP/2 client; None (SKIPPED printed) without etcd.
+async fn on_etcd_with_one_place(
+    request_timeout: Duration,
+) -> Option<(std::sync::Arc<FakeKube>, TestServer, common::RawClient)> {
     if common::etcd::binary().is_none() {
         println!("SKIPPED: no etcd (see common::etcd)");
-        return;
+        return None;
     }
     let fake = allowing_cluster().await;
     let server = TestServer::start_with(Options {
         cluster: Some(fake.client().await),
         storage: common::TestStorage::Etcd,
+        request_timeout,
         inflight: InflightLimits {
             read_only: 1,
             mutating: 1,
@@ -338,6 +342,14 @@ async fn a_get_on_etcd_holds_its_place_while_etcd_is_paused_and_metrics_still_an
     .await;
     let alice = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
     let alice = server.raw(Some(alice), Alpn::Http2);
+    Some((fake, server, alice))
+}
+
+#[tokio::test]
+async fn a_get_on_etcd_holds_its_place_while_etcd_is_paused_and_metrics_still_answer() {
+    let Some((_fake, server, alice)) = on_etcd_with_one_place(Duration::from_secs(60)).await else {
+        return;
+    };
     let admin = server.raw(Some(server.admin_identity()), Alpn::Http1);
     let dolly = format!("{LLAMAS}/dolly");
     assert_eq!(alice.get(&dolly, &[]).await.status, 200);
@@ -404,24 +416,10 @@ async fn a_get_on_etcd_holds_its_place_while_etcd_is_paused_and_metrics_still_an
 
 #[tokio::test]
 async fn a_get_on_etcd_past_the_request_timeout_is_504_and_gives_its_place_back() {
-    if common::etcd::binary().is_none() {
-        println!("SKIPPED: no etcd (see common::etcd)");
+    let Some((_fake, server, alice)) = on_etcd_with_one_place(Duration::from_millis(800)).await
+    else {
         return;
-    }
-    let fake = allowing_cluster().await;
-    let server = TestServer::start_with(Options {
-        cluster: Some(fake.client().await),
-        storage: common::TestStorage::Etcd,
-        request_timeout: Duration::from_millis(800),
-        inflight: InflightLimits {
-            read_only: 1,
-            mutating: 1,
-        },
-        ..Default::default()
-    })
-    .await;
-    let alice = server.dev_ca().issue_client("alice", &["farmers"]).unwrap();
-    let alice = server.raw(Some(alice), Alpn::Http2);
+    };
     let dolly = format!("{LLAMAS}/dolly");
     assert_eq!(alice.get(&dolly, &[]).await.status, 200);
 
