@@ -3,19 +3,26 @@
 //! (`Watch/Watch`). The messages and clients are generated from a subset of etcd's protos by
 //! `etcd-proto/` and checked in (`proto/`), so no build needs `protoc`; the connection is the
 //! server's own rustls, with the CA and client certificate of the `--etcd-*` flags.
+//!
+//! The generated clients call hyper's pooled HTTP/2 client directly rather than tonic's
+//! `Channel`, which hands every call to a buffer task of its own: on a busy server that task is
+//! one more place in the run queue between a consistent read's check and the wire.
 
 use std::{
     sync::{
-        Arc, OnceLock,
+        Arc,
         atomic::{AtomicUsize, Ordering},
     },
     time::Duration,
 };
 
 use futures::StreamExt;
-use hyper_util::client::legacy::connect::HttpConnector;
+use http::Uri;
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::{TokioExecutor, TokioTimer},
+};
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
 
 /// The code etcd-proto generates from `etcd-proto/proto` (see its `src/main.rs`).
 #[allow(dead_code, missing_docs, clippy::all, clippy::pedantic)]
@@ -50,6 +57,10 @@ pub enum EtcdError {
 
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
+/// The HTTP/2 connections to the cluster's members (one per member, made at its first call
+/// and again whenever it breaks), shared by every call.
+type Transport = Client<Connector, tonic::body::Body>;
+
 /// Where etcd is and how to reach it.
 #[derive(Clone, Debug)]
 pub struct EtcdConfig {
@@ -66,17 +77,27 @@ pub struct EtcdConfig {
 /// to the next one when it does not.
 pub struct EtcdClient {
     endpoints: Vec<Member>,
-    connector: Connector,
+    transport: Transport,
     current: AtomicUsize,
     request_timeout: Duration,
 }
 
-/// One endpoint: its URL and its gRPC channel (one HTTP/2 connection, made at the first call
-/// and again whenever it breaks).
+/// One endpoint: its URL as given, and parsed as the origin its calls go to.
 struct Member {
     url: String,
-    endpoint: Endpoint,
-    channel: OnceLock<Channel>,
+    origin: Uri,
+}
+
+/// Where a call goes: the shared connections, and the origin of the member in use.
+struct Link {
+    transport: Transport,
+    origin: Uri,
+}
+
+impl Link {
+    fn kv(self) -> KvClient<Transport> {
+        KvClient::with_origin(self.transport, self.origin)
+    }
 }
 
 /// A key and its value at a revision.
@@ -243,7 +264,9 @@ fn grpc_error(url: &str, status: &tonic::Status) -> (EtcdError, bool) {
     let mut source = status.source();
     let local = source.is_some();
     while let Some(error) = source {
-        if error.is::<tonic::ConnectError>() {
+        if let Some(failed) = error.downcast_ref::<hyper_util::client::legacy::Error>()
+            && failed.is_connect()
+        {
             return (EtcdError::Unavailable(format!("{url}: {error}")), false);
         }
         source = error.source();
@@ -291,40 +314,42 @@ impl EtcdClient {
             .iter()
             .map(|url| {
                 let url = url.trim_end_matches('/').to_owned();
-                let endpoint = Endpoint::from_shared(url.clone())
-                    .map_err(|e| EtcdError::Unavailable(format!("{url}: {e}")))?
-                    // Pings find a connection that died silently (a host gone, a partition),
-                    // which would otherwise be used until TCP gives up. Only while calls are
-                    // out: etcd refuses pings on an idle connection, and more often than every
-                    // 5 s.
-                    .http2_keep_alive_interval(Duration::from_secs(10))
-                    .keep_alive_timeout(Duration::from_secs(5))
-                    .keep_alive_while_idle(false);
-                Ok(Member {
-                    url,
-                    endpoint,
-                    channel: OnceLock::new(),
-                })
+                let origin = url
+                    .parse::<Uri>()
+                    .ok()
+                    .filter(|uri| uri.scheme().is_some() && uri.authority().is_some())
+                    .ok_or_else(|| EtcdError::Unavailable(format!("{url}: not a URL")))?;
+                Ok(Member { url, origin })
             })
             .collect::<Result<_, EtcdError>>()?;
+        let transport = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            // Pings find a connection that died silently (a host gone, a partition), which
+            // would otherwise be used until TCP gives up. Only while calls are out: etcd
+            // refuses pings on an idle connection, and more often than every 5 s.
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(Duration::from_secs(5))
+            .http2_keep_alive_while_idle(false)
+            .build(connector);
         Ok(Arc::new(Self {
             endpoints,
-            connector,
+            transport,
             current: AtomicUsize::new(0),
             request_timeout: config.request_timeout,
         }))
     }
 
-    /// The endpoint in use: its URL and channel (made on first use, inside the runtime).
-    fn member(&self) -> (&str, Channel) {
+    /// The endpoint in use: its URL, and where its calls go.
+    fn member(&self) -> (&str, Link) {
         let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
         let member = &self.endpoints[index];
-        let channel = member.channel.get_or_init(|| {
-            member
-                .endpoint
-                .connect_with_connector_lazy(self.connector.clone())
-        });
-        (&member.url, channel.clone())
+        let link = Link {
+            transport: self.transport.clone(),
+            origin: member.origin.clone(),
+        };
+        (&member.url, link)
     }
 
     /// `message` as a request that etcd stops working on when this client stops waiting.
@@ -375,9 +400,9 @@ impl EtcdClient {
 
     /// One Range call (a read: sent again to the next endpoint when one does not answer).
     async fn range_call(&self, request: pb::RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
-        self.unary("/etcdserverpb.KV/Range", true, |channel| {
+        self.unary("/etcdserverpb.KV/Range", true, |link| {
             let request = self.request(request.clone());
-            async move { KvClient::new(channel).range(request).await }
+            async move { link.kv().range(request).await }
         })
         .await
     }
@@ -390,7 +415,7 @@ impl EtcdClient {
         &self,
         method: &'static str,
         idempotent: bool,
-        call: impl Fn(Channel) -> F,
+        call: impl Fn(Link) -> F,
     ) -> Result<T, EtcdError>
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -406,26 +431,26 @@ impl EtcdClient {
     async fn unary_within<T, F>(
         &self,
         idempotent: bool,
-        call: impl Fn(Channel) -> F,
+        call: impl Fn(Link) -> F,
     ) -> Result<T, EtcdError>
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut last = None;
         for _ in 0..self.endpoints.len() {
-            let (url, channel) = self.member();
-            let (reason, sent) =
-                match tokio::time::timeout(self.request_timeout, call(channel)).await {
-                    Ok(Ok(reply)) => return Ok(reply.into_inner()),
-                    Ok(Err(status)) => match grpc_error(url, &status) {
-                        (EtcdError::Unavailable(reason), sent) => (reason, sent),
-                        (other, _) => return Err(other),
-                    },
-                    Err(_) => (
-                        format!("{url}: no answer within {:?}", self.request_timeout),
-                        true,
-                    ),
-                };
+            let (url, link) = self.member();
+            let (reason, sent) = match tokio::time::timeout(self.request_timeout, call(link)).await
+            {
+                Ok(Ok(reply)) => return Ok(reply.into_inner()),
+                Ok(Err(status)) => match grpc_error(url, &status) {
+                    (EtcdError::Unavailable(reason), sent) => (reason, sent),
+                    (other, _) => return Err(other),
+                },
+                Err(_) => (
+                    format!("{url}: no answer within {:?}", self.request_timeout),
+                    true,
+                ),
+            };
             self.fail_over();
             if sent && !idempotent {
                 return Err(EtcdError::Unavailable(format!(
@@ -445,9 +470,9 @@ impl EtcdClient {
             ..Default::default()
         };
         let reply = self
-            .unary("/etcdserverpb.KV/Put", true, |channel| {
+            .unary("/etcdserverpb.KV/Put", true, |link| {
                 let request = self.request(request.clone());
-                async move { KvClient::new(channel).put(request).await }
+                async move { link.kv().put(request).await }
             })
             .await?;
         Ok(revision(reply.header))
@@ -456,8 +481,8 @@ impl EtcdClient {
     /// The version of the etcd server at the current endpoint (`Maintenance/Status`, e.g.
     /// "3.5.1").
     pub async fn server_version(&self) -> Result<String, EtcdError> {
-        let (url, channel) = self.member();
-        let mut client = MaintenanceClient::new(channel);
+        let (url, link) = self.member();
+        let mut client = MaintenanceClient::with_origin(link.transport, link.origin);
         let call = client.status(self.request(pb::StatusRequest {}));
         match tokio::time::timeout(self.request_timeout, call).await {
             Ok(Ok(reply)) => Ok(reply.into_inner().version),
@@ -519,9 +544,9 @@ impl EtcdClient {
             }],
         };
         let reply = self
-            .unary("/etcdserverpb.KV/Txn", false, |channel| {
+            .unary("/etcdserverpb.KV/Txn", false, |link| {
                 let request = self.request(request.clone());
-                async move { KvClient::new(channel).txn(request).await }
+                async move { link.kv().txn(request).await }
             })
             .await?;
         let current = (!reply.succeeded)
@@ -547,9 +572,9 @@ impl EtcdClient {
             revision,
             physical: true,
         };
-        self.unary("/etcdserverpb.KV/Compact", false, |channel| {
+        self.unary("/etcdserverpb.KV/Compact", false, |link| {
             let request = self.request(request);
-            async move { KvClient::new(channel).compact(request).await }
+            async move { link.kv().compact(request).await }
         })
         .await?;
         Ok(())
@@ -578,8 +603,8 @@ impl EtcdClient {
         let (requests, mut rx) = mpsc::unbounded_channel();
         let _ = requests.send(create);
         let outbound = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-        let (url, channel) = self.member();
-        let mut client = WatchClient::new(channel);
+        let (url, link) = self.member();
+        let mut client = WatchClient::with_origin(link.transport, link.origin);
         let call = client.watch(outbound);
         let replies = match tokio::time::timeout(self.request_timeout, call).await {
             Ok(Ok(replies)) => replies.into_inner(),

@@ -75,12 +75,31 @@ fn grpc_errors_map_to_the_stores_errors() {
         from(Code::OutOfRange, ""),
         (EtcdError::Compacted(_), _)
     ));
-    // A failure to connect: the request never left.
-    let connect =
-        tonic::Status::from_error(Box::new(tonic::ConnectError("connection refused".into())));
+}
+
+/// A member that refuses the connection: a write never left, so it is not reported as one that
+/// may have been applied (and a read fails over).
+#[tokio::test]
+async fn a_refused_connection_is_a_write_that_never_left() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap()
+        .port();
+    let client = EtcdClient::new(EtcdConfig {
+        endpoints: vec![format!("http://127.0.0.1:{port}")],
+        tls: None,
+        request_timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    match client.txn(b"/k", Compare::Absent, Some(b"v")).await {
+        Err(EtcdError::Unavailable(reason)) => {
+            assert!(!reason.contains("may or may not"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
     assert!(matches!(
-        grpc_error("e", &connect),
-        (EtcdError::Unavailable(_), false)
+        client.revision(b"/k").await,
+        Err(EtcdError::Unavailable(_))
     ));
 }
 
