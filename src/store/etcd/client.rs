@@ -325,7 +325,8 @@ impl EtcdClient {
         let transport = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
+            // One connection per member, kept until it breaks: the watch and every call share it.
+            .pool_idle_timeout(None)
             // Pings find a connection that died silently (a host gone, a partition), which
             // would otherwise be used until TCP gives up. Only while calls are out: etcd
             // refuses pings on an idle connection, and more often than every 5 s.
