@@ -262,29 +262,44 @@ fn grpc_error(url: &str, status: &tonic::Status) -> (EtcdError, bool) {
     use std::error::Error as _;
     use tonic::Code;
     let mut source = status.source();
-    let local = source.is_some();
+    let local = source.map(with_causes);
     while let Some(error) = source {
         if let Some(failed) = error.downcast_ref::<hyper_util::client::legacy::Error>()
             && failed.is_connect()
         {
-            return (EtcdError::Unavailable(format!("{url}: {error}")), false);
+            return (
+                EtcdError::Unavailable(format!("{url}: {}", with_causes(error))),
+                false,
+            );
         }
         source = error.source();
     }
     let message = status.message().to_owned();
-    if status.code() == Code::Unknown && message.starts_with("Service was not ready") {
-        // The generated client's answer when the channel cannot take requests.
-        return (EtcdError::Unavailable(format!("{url}: {message}")), false);
-    }
-    let error = match status.code() {
-        Code::OutOfRange => EtcdError::Compacted(0),
-        _ if local => EtcdError::Unavailable(format!("{url}: {message}")),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Aborted => {
+    let error = match (status.code(), local) {
+        (Code::OutOfRange, _) => EtcdError::Compacted(0),
+        (_, Some(local)) => EtcdError::Unavailable(format!("{url}: {local}")),
+        (Code::Unavailable | Code::DeadlineExceeded | Code::Aborted, None) => {
             EtcdError::Unavailable(message)
         }
         _ => EtcdError::Refused(message),
     };
     (error, true)
+}
+
+/// `error` and its causes on one line ("client error (Connect): tcp connect error: Connection
+/// refused"): hyper's errors name only their kind, their cause says what happened.
+fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let said = error.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = error.source();
+    }
+    text
 }
 
 impl EtcdClient {

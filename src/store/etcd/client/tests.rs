@@ -94,6 +94,8 @@ async fn a_refused_connection_is_a_write_that_never_left() {
     match client.txn(b"/k", Compare::Absent, Some(b"v")).await {
         Err(EtcdError::Unavailable(reason)) => {
             assert!(!reason.contains("may or may not"), "{reason}");
+            // The cause, not only hyper's "client error (Connect)".
+            assert!(reason.to_lowercase().contains("refused"), "{reason}");
         }
         other => panic!("{other:?}"),
     }
