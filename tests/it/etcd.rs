@@ -441,6 +441,11 @@ async fn an_unreachable_etcd_is_503_and_not_ready_then_the_server_recovers() {
     etcd.kill();
     let down = eventually(&api, LLAMAS, |r| r.status == 503).await;
     assert_eq!(down.json()["reason"], "ServiceUnavailable");
+    let said = down.json()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(said.matches("etcd is unavailable").count(), 1, "{said}");
     let write = send(&api, "POST", LLAMAS, &fixtures::llama("lost").json()).await;
     assert_eq!(
         write.status,
@@ -448,6 +453,13 @@ async fn an_unreachable_etcd_is_503_and_not_ready_then_the_server_recovers() {
         "{}",
         String::from_utf8_lossy(&write.body)
     );
+    // The cause, and a write that never reached etcd is not one that "may have been applied".
+    let said = write.json()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(said.to_lowercase().contains("refused"), "{said}");
+    assert!(!said.contains("may or may not"), "{said}");
     let readyz = api.get("/readyz?verbose", &[]).await;
     assert_ne!(readyz.status, 200);
     assert!(

@@ -384,6 +384,8 @@ impl EtcdSource {
         tracing::warn!(%error, "etcd watch broken; retrying");
         let reason = match error {
             EtcdError::Compacted(_) => "relisting etcd after a compaction".to_owned(),
+            // `ready` says "etcd is unavailable" itself.
+            EtcdError::Unavailable(reason) => reason.clone(),
             other => other.to_string(),
         };
         sink.broken(reason);
