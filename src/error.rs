@@ -403,6 +403,23 @@ impl IntoResponse for Error {
     }
 }
 
+/// `error` and its causes on one line, as Go prints wrapped errors ("client error (Connect): tcp
+/// connect error: Connection refused"): many errors name only their kind, their cause says what
+/// happened. A cause whose text is already in the line is not repeated.
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let said = error.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = error.source();
+    }
+    text
+}
+
 /// A `Warning` header as kube-apiserver writes one: `299 - "<text>"`, quotes and backslashes
 /// escaped; None for a text a header cannot carry (control characters, as kube-apiserver
 /// drops them).

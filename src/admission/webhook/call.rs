@@ -267,7 +267,10 @@ impl Clients {
             .map_err(|e| format!("failed to call webhook: {e}"))?;
         let exchange = async {
             let response = client.request(request).await.map_err(|e| {
-                format!("failed to call webhook: Post {url:?}: {}", error_chain(&e))
+                format!(
+                    "failed to call webhook: Post {url:?}: {}",
+                    crate::error::chain(&e)
+                )
             })?;
             let code = response.status();
             let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
@@ -323,18 +326,6 @@ fn url_of(config: &WebhookClientConfig, timeout: Duration) -> Result<String, Str
         "{base}{separator}timeout={}s",
         timeout.as_secs().max(1)
     ))
-}
-
-/// The causes of `error`, joined as Go prints wrapped errors.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `VerifyAdmissionResponse`: an `admission.k8s.io/v1` AdmissionReview answering this request

@@ -98,6 +98,14 @@ impl Link {
     fn kv(self) -> KvClient<Transport> {
         KvClient::with_origin(self.transport, self.origin)
     }
+
+    fn watch(self) -> WatchClient<Transport> {
+        WatchClient::with_origin(self.transport, self.origin)
+    }
+
+    fn maintenance(self) -> MaintenanceClient<Transport> {
+        MaintenanceClient::with_origin(self.transport, self.origin)
+    }
 }
 
 /// A key and its value at a revision.
@@ -262,13 +270,13 @@ fn grpc_error(url: &str, status: &tonic::Status) -> (EtcdError, bool) {
     use std::error::Error as _;
     use tonic::Code;
     let mut source = status.source();
-    let local = source.map(with_causes);
+    let local = source.map(crate::error::chain);
     while let Some(error) = source {
         if let Some(failed) = error.downcast_ref::<hyper_util::client::legacy::Error>()
             && failed.is_connect()
         {
             return (
-                EtcdError::Unavailable(format!("{url}: {}", with_causes(error))),
+                EtcdError::Unavailable(format!("{url}: {}", crate::error::chain(error))),
                 false,
             );
         }
@@ -284,22 +292,6 @@ fn grpc_error(url: &str, status: &tonic::Status) -> (EtcdError, bool) {
         _ => EtcdError::Refused(message),
     };
     (error, true)
-}
-
-/// `error` and its causes on one line ("client error (Connect): tcp connect error: Connection
-/// refused"): hyper's errors name only their kind, their cause says what happened.
-fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        let said = error.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = error.source();
-    }
-    text
 }
 
 impl EtcdClient {
@@ -498,7 +490,7 @@ impl EtcdClient {
     /// "3.5.1").
     pub async fn server_version(&self) -> Result<String, EtcdError> {
         let (url, link) = self.member();
-        let mut client = MaintenanceClient::with_origin(link.transport, link.origin);
+        let mut client = link.maintenance();
         let call = client.status(self.request(pb::StatusRequest {}));
         match tokio::time::timeout(self.request_timeout, call).await {
             Ok(Ok(reply)) => Ok(reply.into_inner().version),
@@ -620,7 +612,7 @@ impl EtcdClient {
         let _ = requests.send(create);
         let outbound = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         let (url, link) = self.member();
-        let mut client = WatchClient::with_origin(link.transport, link.origin);
+        let mut client = link.watch();
         let call = client.watch(outbound);
         let replies = match tokio::time::timeout(self.request_timeout, call).await {
             Ok(Ok(replies)) => replies.into_inner(),
