@@ -772,3 +772,81 @@ async fn dropping_an_etcd_store_ends_its_tasks() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Consistent reads share etcd checks, and a check wakes only the reads it answers: with etcd
+/// paused, one read's check is out; reads arriving meanwhile cannot use it (it started before
+/// them) and all share the next one. Two etcd reads in all for 41 consistent reads, and each
+/// waiting read is polled twice (when it asks, when its own check is answered), not woken
+/// again by the check before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_reads_share_checks_and_wake_only_when_answered() {
+    use farm_apiserver::{resource::ObjectKey, store::Store};
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+    let Some(etcd) = Etcd::start().await else {
+        return;
+    };
+    let store = farm_apiserver::store::etcd::EtcdStore::<farm_apiserver::resources::Llama>::start(
+        etcd.client(),
+        "/farm.example.com/",
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while store.check_ready().is_err() {
+        assert!(Instant::now() < deadline, "the store never synced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A read that polls its future and counts the polls.
+    let read = |polls: Arc<AtomicUsize>| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let key = ObjectKey::new("default", "nobody");
+            let mut get = store.get(&key);
+            std::future::poll_fn(|cx| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                get.as_mut().poll(cx)
+            })
+            .await
+        })
+    };
+    let ranges_before = etcd_ranges(&etcd).await;
+    etcd.pause();
+    let first = read(Arc::new(AtomicUsize::new(0)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let polls: Vec<_> = (0..40).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    let waiting: Vec<_> = polls.iter().map(|p| read(p.clone())).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    etcd.resume();
+    let found = first.await.unwrap();
+    assert!(
+        matches!(found, Err(farm_apiserver::error::Error::NotFound(_))),
+        "{found:?}"
+    );
+    for read in waiting {
+        let found = read.await.unwrap();
+        assert!(
+            matches!(found, Err(farm_apiserver::error::Error::NotFound(_))),
+            "{found:?}"
+        );
+    }
+    let polled: Vec<usize> = polls.iter().map(|p| p.load(Ordering::SeqCst)).collect();
+    assert!(
+        polled.iter().all(|&n| n == 2),
+        "each read waiting for the second check should be polled twice: {polled:?}"
+    );
+    assert_eq!(
+        etcd_ranges(&etcd).await - ranges_before,
+        2.0,
+        "41 consistent reads should take two etcd checks"
+    );
+}
+
+/// etcd's count of the KV/Range calls it has started.
+async fn etcd_ranges(etcd: &Etcd) -> f64 {
+    let text = reqwest_free_get(&format!("{}/metrics", etcd.endpoint())).await;
+    text.lines()
+        .find(|l| l.starts_with("grpc_server_started_total") && l.contains("grpc_method=\"Range\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}

@@ -18,8 +18,8 @@ mod writes;
 
 use std::{
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering::SeqCst},
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering::SeqCst},
     },
     time::Duration,
 };
@@ -60,21 +60,61 @@ pub struct EtcdSource {
     progress: Mutex<Option<client::Progress>>,
 }
 
-/// The etcd checks consistent reads make, by one task ([`revision_checker`]): a read takes a
-/// ticket and waits for the first check that started after it took it, so one etcd round trip
-/// serves every read that arrived while the previous one was out, and no read waits in a queue
-/// of locks.
+/// The etcd checks consistent reads make, by one task ([`revision_checker`]): a read joins the
+/// next round and waits for its check, which starts after the read joined, so one etcd round
+/// trip serves every read that arrived while the previous one was out, no read waits in a queue
+/// of locks, and a check wakes only the reads it answers.
 struct Checks {
-    /// Tickets taken so far.
-    tickets: AtomicU64,
+    /// The round reads join; the task takes it (leaving a new one) just before its check.
+    next: Mutex<Arc<Round>>,
     /// Wakes the task.
     wanted: Notify,
-    /// The last check done: the tickets it covers (all taken before it started) and what it
-    /// found.
-    done: watch::Sender<(u64, Checked)>,
     /// Whether the etcd serving the watch orders its progress notifications after its events
     /// ([`client::orders_progress`]).
     ordered_progress: AtomicBool,
+}
+
+/// One check and the reads waiting for it.
+#[derive(Default)]
+struct Round {
+    found: OnceLock<Checked>,
+    answered: Notify,
+}
+
+impl Round {
+    /// What the round's check found, once it has.
+    async fn found(&self) -> Checked {
+        loop {
+            let answered = self.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            if let Some(found) = self.found.get() {
+                return found.clone();
+            }
+            answered.await;
+        }
+    }
+
+    fn answer(&self, found: Checked) {
+        let _ = self.found.set(found);
+        self.answered.notify_waiters();
+    }
+}
+
+/// The next round (no code panics while holding it).
+fn lock(next: &Mutex<Arc<Round>>) -> std::sync::MutexGuard<'_, Arc<Round>> {
+    next.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A round the task has taken: answered when its check is done, or, should the task stop
+/// first, with that.
+struct Taken(Arc<Round>);
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        self.0.answer(Err("the etcd store is stopping".into()));
+    }
 }
 
 /// What a check found: etcd's revision, or why not.
@@ -102,9 +142,8 @@ impl<K: ServedResource> EtcdStore<K> {
             prefix: key,
             applied: watch::Sender::new(0),
             checks: Checks {
-                tickets: AtomicU64::new(0),
+                next: Mutex::default(),
                 wanted: Notify::new(),
-                done: watch::Sender::new((0, Ok(0))),
                 ordered_progress: AtomicBool::new(false),
             },
             progress: Mutex::new(None),
@@ -195,14 +234,9 @@ impl EtcdSource {
     /// started after it (see [`Checks`]).
     async fn latest(&self) -> Result<i64> {
         let checks = &self.checks;
-        let mut done = checks.done.subscribe();
-        let ticket = checks.tickets.fetch_add(1, SeqCst) + 1;
+        let round = lock(&checks.next).clone();
         checks.wanted.notify_one();
-        let checked = done
-            .wait_for(|(covers, _)| *covers >= ticket)
-            .await
-            .map_err(|_| Error::ServiceUnavailable("the etcd store is stopping".into()))?;
-        checked.1.clone().map_err(Error::ServiceUnavailable)
+        round.found().await.map_err(Error::ServiceUnavailable)
     }
 
     /// Waits until the cache has caught up with etcd as of now (see the module docs).
@@ -399,16 +433,17 @@ impl EtcdSource {
 async fn revision_checker<K: ServedResource>(source: Arc<EtcdSource>, sink: Sink<K>) {
     let checks = &source.checks;
     loop {
-        let covered = checks.done.borrow().0;
-        let covers = checks.tickets.load(SeqCst);
-        if covers <= covered {
+        // The round reads joined, when any did (a read that gave up drops its share).
+        let taken = {
+            let mut next = lock(&checks.next);
+            (Arc::strong_count(&next) > 1).then(|| Taken(std::mem::take(&mut *next)))
+        };
+        let Some(taken) = taken else {
             checks.wanted.notified().await;
             continue;
-        }
+        };
         let found = source.revision_to_reach(&sink).await;
-        let _previous = checks
-            .done
-            .send_replace((covers, found.map_err(|e| e.to_string())));
+        taken.0.answer(found.map_err(|e| e.to_string()));
     }
 }
 
