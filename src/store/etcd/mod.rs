@@ -95,8 +95,9 @@ impl Round {
         }
     }
 
+    /// Wakes the round's reads; the first answer stands.
     fn answer(&self, found: Checked) {
-        let _ = self.found.set(found);
+        let _first = self.found.set(found);
         self.answered.notify_waiters();
     }
 }
@@ -113,7 +114,9 @@ struct Taken(Arc<Round>);
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        self.0.answer(Err("the etcd store is stopping".into()));
+        if self.0.found.get().is_none() {
+            self.0.answer(Err("the etcd store is stopping".into()));
+        }
     }
 }
 
