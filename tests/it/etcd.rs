@@ -813,10 +813,16 @@ async fn consistent_reads_share_checks_and_wake_only_when_answered() {
     let ranges_before = etcd_ranges(&etcd).await;
     etcd.pause();
     let first = read(Arc::new(AtomicUsize::new(0)));
+    // Time for the task to take the first read's round and send its check (not observable).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let polls: Vec<_> = (0..40).map(|_| Arc::new(AtomicUsize::new(0))).collect();
     let waiting: Vec<_> = polls.iter().map(|p| read(p.clone())).collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A read joins its round at its first poll.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while polls.iter().any(|p| p.load(Ordering::SeqCst) == 0) {
+        assert!(Instant::now() < deadline, "the reads were never polled");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     etcd.resume();
     let found = first.await.unwrap();
     assert!(
