@@ -18,13 +18,17 @@ mod writes;
 
 use std::{
     sync::{
-        Arc, Mutex, OnceLock,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering::SeqCst},
     },
     time::Duration,
 };
 
-use futures::{FutureExt, StreamExt, future::BoxFuture};
+use futures::{
+    FutureExt, StreamExt,
+    channel::oneshot,
+    future::{BoxFuture, Shared},
+};
 use tokio::sync::{Notify, watch};
 
 pub use client::{EtcdClient, EtcdConfig, EtcdError};
@@ -66,7 +70,7 @@ pub struct EtcdSource {
 /// of locks, and a check wakes only the reads it answers.
 struct Checks {
     /// The round reads join; the task takes it (leaving a new one) just before its check.
-    next: Mutex<Arc<Round>>,
+    next: Mutex<Round>,
     /// Wakes the task.
     wanted: Notify,
     /// Whether the etcd serving the watch orders its progress notifications after its events
@@ -74,50 +78,27 @@ struct Checks {
     ordered_progress: AtomicBool,
 }
 
-/// One check and the reads waiting for it.
-#[derive(Default)]
+/// One check and the reads waiting for it: each read holds a clone of `found`; the task answers
+/// through `answer`, or drops it (stopping), which the reads see as canceled.
 struct Round {
-    found: OnceLock<Checked>,
-    answered: Notify,
+    answer: oneshot::Sender<Checked>,
+    found: Shared<oneshot::Receiver<Checked>>,
 }
 
-impl Round {
-    /// What the round's check found, once it has.
-    async fn found(&self) -> Checked {
-        loop {
-            let answered = self.answered.notified();
-            tokio::pin!(answered);
-            answered.as_mut().enable();
-            if let Some(found) = self.found.get() {
-                return found.clone();
-            }
-            answered.await;
+impl Default for Round {
+    fn default() -> Self {
+        let (answer, found) = oneshot::channel();
+        Self {
+            answer,
+            found: found.shared(),
         }
-    }
-
-    /// Wakes the round's reads; the first answer stands.
-    fn answer(&self, found: Checked) {
-        let _first = self.found.set(found);
-        self.answered.notify_waiters();
     }
 }
 
 /// The next round (no code panics while holding it).
-fn lock(next: &Mutex<Arc<Round>>) -> std::sync::MutexGuard<'_, Arc<Round>> {
+fn lock(next: &Mutex<Round>) -> std::sync::MutexGuard<'_, Round> {
     next.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A round the task has taken: answered when its check is done, or, should the task stop
-/// first, with that.
-struct Taken(Arc<Round>);
-
-impl Drop for Taken {
-    fn drop(&mut self) {
-        if self.0.found.get().is_none() {
-            self.0.answer(Err("the etcd store is stopping".into()));
-        }
-    }
 }
 
 /// What a check found: etcd's revision, or why not.
@@ -237,9 +218,14 @@ impl EtcdSource {
     /// started after it (see [`Checks`]).
     async fn latest(&self) -> Result<i64> {
         let checks = &self.checks;
-        let round = lock(&checks.next).clone();
+        let found = lock(&checks.next).found.clone();
         checks.wanted.notify_one();
-        round.found().await.map_err(Error::ServiceUnavailable)
+        match found.await {
+            Ok(checked) => checked.map_err(Error::ServiceUnavailable),
+            Err(oneshot::Canceled) => Err(Error::ServiceUnavailable(
+                "the etcd store is stopping".into(),
+            )),
+        }
     }
 
     /// Waits until the cache has caught up with etcd as of now (see the module docs).
@@ -439,14 +425,15 @@ async fn revision_checker<K: ServedResource>(source: Arc<EtcdSource>, sink: Sink
         // The round reads joined, when any did (a read that gave up drops its share).
         let taken = {
             let mut next = lock(&checks.next);
-            (Arc::strong_count(&next) > 1).then(|| Taken(std::mem::take(&mut *next)))
+            let joined = next.found.strong_count().is_some_and(|holders| holders > 1);
+            joined.then(|| std::mem::take(&mut *next))
         };
         let Some(taken) = taken else {
             checks.wanted.notified().await;
             continue;
         };
         let found = source.revision_to_reach(&sink).await;
-        taken.0.answer(found.map_err(|e| e.to_string()));
+        let _unheard = taken.answer.send(found.map_err(|e| e.to_string()));
     }
 }
 
