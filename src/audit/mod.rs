@@ -200,9 +200,10 @@ impl Auditor {
 
     /// Writes the events of an allowed request answered at once (a cached GET) by `user`
     /// (`reason`: authorization's, "" without a user), as [`Auditor::begin`] and [`finish`]
-    /// would: true when they are written (or dropped by a full batch backend). False, with nothing written, when a blocking backend has no room
-    /// for them now or when the answer's body would have to be read (an error's Status, the
-    /// RequestResponse level): the request then goes the way that can wait.
+    /// would: true when they are written (or dropped by a full batch backend). False, with
+    /// nothing written, when a blocking backend has no room for them now or when the answer's
+    /// body would have to be read (an error's Status, the RequestResponse level): the request
+    /// then goes the way that can wait.
     pub fn complete_sync(
         &self,
         config: &RequestConfig,

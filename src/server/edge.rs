@@ -1,6 +1,5 @@
 //! The edge every request but the probes passes once: who is it and may they, the resource
-//! endpoint or the router, then metrics and one log line; and [`App`], the whole HTTP surface
-//! as one tower service.
+//! endpoint or the router, then metrics and one log line ([`super::App`] calls it).
 
 use std::{
     sync::Arc,
@@ -18,11 +17,10 @@ use crate::{
     auth::{Auth, AuthStep, PeerCertificates, UserInfo, user::Groups},
     connection,
     error::{Error, ErrorReason},
-    health,
     metrics::Metrics,
     recovery,
     request_info::RequestInfo,
-    rest, tls,
+    rest,
 };
 
 /// Every request but the probes passes here once: who is it and may they (auth), then the
@@ -47,7 +45,7 @@ pub(super) struct Edge {
 
 /// What the edge learned of a request before it had to wait, handed to [`Edge::handle`] so
 /// nothing is parsed, routed or checked twice.
-struct Pending {
+pub(super) struct Pending {
     started: Instant,
     /// The request's span, when requests are traced.
     trace: Option<opentelemetry::Context>,
@@ -58,7 +56,7 @@ struct Pending {
 }
 
 /// What [`Edge::handle_sync`] made of a request.
-enum Handled {
+pub(super) enum Handled {
     /// Answered.
     Now(Response),
     /// Checked and admitted, with its answer under way ([`Edge::answer_later`]).
@@ -70,7 +68,7 @@ enum Handled {
 /// A GET answered from the store's own read ([`rest::Answer::Later`]): all the edge still
 /// owes it is the request timeout, its place in flight, its audit ID (under a policy that
 /// writes nothing of it), its metrics and its log line.
-struct Later {
+pub(super) struct Later {
     started: Instant,
     answer: futures::future::BoxFuture<'static, Response>,
     slot: Option<super::inflight::OwnedSlot>,
@@ -143,7 +141,7 @@ impl Edge {
     /// a cached GET, most of the traffic. A GET of one object whose store reads it with a
     /// future (a consistent read on etcd) waits only for that ([`Handled::Later`]). Everything
     /// else goes on to [`Edge::handle`] with what was learned here.
-    fn handle_sync<B>(
+    pub(super) fn handle_sync<B>(
         &self,
         peer: Option<&PeerCertificates>,
         remote: Option<std::net::IpAddr>,
@@ -318,7 +316,7 @@ impl Edge {
 
     /// A GET [`Edge::handle_sync`] checked and admitted, answered once the store has read the
     /// object, within the request timeout; then as any other: metrics and the log line.
-    async fn answer_later(self: Arc<Self>, later: Box<Later>) -> Response {
+    pub(super) async fn answer_later(self: Arc<Self>, later: Box<Later>) -> Response {
         let Later {
             started,
             answer,
@@ -345,7 +343,11 @@ impl Edge {
 
     /// The rest of a request [`Edge::handle_sync`] could not answer: the review it needs, the
     /// endpoint or router, within the request timeout (a watch within its own).
-    async fn handle(self: Arc<Self>, request: Request, pending: Box<Pending>) -> Response {
+    pub(super) async fn handle(
+        self: Arc<Self>,
+        request: Request,
+        pending: Box<Pending>,
+    ) -> Response {
         let Pending {
             started,
             trace,
@@ -520,7 +522,7 @@ impl Edge {
     }
 
     /// A request whose handler panicked: 500, counted, in the request log like any other.
-    fn panicked(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Response {
+    pub(super) fn panicked(&self, method: &axum::http::Method, uri: &axum::http::Uri) -> Response {
         self.metrics.panics.inc();
         let info = RequestInfo::parse(method, uri.path(), uri.query());
         self.finish(
@@ -568,7 +570,10 @@ impl Edge {
 
 /// `response`, keeping `held` until its body is sent when that body is streamed (its size not
 /// known in advance); else as it is, `held` dropped now.
-fn held_while_streamed<G: Send + Unpin + 'static>(response: Response, held: Option<G>) -> Response {
+pub(super) fn held_while_streamed<G: Send + Unpin + 'static>(
+    response: Response,
+    held: Option<G>,
+) -> Response {
     match held {
         Some(held)
             if http_body::Body::size_hint(response.body())
@@ -600,150 +605,4 @@ fn within<F: Future>(
 
 pub(super) async fn not_found() -> Error {
     Error::NoRoute
-}
-
-/// The whole HTTP surface as one service, for the TLS listener and for `oneshot` tests alike:
-/// the probes go straight to [`health`], everything else through the edge. Not an axum
-/// `Router` with the edge as fallback (see PERFORMANCE.md).
-///
-/// The listener makes one per connection, told the connection's verified client certificates
-/// ([`tls::ConnectionService`]); requests without them (tests) may carry them as an extension.
-///
-#[derive(Clone)]
-pub struct App {
-    pub(super) edge: Arc<Edge>,
-    pub(super) peer: Option<PeerCertificates>,
-    /// The connection's activity, for its idle bound (none in `oneshot` tests).
-    pub(super) activity: Option<Arc<connection::Activity>>,
-    /// The peer's address (none in `oneshot` tests).
-    pub(super) remote: Option<std::net::IpAddr>,
-}
-
-impl tls::ConnectionService for App {
-    fn for_connection(
-        mut self,
-        chain: Vec<rustls_pki_types::CertificateDer<'static>>,
-        activity: Arc<connection::Activity>,
-        remote: Option<std::net::IpAddr>,
-    ) -> Self {
-        self.peer = Some(PeerCertificates::new(chain));
-        self.activity = Some(activity);
-        self.remote = remote;
-        self
-    }
-}
-
-type AppFuture = futures::future::Either<
-    std::future::Ready<Result<Response, std::convert::Infallible>>,
-    futures::future::BoxFuture<'static, Result<Response, std::convert::Infallible>>,
->;
-
-impl<B> tower::Service<axum::http::Request<B>> for App
-where
-    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    type Response = Response;
-    type Error = std::convert::Infallible;
-    type Future = AppFuture;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        self.respond(request)
-    }
-}
-
-/// What the listener serves: hyper calls it by reference, where hyper-util's tower glue would
-/// clone the service (its `Arc`s) and wrap each request in a `Oneshot`.
-impl<B> hyper::service::Service<axum::http::Request<B>> for App
-where
-    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    type Response = Response;
-    type Error = std::convert::Infallible;
-    type Future = AppFuture;
-
-    fn call(&self, request: axum::http::Request<B>) -> Self::Future {
-        self.respond(request)
-    }
-}
-
-impl App {
-    fn respond<B>(&self, request: axum::http::Request<B>) -> AppFuture
-    where
-        B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + Unpin + 'static,
-        B::Error: Into<axum::BoxError>,
-    {
-        use futures::future::Either;
-        // A body nobody reads (an early 401, 413...) is still read, so the client sees the
-        // answer (see `connection`). A body already at its end (a GET's) has nothing to drain,
-        // and its headers need no lookup.
-        let drain = request.version() <= axum::http::Version::HTTP_11
-            && !http_body::Body::is_end_stream(request.body())
-            && !request.headers().contains_key(axum::http::header::EXPECT);
-        let mut request = request.map(|body| connection::Drained::new(body, drain));
-        if health::is_probe(request.uri().path()) {
-            // Probes: kubelet polls them every few seconds; they are not traffic.
-            let request = request.map(axum::body::Body::new);
-            return Either::Right(Box::pin(tower::Service::call(
-                &mut self.edge.probes.clone(),
-                request,
-            )));
-        }
-        let from_request;
-        let peer = match &self.peer {
-            Some(peer) => Some(peer),
-            None => {
-                from_request = request.extensions().get::<PeerCertificates>().cloned();
-                from_request.as_ref()
-            }
-        };
-        let edge = &self.edge;
-        let pending =
-            match recovery::catch_sync(|| edge.handle_sync(peer, self.remote, &mut request)) {
-                Some(Handled::Now(response)) => {
-                    rest::response::recycle_headers(std::mem::take(request.headers_mut()));
-                    return Either::Left(std::future::ready(Ok(response)));
-                }
-                Some(Handled::Later(later)) => {
-                    rest::response::recycle_headers(std::mem::take(request.headers_mut()));
-                    let busy = self.activity.as_ref().map(|a| a.begin());
-                    let answered = edge.clone().answer_later(later);
-                    return Either::Right(Box::pin(async move {
-                        let response = answered.await;
-                        drop(busy);
-                        Ok(response)
-                    }));
-                }
-                Some(Handled::Pending(pending)) => pending,
-                None => {
-                    let response = edge.panicked(request.method(), request.uri());
-                    return Either::Left(std::future::ready(Ok(response)));
-                }
-            };
-        let edge = self.edge.clone();
-        let mut request = request.map(axum::body::Body::new);
-        if let Some(remote) = self.remote {
-            request
-                .extensions_mut()
-                .insert(connection::RemoteAddr(remote));
-        }
-        let (method, uri) = (request.method().clone(), request.uri().clone());
-        let in_flight = self.activity.as_ref().map(|a| a.begin());
-        Either::Right(Box::pin(async move {
-            let response = match recovery::catch(edge.clone().handle(request, pending)).await {
-                Some(response) => response,
-                None => edge.panicked(&method, &uri),
-            };
-            // A streamed body (a watch, a large list) keeps the connection busy until it ends.
-            Ok(held_while_streamed(response, in_flight))
-        }))
-    }
 }

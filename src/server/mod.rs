@@ -1,6 +1,6 @@
 //! Wiring: the one start-up ([`build`] from a [`Config`]), the shared state and the one service
-//! factory ([`app`]); `edge.rs` is what every request passes, `listen.rs` serves it over TLS
-//! with graceful shutdown.
+//! factory ([`app`]); `edge.rs` is what every request passes, `app.rs` the service over it,
+//! `listen.rs` serves it over TLS with graceful shutdown.
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,6 +13,7 @@ use axum::{
 };
 use tokio_util::sync::CancellationToken;
 
+mod app;
 mod build;
 mod edge;
 mod inflight;
@@ -20,7 +21,7 @@ mod listen;
 pub use build::{Config, ReviewCache, Server, build};
 pub use inflight::InflightLimits;
 
-pub use edge::App;
+pub use app::App;
 use edge::{Edge, not_found};
 pub use listen::{Bound, Running, ShutdownTiming, bind, serve};
 

@@ -9,7 +9,8 @@
 //! - `farmpods`: the FarmPod cache fed by a fake kube-apiserver; `store_conformance`: every
 //!   store against one contract.
 //! - `binary`: the shipped binary (signals, restarts); `manifests`, `openapi_snapshot`:
-//!   generated artefacts against the committed copies.
+//!   generated artefacts against the committed copies; `house`: source files short enough to
+//!   read.
 //! - `e2e_cluster`: through a real kube-apiserver when `FARM_E2E_KUBECONFIG` is set;
 //!   `e2e_node`: the image and manifests installed on a real node when that cluster has one.
 
@@ -29,6 +30,7 @@ mod e2e_tls;
 mod etcd;
 mod farmpods;
 mod hardening;
+mod house;
 mod inflight;
 mod manifests;
 mod openapi_snapshot;

@@ -1,0 +1,50 @@
+//! The house rules a test can hold: the library's source files stay short enough to read
+//! whole (#29: no file over 700 lines), generated code aside.
+
+use std::path::{Path, PathBuf};
+
+/// Longest a hand-written source file may be.
+const MAX_LINES: usize = 700;
+
+/// What a generator wrote says so in its first line (the etcd protos' code from
+/// `cargo run -p farm-etcd-proto`); nobody reads it as prose.
+fn generated(text: &str) -> bool {
+    text.lines()
+        .next()
+        .is_some_and(|line| line.contains("@generated"))
+}
+
+fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+#[test]
+fn no_source_file_is_over_700_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "fieldmanager/src"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    assert!(files.len() > 50, "found only {} source files", files.len());
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(path).expect("source file");
+            let lines = text.lines().count();
+            (lines > MAX_LINES && !generated(&text)).then(|| {
+                let name = path.strip_prefix(root).unwrap_or(path);
+                format!("{} ({lines} lines)", name.display())
+            })
+        })
+        .collect();
+    long.sort();
+    assert!(long.is_empty(), "over {MAX_LINES} lines: {long:?}");
+}
