@@ -136,7 +136,7 @@ pub(crate) fn json_len<T: Serialize>(value: &T) -> usize {
 /// the document is never deeper than Go's decoder would read. `test` compares numbers by
 /// value (RFC 6902: `120` equals `120.0`). The error is the message.
 ///
-/// The document may reach [`body::MAX_DEPTH`]: call inside [`body::Work::offload`].
+/// The document may reach [`body::MAX_DEPTH`]: call inside [`body::Work::run`].
 pub(crate) fn apply_json_patch(
     document: &mut Value,
     patch: &json_patch::Patch,

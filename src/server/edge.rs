@@ -25,7 +25,7 @@ use crate::{
 
 /// Every request but the probes passes here once: who is it and may they (auth), then the
 /// resource endpoint or the router, then metrics and one log line labelled as kube-apiserver
-/// labels them. [`App`] calls it directly rather than through `middleware::from_fn`, which
+/// labels them. [`super::App`] calls it directly rather than through `middleware::from_fn`, which
 /// boxes the rest of the stack again for every request.
 pub(super) struct Edge {
     /// The health probes, which skip the edge's auth, metrics and log.

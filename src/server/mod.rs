@@ -1,5 +1,5 @@
-//! Wiring: the one start-up ([`build`] from a [`Config`]), the shared state and the one service
-//! factory ([`app`]); `edge.rs` is what every request passes, `app.rs` the service over it,
+//! Wiring: the one start-up ([`build()`] from a [`Config`]), the shared state and the one service
+//! factory ([`app()`]); `edge.rs` is what every request passes, `app.rs` the service over it,
 //! `listen.rs` serves it over TLS with graceful shutdown.
 
 use std::{sync::Arc, time::Duration};
@@ -81,7 +81,7 @@ pub struct AppState {
 /// Who is trusted, and the cluster that reviews tokens and access.
 #[derive(Clone)]
 pub struct AuthOptions {
-    /// The trusted CAs and front-proxy settings at start; with a cluster, [`build`] has them
+    /// The trusted CAs and front-proxy settings at start; with a cluster, [`build()`] has them
     /// replaced whenever the `extension-apiserver-authentication` ConfigMap changes.
     pub config: AuthnConfig,
     /// TokenReview and SubjectAccessReview go here; None = standalone.

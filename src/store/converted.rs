@@ -1,7 +1,7 @@
 //! A kind served at a version other than the one its store holds (kube-apiserver's conversion
 //! around its storage): every read converted from the stored version, every write to it. The
 //! resourceVersions, continue tokens and history are the store's; a converted object or watch
-//! event is made once however often it is read ([`Stored::at_version`]).
+//! event is made once however often it is read ([`super::Stored::at_version`]).
 //!
 //! Selectors are evaluated by the store on the stored version: a kind's selectable fields
 //! must have the same names and values in every version it is served at.

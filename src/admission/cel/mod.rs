@@ -54,7 +54,7 @@ const STACK_BYTES: usize = 64 * 1024 * 1024;
 pub struct Expression {
     program: cel::Program,
     source: String,
-    /// No comprehension, only [`CONSTANT_COST`] calls: its cost is bounded by its size and
+    /// No comprehension, only [`syntax::CONSTANT_COST`] calls: its cost is bounded by its size and
     /// its inputs', so it may run on the caller's thread (see [`within`]).
     simple: bool,
     /// The identifiers it names (its variables among them).
@@ -67,7 +67,7 @@ pub struct Expression {
     /// With a comprehension: the syntax tree that charges the cost meter as it runs
     /// ([`cost::instrument`]), run instead of the program's.
     metered: Option<cel::common::ast::IdedExpr>,
-    /// What it runs in: [`env`], or one that also declares the `Object` types it builds.
+    /// What it runs in: [`env()`], or one that also declares the `Object` types it builds.
     env: Arc<cel::Env>,
 }
 

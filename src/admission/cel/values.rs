@@ -131,7 +131,7 @@ pub fn to_cel_typed(value: &Value, numbers: Option<&Numbers>) -> cel::Value {
     }
 }
 
-/// One variable of a [`Scope`]: a JSON value, numbers typed by `numbers` when given, or a CEL
+/// One variable of a [`super::Scope`]: a JSON value, numbers typed by `numbers` when given, or a CEL
 /// value of its own (`authorizer`).
 pub struct Input {
     /// Its name (`object`, `request`...).
@@ -157,7 +157,7 @@ impl Input {
 }
 
 /// A JSON value as CEL's own value, borrowing its strings; objects are [`LazyMap`]s.
-/// Recursive: callers bound the depth (see [`within`]).
+/// Recursive: callers bound the depth (see [`super::within`]).
 pub(super) fn to_val<'v>(value: &'v Value, numbers: Option<&'v Numbers>) -> Box<dyn Val + 'v> {
     use cel::common::types::{CelBool, CelDouble, CelInt, CelList, CelNull, CelUInt};
     match value {
