@@ -501,6 +501,4 @@ fn typed_operations() {
     );
 }
 
-/// A kind in two versions: v1alpha's `weight` is v1's `weightKg`; v1's `nickname` has no
-/// v1alpha field (SMD's converter drops it there, as a conversion to an older version does).
 mod versions;
