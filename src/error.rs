@@ -116,6 +116,12 @@ pub enum Error {
         causes: Vec<FieldError>,
     },
 
+    /// 422 `Invalid` with no causes: a JSON patch that does not apply to the object (as
+    /// kube-apiserver's `NewGenericServerResponse(422, ...)`, whose message it keeps ahead of
+    /// json-patch's own).
+    #[error("the server rejected our request due to an error in our request: {0}")]
+    PatchNotApplied(String),
+
     /// 400 `BadRequest`: a malformed request (query, body, path segment, continue token).
     #[error("{0}")]
     BadRequest(String),
@@ -185,6 +191,16 @@ pub enum Error {
     #[error("Internal error occurred: {0}")]
     Internal(String),
 
+    /// Another error with the `Warning`s found before it (unknown fields of an invalid body:
+    /// kube-apiserver sends them with its 422).
+    #[error("{error}")]
+    Warned {
+        /// The error.
+        error: Box<Error>,
+        /// `Warning` headers of the response.
+        warnings: Vec<String>,
+    },
+
     /// An admission webhook's refusal: the Status it answered (its code at least 400, its
     /// message prefixed with `admission webhook "<name>" denied the request`), with the
     /// warnings the webhooks gave, which go back with it.
@@ -239,7 +255,7 @@ impl Error {
             Error::AlreadyExists(_) | Error::Conflict { .. } | Error::ApplyConflict { .. } => {
                 StatusCode::CONFLICT
             }
-            Error::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Error::Invalid { .. } | Error::PatchNotApplied(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Error::BadRequest(_) => StatusCode::BAD_REQUEST,
             Error::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Error::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
@@ -252,6 +268,7 @@ impl Error {
             Error::Forbidden(_) | Error::NamespaceTerminating { .. } => StatusCode::FORBIDDEN,
             Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Error::Warned { error, .. } => error.code(),
             Error::Admission { status, .. } => status
                 .code
                 .and_then(|code| u16::try_from(code).ok())
@@ -267,7 +284,7 @@ impl Error {
             Error::NotFound(_) | Error::NoRoute => "NotFound",
             Error::AlreadyExists(_) => "AlreadyExists",
             Error::Conflict { .. } | Error::ApplyConflict { .. } => "Conflict",
-            Error::Invalid { .. } => "Invalid",
+            Error::Invalid { .. } | Error::PatchNotApplied(_) => "Invalid",
             Error::BadRequest(_) => "BadRequest",
             Error::MethodNotAllowed(_) => "MethodNotAllowed",
             Error::NotAcceptable(_) => "NotAcceptable",
@@ -280,6 +297,7 @@ impl Error {
             Error::Forbidden(_) | Error::NamespaceTerminating { .. } => "Forbidden",
             Error::ServiceUnavailable(_) => "ServiceUnavailable",
             Error::Internal(_) => "InternalError",
+            Error::Warned { error, .. } => error.reason(),
             // The webhook's own reason is in the Status; this one names it for logs.
             Error::Admission { .. } => "AdmissionDenied",
         }
@@ -327,6 +345,8 @@ impl Error {
                     ..Default::default()
                 });
             }
+            Error::PatchNotApplied(_) => return Some(StatusDetails::default()),
+            Error::Warned { error, .. } => return error.details(),
             Error::TooManyRequests => {
                 return Some(StatusDetails {
                     retry_after_seconds: Some(1),
@@ -355,8 +375,25 @@ impl Error {
         }
     }
 
+    /// This error with the warnings a request's body gave (its unknown fields), as
+    /// kube-apiserver sends them whatever the answer; an admission refusal carries them
+    /// already.
+    pub fn warned(self, warnings: &[String]) -> Self {
+        match self {
+            error @ (Error::Admission { .. } | Error::Warned { .. }) => error,
+            error if warnings.is_empty() => error,
+            error => Error::Warned {
+                error: Box::new(error),
+                warnings: warnings.to_vec(),
+            },
+        }
+    }
+
     /// The `meta/v1 Status` this error is on the wire, also used as a watch `ERROR` event object.
     pub fn to_status(&self) -> Status {
+        if let Error::Warned { error, .. } = self {
+            return error.to_status();
+        }
         if let Error::Admission { status, .. } = self {
             let mut status = (**status).clone();
             status.code = Some(i32::from(self.code().as_u16()));
@@ -393,7 +430,7 @@ impl IntoResponse for Error {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
-        if let Error::Admission { warnings, .. } = &self {
+        if let Error::Admission { warnings, .. } | Error::Warned { warnings, .. } = &self {
             for value in warning_headers(warnings) {
                 response.headers_mut().append(header::WARNING, value);
             }

@@ -25,6 +25,7 @@
 pub mod admission;
 pub mod audit;
 pub mod auth;
+pub mod client_tls;
 pub mod columns;
 pub mod conditional;
 pub mod config;
@@ -33,6 +34,7 @@ pub mod discovery;
 pub mod error;
 pub mod group;
 pub mod health;
+pub mod json_patch;
 pub mod list_body;
 pub mod list_buffer;
 pub mod metrics;

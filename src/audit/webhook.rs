@@ -61,7 +61,7 @@ impl Endpoint {
         let mut parts = uri.clone().into_parts();
         parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
         config.cluster_url = http::Uri::from_parts(parts)?;
-        let client = kube::Client::try_from(config)?;
+        let client = crate::client_tls::kube_client(config)?;
         Ok(Self { client, uri })
     }
 

@@ -61,15 +61,14 @@ impl Args {
         let tls = match (&self.etcd_cafile, &self.etcd_certfile, &self.etcd_keyfile) {
             (None, None, None) => None,
             (ca, cert, key) => {
-                let mut roots = rustls::RootCertStore::empty();
+                let mut roots = Vec::new();
                 if let Some(ca) = ca {
                     let pem =
                         std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-                    for cert in tls::load_certs(&pem)? {
-                        roots.add(cert)?;
-                    }
+                    roots = tls::load_certs(&pem)?;
                 }
-                let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+                // etcd's CA trusted as Go's clients (etcd's own, kube-apiserver) trust it.
+                let builder = crate::client_tls::client_config(roots)?;
                 Some(match (cert, key) {
                     (Some(cert), Some(key)) => {
                         let chain = tls::load_certs(
@@ -154,7 +153,7 @@ impl Args {
             return Ok(None);
         };
         tracing::info!(cluster = %config.cluster_url, "using this cluster for FarmPods and authorization");
-        Ok(Some(kube::Client::try_from(config)?))
+        Ok(Some(crate::client_tls::kube_client(config)?))
     }
 
     fn read(path: &Option<PathBuf>) -> anyhow::Result<Option<String>> {

@@ -21,15 +21,16 @@ pub use v1alpha::{Llama, LlamaSpec};
 pub const NICKNAME_ANNOTATION: &str = "farm.example.com/v1-nickname";
 
 /// Kubernetes' `number` is a float64, stored and served as sent: a JSON patch `test` of the
-/// value a GET showed then matches.
+/// value a GET showed then matches. The schema says the same (`exclusiveMinimum`), in the words
+/// kube-apiserver gives a custom resource.
 fn positive(field: &str, value: f64) -> Option<FieldError> {
     if value.is_finite() && value > 0.0 {
         None
     } else {
         Some(FieldError::invalid(
             field,
-            value,
-            "must be a finite number greater than 0",
+            crate::json_patch::go_float(value),
+            &format!("{field} in body should be greater than 0"),
         ))
     }
 }
@@ -74,9 +75,11 @@ pub mod v1alpha {
     pub struct LlamaSpec {
         /// Weight of the llama in kilograms. Must be a finite number greater than 0.
         #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub weight: f64,
         /// Height of the llama at the shoulder, in metres. Must be a finite number greater than 0.
         #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub height: f64,
     }
 
@@ -140,12 +143,15 @@ pub mod v1 {
     pub struct LlamaSpec {
         /// Weight of the llama in kilograms. Must be a finite number greater than 0.
         #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub weight_kg: f64,
         /// Height of the llama at the shoulder, in metres. Must be a finite number greater than 0.
         #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub height_metres: f64,
         /// What the farm calls the llama (at most 63 characters).
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schemars(length(max = 63))]
         pub nickname: Option<String>,
     }
 

@@ -9,9 +9,10 @@ use serde_json::Value;
 
 use super::{
     KindApi, MAX_BODY_BYTES,
+    decode::{Source, decode_object},
     options::FieldValidation,
-    patch::{apply_json_patch_within, json_len},
-    strategy::{Subresource, decode_object},
+    patch::json_len,
+    strategy::Subresource,
 };
 use crate::{
     admission::{
@@ -31,9 +32,13 @@ const WEBHOOK_PATCH_DEPTH: usize = 100;
 /// Applies a webhook's patch within [`WEBHOOK_PATCH_DEPTH`].
 fn apply_webhook_patch(
     document: &mut Value,
-    patch: &json_patch::Patch,
-) -> std::result::Result<(), String> {
-    apply_json_patch_within(document, patch, WEBHOOK_PATCH_DEPTH)
+    patch: &crate::json_patch::Patch,
+) -> std::result::Result<(), crate::json_patch::ApplyError> {
+    let limits = crate::json_patch::Limits {
+        copy_bytes: super::patch::MAX_JSON_PATCH_COPY_BYTES,
+        depth: WEBHOOK_PATCH_DEPTH,
+    };
+    patch.apply(document, limits)
 }
 
 /// Who sent a write: the edge leaves the authenticated user on every request other than a GET
@@ -230,9 +235,10 @@ async fn mutate_untraced<K: ServedResource>(
                 "the object admission mutated would be {size} bytes, limit is {MAX_BODY_BYTES}"
             )));
         }
-        let (mutated, _) = decode_object::<K>(json, FieldValidation::Ignore).map_err(|e| {
-            Error::Internal(format!("the object admission mutated cannot be read: {e}"))
-        })?;
+        let (mutated, _) = decode_object::<K>(json, FieldValidation::Ignore, Source::Update)
+            .map_err(|e| {
+                Error::Internal(format!("the object admission mutated cannot be read: {e}"))
+            })?;
         *object = mutated;
     }
     Ok((warnings, changed))

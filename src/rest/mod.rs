@@ -11,6 +11,8 @@
 
 pub mod admit;
 pub mod body;
+pub mod decode;
+pub mod delete;
 pub mod fields;
 pub mod guaranteed;
 pub mod lifecycle;
@@ -21,6 +23,7 @@ pub mod read;
 pub mod response;
 pub mod route;
 pub mod strategy;
+pub mod structural;
 pub mod write;
 
 use std::{sync::Arc, time::Duration};

@@ -9,9 +9,10 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
+use super::delete::{delete, delete_collection};
 use super::read::{get_item, get_item_sync, list_all, list_namespaced};
 use super::strategy::Subresource;
-use super::write::{create, delete, delete_collection, patch, update};
+use super::write::{create, patch, update};
 use super::{KindApi, KindApiInner, RestContext};
 use crate::{
     error::{Error, Result},

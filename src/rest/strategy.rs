@@ -1,145 +1,15 @@
-//! What happens to an object between the request body and the store: decoding, server-owned
-//! metadata on create and update, validation (k8s.io/apiserver's `registry/rest` strategy).
+//! What happens to an object between its decoding ([`super::decode`]) and the store:
+//! server-owned metadata on create and update, validation (k8s.io/apiserver's `registry/rest`
+//! strategy).
 
 use rand::Rng;
-use serde_json::Value;
 
-use super::body;
 use super::lifecycle;
-use super::options::FieldValidation;
 use crate::{
     error::{Error, FieldError, Result},
-    negotiate::BodyFormat,
     resource::ServedResource,
     validation,
 };
-
-pub(crate) fn cannot_handle<K: ServedResource>(detail: impl std::fmt::Display) -> Error {
-    Error::BadRequest(format!(
-        "{kind} in version \"{version}\" cannot be handled as a {kind}: {detail}",
-        kind = K::kind_name(),
-        version = K::version(&()),
-    ))
-}
-
-/// Decodes a JSON object into `K`: apiVersion and kind must name this kind; unknown fields are
-/// rejected, reported or dropped per `fieldValidation`; the object is held to
-/// [`check_shallow`]. Returns the object and the warnings.
-pub(crate) fn decode_object<K: ServedResource>(
-    value: Value,
-    validation: FieldValidation,
-) -> Result<(K, Vec<String>)> {
-    let Value::Object(map) = &value else {
-        return Err(cannot_handle::<K>("the body must be a JSON object"));
-    };
-    match map.get("kind").and_then(Value::as_str) {
-        None | Some("") => {
-            return Err(cannot_handle::<K>("Object 'Kind' is missing in the body"));
-        }
-        Some(kind) if kind != K::kind_name() => {
-            return Err(cannot_handle::<K>(format!(
-                "the kind in the body ({kind}) does not match the expected kind ({})",
-                K::kind_name()
-            )));
-        }
-        Some(_) => {}
-    }
-    match map.get("apiVersion").and_then(Value::as_str) {
-        Some(version) if version == K::group_version() => {}
-        other => {
-            return Err(cannot_handle::<K>(format!(
-                "the API version in the data ({}) does not match the expected API version ({})",
-                other.unwrap_or(""),
-                K::group_version()
-            )));
-        }
-    }
-    let mut unknown = Vec::new();
-    let object: K = serde_ignored::deserialize(value, |path| {
-        let path = path.to_string();
-        if path != "apiVersion" && path != "kind" {
-            unknown.push(path);
-        }
-    })
-    .map_err(|e| cannot_handle::<K>(e))?;
-    let messages: Vec<String> = unknown
-        .iter()
-        .map(|p| format!("unknown field \"{p}\""))
-        .collect();
-    check_shallow(&object)?;
-    match validation {
-        FieldValidation::Strict if !messages.is_empty() => Err(cannot_handle::<K>(format!(
-            "strict decoding error: {}",
-            messages.join(", ")
-        ))),
-        FieldValidation::Warn => Ok((object, messages)),
-        _ => Ok((object, Vec::new())),
-    }
-}
-
-/// Decodes a create or update body into `K` (see [`decode_object`]), nested at most
-/// [`body::MAX_DEPTH`] deep. May be deep: call inside [`body::Work`].
-pub(crate) fn decode_body<K: ServedResource>(
-    bytes: &[u8],
-    format: BodyFormat,
-    validation: FieldValidation,
-) -> Result<(K, Vec<String>)> {
-    let parsed = match format {
-        BodyFormat::Json => body::parse_json(bytes),
-        BodyFormat::Yaml => body::parse_yaml(bytes),
-    };
-    let mut value = parsed.map_err(|message| {
-        if message == body::too_deep_message() || message == body::YAML_TOO_DEEP {
-            unrecognized::<K>(bytes, &message)
-        } else {
-            cannot_handle::<K>(message)
-        }
-    })?;
-    decode_object::<K>(std::mem::take(&mut value.0), validation)
-}
-
-/// kube-apiserver's answer to a body its decoder could not read the kind of (a body nested
-/// too deep): the error and the body's first 30 bytes (in hex unless it starts as an object).
-fn unrecognized<K: ServedResource>(bytes: &[u8], error: &str) -> Error {
-    let head = &bytes[..bytes.len().min(30)];
-    let more = if bytes.len() > 30 { " ..." } else { "" };
-    let summary = match bytes.first() {
-        None => "<empty>".to_owned(),
-        Some(b'{') => format!("{}{more}", String::from_utf8_lossy(head)),
-        Some(_) => format!("{}{more}", hex::encode(head)),
-    };
-    let error = match error.strip_prefix("json: ") {
-        Some(_) => format!(
-            "json parse error: invalid character '{}' exceeded max depth",
-            body::too_deep_bracket(bytes)
-        ),
-        None => error.to_owned(),
-    };
-    Error::BadRequest(format!(
-        "the object provided is unrecognized (must be of type {}): couldn't get version/kind; {error} ({summary})",
-        K::kind_name()
-    ))
-}
-
-/// How deep a managed fields entry's `fieldsV1` may nest: no object of ours nests its own
-/// fields this deep, and the stored object stays well under [`body::SHALLOW`].
-pub(crate) const MAX_FIELDS_V1_DEPTH: usize = 64;
-
-/// Refuses an object that would carry a value deeper than [`MAX_FIELDS_V1_DEPTH`] out of the
-/// body's work: its one free-form field is a managed fields entry's `fieldsV1`.
-fn check_shallow<K: ServedResource>(object: &K) -> Result<()> {
-    let entries = object.meta().managed_fields.as_deref().unwrap_or_default();
-    for (index, entry) in entries.iter().enumerate() {
-        if let Some(fields) = &entry.fields_v1
-            && body::value_depth(&fields.0, MAX_FIELDS_V1_DEPTH) > MAX_FIELDS_V1_DEPTH
-        {
-            return Err(Error::BadRequest(format!(
-                "metadata.managedFields[{index}].fieldsV1: nested deeper than {MAX_FIELDS_V1_DEPTH} levels"
-            )));
-        }
-    }
-    Ok(())
-}
 
 /// Validates an object to be created (`old` None) or to replace `old`: its metadata, then the
 /// kind's own rules. Returns the kind's warnings for a valid object.
@@ -147,7 +17,17 @@ pub(crate) fn validate<K: ServedResource>(object: &K, old: Option<&K>) -> Result
     let meta = object.meta();
     let name = meta.name.clone().unwrap_or_default();
     let mut causes: Vec<FieldError> = Vec::new();
-    causes.extend(validation::validate_name(&name));
+    if old.is_none() {
+        if name.is_empty() {
+            causes.push(FieldError::required(
+                "metadata.name",
+                "name or generateName is required",
+            ));
+        } else {
+            causes.extend(validation::validate_name(&name));
+        }
+        causes.extend(validation::validate_generate_name(meta));
+    }
     if K::namespaced() {
         causes.extend(validation::validate_namespace(
             meta.namespace.as_deref().unwrap_or(""),
@@ -155,12 +35,21 @@ pub(crate) fn validate<K: ServedResource>(object: &K, old: Option<&K>) -> Result
     }
     causes.extend(validation::validate_metadata(meta));
     causes.extend(validation::validate_finalizers(meta));
+    if old.is_some() {
+        // kube-apiserver's generic store checks an update's metadata (`validateCommonFields`:
+        // ObjectMeta, then ObjectMeta's update rules) before the kind's own update rules check
+        // it again (a CRD's `ValidateObjectMetaAccessorUpdate`): what is wrong with labels,
+        // annotations or owner references is said three times.
+        let again = validation::validate_metadata(meta);
+        causes.extend(again.clone());
+        causes.extend(again);
+    }
     causes.extend(object.validate());
     if let Some(old) = old {
         causes.extend(object.validate_update(old));
     }
     if causes.is_empty() {
-        let mut warnings = validation::finalizer_warnings(meta);
+        let mut warnings = validation::finalizer_warnings(meta, old.map(|o| o.meta()));
         warnings.extend(object.warnings(old));
         return Ok(warnings);
     }
@@ -210,19 +99,11 @@ pub(crate) fn prepare_create<K: ServedResource>(object: &mut K, namespace: &str)
             "resourceVersion should not be set on objects to be created".into(),
         ));
     }
-    if meta.name.as_deref().unwrap_or("").is_empty() {
-        match meta.generate_name.as_deref() {
-            Some(prefix) if !prefix.is_empty() => meta.name = Some(generate_name(prefix)),
-            _ => {
-                return Err(Error::Invalid {
-                    subject: K::invalid_subject(""),
-                    causes: vec![FieldError::required(
-                        "metadata.name",
-                        "name or generateName is required",
-                    )],
-                });
-            }
-        }
+    // No name and no generateName: validation says so, with whatever else is wrong.
+    if meta.name.as_deref().unwrap_or("").is_empty()
+        && let Some(prefix) = meta.generate_name.as_deref().filter(|p| !p.is_empty())
+    {
+        meta.name = Some(generate_name(prefix));
     }
     meta.uid = Some(uuid::Uuid::new_v4().to_string());
     meta.creation_timestamp = Some(crate::resource::now());

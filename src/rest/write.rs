@@ -1,4 +1,5 @@
-//! create, update, patch, delete and deletecollection.
+//! create, update and patch (server-side apply included); delete and deletecollection are
+//! [`super::delete`]'s.
 
 use std::sync::{
     Arc,
@@ -6,25 +7,23 @@ use std::sync::{
 };
 
 use axum::{body::Bytes, extract::Request, http::StatusCode, response::Response};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ListMeta};
 
+use super::decode::{DecodedBody, Source, decode_body, decode_object};
 use super::fields::{manager_or_user_agent, parse_apply_body};
-use super::guaranteed::Deleted;
-use super::options::{FieldValidation, Query, dry_run_of, parse_delete_options, parse_query};
-use super::patch::{PatchType, apply_patch, json_len, patch_type};
-use super::response::{json_response, object_response, with_warnings};
+use super::options::{FieldValidation, parse_query};
+use super::patch::{PatchType, apply_patch, decode_patched, json_len, patch_type};
+use super::response::{object_response, with_warnings};
 use super::strategy::{
-    Subresource, UidSent, check_name, check_namespace, check_uid, decode_body, decode_object,
-    prepare_create, prepare_update, written_part,
+    Subresource, UidSent, check_name, check_namespace, check_uid, prepare_create, prepare_update,
+    written_part,
 };
-use super::{KindApi, MAX_BODY_BYTES, admit, body, guaranteed, lifecycle};
+use super::{KindApi, MAX_BODY_BYTES, admit, body, guaranteed};
 use crate::{
     admission::Operation,
-    error::{Error, FieldError, Result},
-    list_body::{self},
+    error::{Error, FieldError, Result, Subject},
     negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
-    store::{ListRequest, Object, UpdateFrom, WritableStore, check_preconditions},
+    store::{Object, UpdateFrom, WritableStore},
     table::IncludeObject,
 };
 
@@ -60,17 +59,20 @@ impl Author {
 }
 
 /// What a create or an update (PUT) sent: its options, and its body decoded (off the async
-/// workers) with the warnings that gave.
+/// workers) with the warnings that gave, or why it is invalid (422).
 struct Sent<K> {
     author: Author,
     output: Output,
-    object: K,
-    warnings: Vec<String>,
+    body: DecodedBody<K>,
 }
 
 impl<K: ServedResource> Sent<K> {
     /// `options` names the options kind in errors (`CreateOptions`, `UpdateOptions`).
-    async fn read(api: &KindApi<K>, request: Request, options: &str) -> Result<Self> {
+    async fn read(api: &KindApi<K>, request: Request, source: Source) -> Result<Self> {
+        let options = match source {
+            Source::Create => "CreateOptions",
+            _ => "UpdateOptions",
+        };
         let (parts, body) = request.into_parts();
         let (raw, headers) = (parts.uri.query(), parts.headers);
         let user = admit::user_of(&parts.extensions);
@@ -82,11 +84,11 @@ impl<K: ServedResource> Sent<K> {
         let output = negotiate::output(&headers)?;
         let format = negotiate::body_format(&headers)?;
         let body = body::read(body).await?;
-        let (object, warnings) = api
+        let body = api
             .ctx
             .work
             .run(&body, move |body| {
-                decode_body::<K>(&body, format, field_validation)
+                decode_body::<K>(&body, format, field_validation, source)
             })
             .await?;
         Ok(Self {
@@ -96,8 +98,7 @@ impl<K: ServedResource> Sent<K> {
                 manager,
             },
             output,
-            object,
-            warnings,
+            body,
         })
     }
 }
@@ -110,9 +111,24 @@ pub(crate) async fn create<K: ServedResource>(
     let Sent {
         author,
         output,
-        mut object,
-        mut warnings,
-    } = Sent::read(&api, request, "CreateOptions").await?;
+        body,
+    } = Sent::read(&api, request, Source::Create).await?;
+    let (object, warnings) = body.object?;
+    let decoded = warnings.clone();
+    create_decoded(api, namespace, author, output, object, warnings)
+        .await
+        .map_err(|e| e.warned(&decoded))
+}
+
+/// A create of `object`, decoded with `warnings`.
+async fn create_decoded<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    author: Author,
+    output: Output,
+    mut object: K,
+    mut warnings: Vec<String>,
+) -> Result<Response> {
     prepare_create(&mut object, &namespace)?;
     namespace_lifecycle(&api, &object).await?;
     let name = object.meta().name.clone().unwrap_or_default();
@@ -164,23 +180,63 @@ pub(crate) async fn update<K: ServedResource>(
     let Sent {
         author,
         output,
-        object,
-        warnings,
-    } = Sent::read(&api, request, "UpdateOptions").await?;
-    check_name(&object, &name)?;
-    check_namespace(&object, &namespace)?;
-    if no_resource_version(&object) {
+        body,
+    } = Sent::read(&api, request, Source::Update).await?;
+    let decoded = match &body.object {
+        Ok((_, warnings)) | Err(Error::Warned { warnings, .. }) => warnings.clone(),
+        Err(_) => Vec::new(),
+    };
+    let sent = Sent {
+        author,
+        output,
+        body,
+    };
+    update_decoded(api, namespace, name, part, sent)
+        .await
+        .map_err(|e| e.warned(&decoded))
+}
+
+/// An update (PUT) of what `sent` holds.
+async fn update_decoded<K: ServedResource>(
+    api: KindApi<K>,
+    namespace: String,
+    name: String,
+    part: Subresource,
+    sent: Sent<K>,
+) -> Result<Response> {
+    let Sent {
+        author,
+        output,
+        body,
+    } = sent;
+    let key = ObjectKey::new(&namespace, &name);
+    let writer = api.writer()?;
+    // As kube-apiserver: the name first (400), then the object must exist (404), then the
+    // body must name a resourceVersion, then be valid (422).
+    check_sent_name(&body.name, &name)?;
+    if K::namespaced() && !body.namespace.is_empty() && body.namespace != namespace {
+        return Err(Error::BadRequest(
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+        ));
+    }
+    if body.object.is_err() || !body.resource_version {
+        writer.get_for_update(&key, UpdateFrom::Cache).await?;
+    }
+    if !body.resource_version {
         return Err(Error::Invalid {
-            subject: K::invalid_subject(&name),
+            subject: Subject {
+                kind: K::plural_name(),
+                ..K::invalid_subject(&name)
+            },
             causes: vec![FieldError::invalid(
                 "metadata.resourceVersion",
-                "0x0",
+                "0",
                 "must be specified for an update",
             )],
         });
     }
-    let key = ObjectKey::new(&namespace, &name);
-    let writer = api.writer()?;
+    let (object, warnings) = body.object?;
     // A PUT names the resourceVersion it replaces: a conflict is the client's to resolve.
     let pinned = AtomicBool::new(true);
     let attributes = author.attributes::<K>(&api, Operation::Update, part, &namespace, &name);
@@ -250,12 +306,15 @@ pub(crate) async fn patch<K: ServedResource>(
         // A JSON patch may nest its result deeper than its body: always off the workers.
         let heavy = patch_type == PatchType::Json || body::Work::is_heavy(body);
         let (patched_from, body) = (current.clone(), body.clone());
+        let (url_name, url_namespace) = (name.clone(), namespace.clone());
         let (mut object, warnings) = api
             .ctx
             .work
             .run_if(heavy, move || {
-                let patched = apply_patch(&patched_from, patch_type, &body)?;
-                decode_object::<K>(patched, field_validation)
+                let patched = apply_patch(&patched_from, patch_type, &body, field_validation)?;
+                // The name before the object's validity, as kube-apiserver checks them.
+                check_sent::<K>(&patched.document, &url_name, &url_namespace)?;
+                decode_patched::<K>(patched, field_validation)
             })
             .await?;
         // Patch after patch must not grow an object past what one request may send.
@@ -270,13 +329,45 @@ pub(crate) async fn patch<K: ServedResource>(
         if no_resource_version(&object) {
             object.meta_mut().resource_version = current.meta().resource_version.clone();
         }
+        let decoded = warnings.clone();
         let mut warnings = warnings;
         let sent = (object, part, manager.as_str());
-        let updated = write_update(to, sent, (&current, from), &mut warnings).await?;
+        let updated = write_update(to, sent, (&current, from), &mut warnings)
+            .await
+            .map_err(|e| e.warned(&decoded))?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
     })
     .await
+}
+
+/// A patched or applied object, before it is decoded, must name the object and namespace
+/// its URL names (400).
+fn check_sent<K: ServedResource>(
+    object: &serde_json::Value,
+    name: &str,
+    namespace: &str,
+) -> Result<()> {
+    let field = |field: &str| object["metadata"][field].as_str().unwrap_or_default();
+    check_sent_name(field("name"), name)?;
+    let sent = field("namespace");
+    if K::namespaced() && !sent.is_empty() && sent != namespace {
+        return Err(Error::BadRequest(
+            "the namespace of the provided object does not match the namespace sent on the request"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A PUT's body must name the object its URL names.
+fn check_sent_name(sent: &str, name: &str) -> Result<()> {
+    if sent == name {
+        return Ok(());
+    }
+    Err(Error::BadRequest(format!(
+        "the name of the object ({sent}) does not match the name on the URL ({name})"
+    )))
 }
 
 /// Whether `object` names no resourceVersion.
@@ -402,6 +493,7 @@ impl Apply {
         };
         let (api_, config, live) = (api.clone(), config.clone(), current.clone());
         let (part, manager, force) = (self.part, self.author.manager.clone(), self.force);
+        let key = self.key.clone();
         let field_validation = self.field_validation;
         let (mut object, mut warnings) = api
             .ctx
@@ -410,7 +502,11 @@ impl Apply {
                 let applied =
                     api_.fields
                         .apply(part, live.as_deref(), &config.0, &manager, force)?;
-                decode_object::<K>(applied, field_validation)
+                let source = Source::Apply {
+                    exists: live.is_some(),
+                };
+                check_sent::<K>(&applied, &key.name, &key.namespace)?;
+                decode_object::<K>(applied, field_validation, source)
             })
             .await?;
         check_size(&object, "applied")?;
@@ -465,160 +561,4 @@ impl Apply {
         let response = object_response(&object, self.output, IncludeObject::Metadata, status)?;
         Ok(with_warnings(response, &warnings))
     }
-}
-
-pub(crate) async fn delete<K: ServedResource>(
-    api: KindApi<K>,
-    namespace: String,
-    name: String,
-    request: Request,
-) -> Result<Response> {
-    let (parts, body) = request.into_parts();
-    let raw = parts.uri.query();
-    let user = admit::user_of(&parts.extensions);
-    let query = parse_query(raw)?;
-    let body = body::read(body).await?;
-    let options = delete_options(&body, &query)?;
-    let dry_run = dry_run_of(&options, &query)?;
-    let writer = api.writer()?;
-    let key = ObjectKey::new(namespace, name);
-    match delete_one(&api, writer, &key, &options, dry_run, user.as_deref()).await? {
-        // As for custom resources: a success Status naming what went.
-        Deleted::Now(object) => Ok(json_response(
-            StatusCode::OK,
-            deleted_status::<K>(object.meta()),
-        )),
-        // Held by its finalizers: the object as it is now; 202 only for the legacy
-        // `orphanDependents: false`, as kube-apiserver answers.
-        Deleted::Pending(object) => {
-            let code = if options.orphan_dependents == Some(false) {
-                StatusCode::ACCEPTED
-            } else {
-                StatusCode::OK
-            };
-            Ok(json_response(code, object.json().clone()))
-        }
-    }
-}
-
-/// A DELETE's options: its body, or the query's parameters when it has none (kubectl and
-/// client-go send a body; curl users the query), validated as kube-apiserver validates them.
-fn delete_options(body: &[u8], query: &Query) -> Result<DeleteOptions> {
-    let mut options = parse_delete_options(body)?;
-    if body.iter().all(u8::is_ascii_whitespace) {
-        options.propagation_policy = query.propagation_policy.clone();
-        options.orphan_dependents = match query.orphan_dependents.as_deref() {
-            None | Some("") => None,
-            Some(value) => Some(crate::request_info::parse_bool(value).ok_or_else(|| {
-                Error::BadRequest(format!(
-                    "strconv.ParseBool: parsing {value:?}: invalid syntax"
-                ))
-            })?),
-        };
-    }
-    lifecycle::validate_delete_options(&options)?;
-    Ok(options)
-}
-
-/// Deletes one object through the write loop: marked deleting while finalizers hold it,
-/// else gone.
-async fn delete_one<K: ServedResource>(
-    api: &KindApi<K>,
-    writer: &dyn WritableStore<K>,
-    key: &ObjectKey,
-    options: &DeleteOptions,
-    dry_run: bool,
-    user: Option<&crate::auth::UserInfo>,
-) -> Result<Deleted<K>> {
-    let preconditions = options.preconditions.clone().unwrap_or_default();
-    let mut attributes = admit::attributes::<K>(
-        Operation::Delete,
-        Subresource::Object,
-        &key.namespace,
-        &key.name,
-        user,
-        dry_run,
-        serde_json::to_value(options).unwrap_or_default(),
-    );
-    attributes.equivalents = api.equivalents.clone();
-    let attributes = &attributes;
-    // A precondition pins the delete: failing it again and again will not help.
-    let pinned =
-        AtomicBool::new(preconditions.resource_version.is_some() || preconditions.uid.is_some());
-    let gc = api.ctx.settings.garbage_collection;
-    let preconditions = &preconditions;
-    guaranteed::retry(writer, &pinned, |from| async move {
-        let current = writer.get_for_update(key, from).await?;
-        check_preconditions(current.get(), preconditions)?;
-        // The delete's warnings are not returned (its answer is a Status or the object).
-        admit::delete(api, attributes, current.as_ref()).await?;
-        let finalizers = lifecycle::finalizers_on_delete(
-            current.meta().finalizers.as_deref().unwrap_or_default(),
-            options,
-            gc,
-        );
-        guaranteed::delete(writer, &current, finalizers, from, dry_run).await
-    })
-    .await
-}
-
-/// The Status kube-apiserver answers a delete that deleted (`details.kind` is the resource).
-fn deleted_status<K: ServedResource>(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Vec<u8> {
-    // Written by hand (one buffer): every deletion answers with one.
-    let string = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
-    format!(
-        r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Success","details":{{"name":{},"group":{},"kind":{},"uid":{}}}}}"#,
-        string(meta.name.as_deref().unwrap_or("")),
-        string(crate::resource::GROUP),
-        string(&K::plural(&())),
-        string(meta.uid.as_deref().unwrap_or("")),
-    )
-    .into_bytes()
-}
-
-pub(crate) async fn delete_collection<K: ServedResource>(
-    api: KindApi<K>,
-    namespace: String,
-    request: Request,
-) -> Result<Response> {
-    let (parts, body) = request.into_parts();
-    let raw = parts.uri.query();
-    let user = admit::user_of(&parts.extensions);
-    let query = parse_query(raw)?;
-    // ListOptions are checked whole before anything is deleted.
-    let filter = query.filter::<K>()?;
-    query.timeout_seconds()?;
-    query.limit()?;
-    let body = body::read(body).await?;
-    let options = delete_options(&body, &query)?;
-    let dry_run = dry_run_of(&options, &query)?;
-    let writer = api.writer()?;
-    let page = api
-        .store
-        .list(&ListRequest {
-            namespace: Some(namespace),
-            filter,
-            ..Default::default()
-        })
-        .await?;
-    // Each as a DELETE of it would go (finalizers hold some); the answer lists them as they
-    // were listed, as kube-apiserver's does.
-    for item in &page.items {
-        let key = ObjectKey::of(item.meta());
-        match delete_one(&api, writer, &key, &options, dry_run, user.as_deref()).await {
-            // Deleted meanwhile by someone else: not an error for a collection delete.
-            Ok(_) | Err(Error::NotFound(_)) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let metadata = ListMeta {
-        resource_version: Some(api.store.stats().await?.resource_version.to_string()),
-        ..Default::default()
-    };
-    Ok(json_response(
-        StatusCode::OK,
-        list_body::json_list::<K>(&page.items, &metadata)?,
-    ))
 }

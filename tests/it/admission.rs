@@ -36,6 +36,16 @@ impl Webhook {
 
     /// One whose certificate also names `names` (a Service's `<name>.<namespace>.svc`).
     pub(crate) async fn start_for(names: &[&str]) -> Self {
+        Self::start_with(names, false).await
+    }
+
+    /// One serving a self-signed certificate (`openssl req -x509`, `CA:TRUE`) that is its own
+    /// caBundle, as most guides make a webhook's.
+    pub(crate) async fn start_self_signed(names: &[&str]) -> Self {
+        Self::start_with(names, true).await
+    }
+
+    async fn start_with(names: &[&str], self_signed: bool) -> Self {
         let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
         let answer: Arc<Mutex<Box<Answer>>> = Arc::new(Mutex::new(Box::new(|_| allow())));
         let delay: Arc<Mutex<Duration>> = Arc::default();
@@ -62,7 +72,11 @@ impl Webhook {
                 }
             },
         ));
-        let served = common::https::serve(app, "webhook-ca", names).await;
+        let served = if self_signed {
+            common::https::serve_self_signed(app, names).await
+        } else {
+            common::https::serve(app, "webhook-ca", names).await
+        };
         Self {
             addr: served.addr,
             ca_pem: served.ca_pem,
@@ -538,6 +552,56 @@ crate::on_both_storages!(
 
 /// failurePolicy: a webhook that cannot be reached refuses the write with kube-apiserver's 500
 /// under Fail, and lets it through under Ignore; a slow one is cut at its timeoutSeconds.
+/// A webhook whose caBundle is its own self-signed certificate (`openssl req -x509`, which
+/// marks it `CA:TRUE`) is trusted as kube-apiserver trusts it (Go's crypto/x509 trusts a
+/// certificate found in the bundle as it is): with `failurePolicy: Fail` its answers decide
+/// (names, expiry and usage are still checked: `client_tls`'s unit tests).
+#[tokio::test]
+async fn a_webhook_with_a_self_signed_certificate_is_trusted_as_kube_apiserver_trusts_it() {
+    let hook = Webhook::start_self_signed(&[]).await;
+    hook.answer(|request| {
+        if request["object"]["metadata"]["labels"]["verdict"] == "no" {
+            deny(403, "the self-signed webhook says no")
+        } else {
+            allow()
+        }
+    });
+    let config = hook.client_config("/check");
+    let configurations = [validating(
+        "self-signed",
+        json!({"clientConfig": config, "failurePolicy": "Fail",
+            "objectSelector": {"matchExpressions": [{"key": "verdict", "operator": "Exists"}]}}),
+    )];
+    let (server, _fake) = server_with(TestStorage::Memory, &configurations)
+        .await
+        .unwrap();
+    let allowed = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("yes", 1.0, json!({"verdict": "yes"}))),
+    )
+    .await;
+    assert_eq!(allowed.status, 201, "{}", allowed.json());
+    let denied = send(
+        &server,
+        "POST",
+        LLAMAS,
+        Some(llama("no", 1.0, json!({"verdict": "no"}))),
+    )
+    .await;
+    assert_eq!(denied.status, 403, "{}", denied.json());
+    assert!(
+        denied.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("the self-signed webhook says no"),
+        "{}",
+        denied.json()
+    );
+    assert_eq!(hook.seen().len(), 2);
+}
+
 #[tokio::test]
 async fn failure_policy_and_timeout() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -817,7 +881,7 @@ async fn mutating_webhooks_are_reinvoked_if_needed() {
         &server,
         "POST",
         LLAMAS,
-        Some(llama("twice", 1.0, json!({}))),
+        Some(llama("twice", 1.0, json!({"herd": "test"}))),
     )
     .await;
     assert_eq!(
@@ -828,7 +892,7 @@ async fn mutating_webhooks_are_reinvoked_if_needed() {
     );
     assert_eq!(
         created.json()["metadata"]["labels"],
-        json!({"second": "yes", "first-saw-second": "yes"})
+        json!({"herd": "test", "second": "yes", "first-saw-second": "yes"})
     );
     assert_eq!(first.seen().len(), 2);
     assert_eq!(second.seen().len(), 1);
@@ -884,7 +948,7 @@ async fn policies_and_webhooks_are_reinvoked_together() {
         &server,
         "POST",
         LLAMAS,
-        Some(llama("passes", 1.0, json!({}))),
+        Some(llama("passes", 1.0, json!({"herd": "test"}))),
     )
     .await;
     assert_eq!(
@@ -895,7 +959,7 @@ async fn policies_and_webhooks_are_reinvoked_together() {
     );
     assert_eq!(
         created.json()["metadata"]["labels"],
-        json!({"policy-saw": "yes", "once-saw": "none", "webhook": "yes", "webhook-saw": "yes"})
+        json!({"herd": "test", "policy-saw": "yes", "once-saw": "none", "webhook": "yes", "webhook-saw": "yes"})
     );
     assert_eq!(hook.seen().len(), 2);
 }
@@ -1901,7 +1965,7 @@ async fn mutating_admission_policies_mutate_writes(storage: TestStorage) {
         broken("broken", "Fail"),
         broken("ignored", "Ignore"),
         params,
-        mutating_binding("a-stamp", "stamp", Some("stamps"), json!({})),
+        mutating_binding("a-stamp", "stamp", Some("stamps"), json!({"team": "b"})),
         mutating_binding(
             "b-double",
             "double",
@@ -1991,7 +2055,7 @@ async fn mutating_admission_policies_mutate_writes(storage: TestStorage) {
         &server,
         "POST",
         &format!("{LLAMAS}?dryRun=All"),
-        Some(llama("dry", 7.0, json!({}))),
+        Some(llama("dry", 7.0, json!({"team": "b"}))),
     )
     .await;
     assert_eq!(dry.status, 201);

@@ -239,15 +239,17 @@ spec:
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn through_kube_apiserver() {
-    let Some(cluster) = Cluster::from_env() else {
-        return;
-    };
-    let _one = ONE_AT_A_TIME.lock().await;
-    let started = Instant::now();
-    let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
-
+/// farm-apiserver started here with `args` (Llamas on `etcd` when given) and registered in
+/// `cluster` by the shipped manifests (RBAC, Namespace, ServiceAccount, APIServices with their
+/// caBundle), its Service an ExternalName to this host; returns once every APIService is
+/// Available. The installation, with a namespace for the test's objects, goes when dropped.
+pub(crate) async fn register<'a>(
+    cluster: &'a Cluster,
+    args: Vec<std::ffi::OsString>,
+    etcd: Option<&crate::common::etcd::Etcd>,
+    env: &[(&str, &std::ffi::OsStr)],
+    step: &dyn Fn(&str),
+) -> (Running, Installed<'a>) {
     // A previous run's cleanup may still be deleting its namespace: creating objects in a
     // terminating namespace fails, so wait for it to be gone.
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -259,49 +261,10 @@ async fn through_kube_apiserver() {
         step("waiting for an earlier run's namespace farm-system to go");
         std::thread::sleep(Duration::from_secs(2));
     }
-
-    step("certificates and manifests, as a user makes them");
     let rendered = install::render(None);
     let certs = rendered.certs();
-    // FARM_E2E_STORAGE=etcd: the same suite with Llamas on a real etcd of the test's own.
-    let etcd = match std::env::var("FARM_E2E_STORAGE").as_deref() {
-        Ok("etcd") => Some(
-            crate::common::etcd::Etcd::start()
-                .await
-                .expect("FARM_E2E_STORAGE=etcd needs etcd on PATH"),
-        ),
-        _ => None,
-    };
-    // An audit log (its policy file beside it): FarmPods left out, creates with their objects,
-    // the rest at Metadata.
-    let audit_dir = tempfile::tempdir().unwrap();
-    let audit_policy = audit_dir.path().join("policy.yaml");
-    let audit_log = audit_dir.path().join("audit.log");
-    std::fs::write(
-        &audit_policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
-         - level: None\n  resources: [{group: farm.example.com, resources: [farmpods]}]\n\
-         - level: RequestResponse\n  verbs: [create]\n\
-         - level: Metadata\n",
-    )
-    .unwrap();
-    // Traces, sampled only where the caller's were (a kube-apiserver with tracing on).
-    let (collector, trace_port) = common::otlp::Collector::start().await;
-    let tracing_config = audit_dir.path().join("tracing.yaml");
-    std::fs::write(
-        &tracing_config,
-        format!(
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{trace_port}\nsamplingRatePerMillion: 0\n"
-        ),
-    )
-    .unwrap();
-    let mut args: Vec<std::ffi::OsString> = vec![
-        "--tracing-config-file".into(),
-        tracing_config.into(),
-        "--audit-policy-file".into(),
-        audit_policy.clone().into(),
-        "--audit-log-path".into(),
-        audit_log.clone().into(),
+    let mut args = args;
+    args.extend([
         "--tls-cert-file".into(),
         certs.join("tls.crt").into(),
         "--tls-private-key-file".into(),
@@ -309,8 +272,8 @@ async fn through_kube_apiserver() {
         "--kubeconfig".into(),
         cluster.kubeconfig.clone().into(),
         "--no-sample-data".into(),
-    ];
-    if let Some(etcd) = &etcd {
+    ]);
+    if let Some(etcd) = etcd {
         step(&format!("Llamas on etcd at {}", etcd.endpoint()));
         args.extend([
             "--storage".into(),
@@ -319,11 +282,7 @@ async fn through_kube_apiserver() {
             etcd.endpoint().into(),
         ]);
     }
-    // Spans go out every 100 ms rather than every 5 s.
-    let server = Running::start_with_env(
-        args,
-        &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
-    );
+    let server = Running::start_with_env(args, env);
     let port = server.addr.port();
     step(&format!("farm-apiserver serving on {}", server.addr));
 
@@ -357,15 +316,77 @@ async fn through_kube_apiserver() {
     items.push(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}));
     let applied = json!({"apiVersion": "v1", "kind": "List", "items": items});
     let installed = Installed {
-        cluster: &cluster,
+        cluster,
         applied: Applied::Objects(applied.clone()),
-        namespace: namespace.clone(),
+        namespace,
     };
-    let ns = installed.namespace.as_str();
     cluster.ok(&["apply", "-f", "-"], Some(&applied.to_string()));
 
     step("waiting for the APIService to be Available");
     cluster.available().await;
+    (server, installed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_kube_apiserver() {
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+
+    step("certificates and manifests, as a user makes them");
+    // FARM_E2E_STORAGE=etcd: the same suite with Llamas on a real etcd of the test's own.
+    let etcd = match std::env::var("FARM_E2E_STORAGE").as_deref() {
+        Ok("etcd") => Some(
+            crate::common::etcd::Etcd::start()
+                .await
+                .expect("FARM_E2E_STORAGE=etcd needs etcd on PATH"),
+        ),
+        _ => None,
+    };
+    // An audit log (its policy file beside it): FarmPods left out, creates with their objects,
+    // the rest at Metadata.
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit_policy = audit_dir.path().join("policy.yaml");
+    let audit_log = audit_dir.path().join("audit.log");
+    std::fs::write(
+        &audit_policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+         - level: None\n  resources: [{group: farm.example.com, resources: [farmpods]}]\n\
+         - level: RequestResponse\n  verbs: [create]\n\
+         - level: Metadata\n",
+    )
+    .unwrap();
+    // Traces, sampled only where the caller's were (a kube-apiserver with tracing on).
+    let (collector, trace_port) = common::otlp::Collector::start().await;
+    let tracing_config = audit_dir.path().join("tracing.yaml");
+    std::fs::write(
+        &tracing_config,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: TracingConfiguration\nendpoint: 127.0.0.1:{trace_port}\nsamplingRatePerMillion: 0\n"
+        ),
+    )
+    .unwrap();
+    let args: Vec<std::ffi::OsString> = vec![
+        "--tracing-config-file".into(),
+        tracing_config.into(),
+        "--audit-policy-file".into(),
+        audit_policy.clone().into(),
+        "--audit-log-path".into(),
+        audit_log.clone().into(),
+    ];
+    // Spans go out every 100 ms rather than every 5 s.
+    let (server, installed) = register(
+        &cluster,
+        args,
+        etcd.as_ref(),
+        &[("OTEL_BSP_SCHEDULE_DELAY", std::ffi::OsStr::new("100"))],
+        &step,
+    )
+    .await;
+    let ns = installed.namespace.as_str();
 
     // With a node (the lab's `up.sh --node`) Pods run; without, they stay Pending.
     let nodes = if cluster.ready_nodes().is_empty() {
@@ -948,7 +969,9 @@ pub(crate) async fn suite(cluster: &Cluster, ns: &str, step: &dyn Fn(&str), node
     );
     assert!(!ok);
     assert!(
-        err.contains("spec.weightKg: Invalid value: -1: must be a finite number greater than 0"),
+        err.contains(
+            "spec.weightKg: Invalid value: -1: spec.weightKg in body should be greater than 0"
+        ),
         "{err}"
     );
 

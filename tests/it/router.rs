@@ -482,15 +482,15 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     let cases: Vec<(&str, String, u16, &str)> = vec![
         ("malformed JSON", "{\"apiVersion\":".into(), 400, "BadRequest"),
         ("not an object", "[1,2]".into(), 400, "BadRequest"),
-        ("wrong kind", llama("x", 1.0, 1.0).replace("\"Llama\"", "\"Cow\""), 400, "BadRequest"),
+        ("wrong kind", llama("x", 1.0, 1.0).replace("\"Llama\"", "\"Cow\""), 422, "Invalid"),
         ("wrong apiVersion", llama("x", 1.0, 1.0).replace("farm.example.com/v1alpha", "farm.example.com/v1"), 400, "BadRequest"),
         ("name not DNS-1123", llama("Bad_Name", 1.0, 1.0), 422, "Invalid"),
         ("negative weight", llama("x", -2.0, 1.0), 422, "Invalid"),
         ("zero height", llama("x", 2.0, 0.0), 422, "Invalid"),
         ("beyond float64", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":1e999"), 400, "BadRequest"),
         ("NaN literal", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":NaN"), 400, "BadRequest"),
-        ("weight as a string", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":\"heavy\""), 400, "BadRequest"),
-        ("missing spec", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x"}}).to_string(), 400, "BadRequest"),
+        ("weight as a string", llama("x", 1.5, 1.0).replace("\"weight\":1.5", "\"weight\":\"heavy\""), 422, "Invalid"),
+        ("missing spec", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x"}}).to_string(), 422, "Invalid"),
         ("no name", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {}, "spec": {"weight": 1, "height": 1}}).to_string(), 422, "Invalid"),
         ("other namespace", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x", "namespace": "kube-system"}, "spec": {"weight": 1, "height": 1}}).to_string(), 400, "BadRequest"),
         ("resourceVersion on create", json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": "x", "resourceVersion": "3"}, "spec": {"weight": 1, "height": 1}}).to_string(), 400, "BadRequest"),
@@ -511,7 +511,7 @@ async fn bad_input_gets_the_right_status_and_leaves_the_store_alone() {
     let message = both.status(422, "Invalid");
     assert_eq!(
         message,
-        "Llama.farm.example.com \"x\" is invalid: [spec.weight: Invalid value: -1: must be a finite number greater than 0, spec.height: Invalid value: 0: must be a finite number greater than 0]"
+        "Llama.farm.example.com \"x\" is invalid: [spec.weight: Invalid value: -1: spec.weight in body should be greater than 0, spec.height: Invalid value: 0: spec.height in body should be greater than 0]"
     );
     assert_eq!(
         both.json()["details"]["causes"].as_array().unwrap().len(),

@@ -375,8 +375,8 @@ fn apply(
     let Value::Array(operations) = value else {
         return Err("type mismatch: JSONPatchType.expression should evaluate to array".into());
     };
-    let patch: json_patch::Patch =
-        serde_json::from_value(Value::Array(operations)).map_err(|e| format!("JSON Patch: {e}"))?;
+    let patch = crate::json_patch::Patch::from_value(&Value::Array(operations))
+        .map_err(|e| format!("JSON Patch: {e}"))?;
     let mut patched = object.clone();
     match (appliers.json_patch)(&mut patched, &patch) {
         Ok(()) => {
@@ -385,20 +385,9 @@ fn apply(
         }
         // A failed `test` leaves the object as it was (kube-apiserver's ErrTestFailed); the
         // bounded patch names the operation that failed.
-        Err(message) if failed_test(&patch, &message) => Ok(()),
-        Err(message) => Err(format!("JSON Patch: {message}")),
+        Err(error) if error.test_failed => Ok(()),
+        Err(error) => Err(format!("JSON Patch: {error}")),
     }
-}
-
-/// Whether the bounded JSON patch's error `message` (`operation N (...): ...`) is a `test`
-/// that failed.
-fn failed_test(patch: &json_patch::Patch, message: &str) -> bool {
-    message
-        .strip_prefix("operation ")
-        .and_then(|rest| rest.split_once(' '))
-        .and_then(|(index, _)| index.parse::<usize>().ok())
-        .and_then(|index| patch.get(index))
-        .is_some_and(|operation| matches!(operation, json_patch::PatchOperation::Test(_)))
 }
 
 /// The write refused by a policy's failure (`admission.NewForbidden`, its message replaced

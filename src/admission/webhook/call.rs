@@ -87,7 +87,7 @@ pub struct Answer {
     /// Why not, as the webhook put it.
     pub status: Option<Status>,
     /// A JSONPatch for the object (mutating webhooks only).
-    pub patch: Option<json_patch::Patch>,
+    pub patch: Option<crate::json_patch::Patch>,
     /// Warnings for the client.
     pub warnings: Vec<String>,
     /// Annotations for the audit log, keyed without the webhook's name.
@@ -194,20 +194,17 @@ impl Clients {
         {
             return Ok(client.clone());
         }
-        let mut roots = rustls::RootCertStore::empty();
-        if ca_bundle.is_empty() {
-            let native = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(native.certs);
+        let roots: Vec<CertificateDer<'static>> = if ca_bundle.is_empty() {
+            rustls_native_certs::load_native_certs().certs
         } else {
-            for cert in CertificateDer::pem_slice_iter(ca_bundle) {
-                let cert = cert.map_err(|e| format!("could not read caBundle: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("could not use caBundle: {e}"))?;
-            }
-        }
-        let tls = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
+            CertificateDer::pem_slice_iter(ca_bundle)
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("could not read caBundle: {e}"))?
+        };
+        // Trusted as kube-apiserver trusts it (Go's crypto/x509): a caBundle that is the
+        // webhook's own self-signed certificate included.
+        let tls = crate::client_tls::client_config(roots)
+            .map_err(|e| format!("could not use caBundle: {e}"))?
             .with_no_client_auth();
         let resolver = Resolver {
             services: service.then(|| self.services.clone()),
@@ -366,7 +363,16 @@ fn verify(review: Review, uid: &str, mutating: bool) -> Result<Answer, String> {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(patch.as_bytes())
                 .map_err(|e| format!("received undecodable patch in webhook response: {e}"))?;
-            let patch: json_patch::Patch = serde_json::from_slice(&bytes)
+            // Decoded on an async worker: no deeper than serde's recursion fits any stack.
+            if crate::rest::body::text_depth(&bytes, crate::rest::body::SHALLOW)
+                > crate::rest::body::SHALLOW
+            {
+                return Err(format!(
+                    "received undecodable patch in webhook response: {}",
+                    crate::rest::body::too_deep_message()
+                ));
+            }
+            let patch = crate::json_patch::Patch::decode(&bytes)
                 .map_err(|e| format!("received undecodable patch in webhook response: {e}"))?;
             Some(patch)
         }

@@ -30,7 +30,11 @@ use hook::Hook;
 pub(crate) const READY_WAIT: Duration = Duration::from_secs(10);
 
 /// Applies a webhook's JSONPatch to the object (the REST layer's bounded JSON patch).
-pub type Patcher = dyn Fn(&mut Value, &json_patch::Patch) -> std::result::Result<(), String> + Sync;
+pub type Patcher = dyn Fn(
+        &mut Value,
+        &crate::json_patch::Patch,
+    ) -> std::result::Result<(), crate::json_patch::ApplyError>
+    + Sync;
 
 /// The webhooks of the cluster, as its configurations say now.
 pub struct Webhooks {
@@ -501,7 +505,7 @@ impl Webhooks {
         if !answer.allowed {
             return Err(denied(&hook.name, answer.status, warnings));
         }
-        let Some(patch) = answer.patch.filter(|p| !p.0.is_empty()) else {
+        let Some(patch) = answer.patch.filter(|p| !p.is_empty()) else {
             return Ok(false);
         };
         if attributes.operation == Operation::Delete {
