@@ -194,6 +194,37 @@ pub(crate) fn fixed() -> Vec<Case> {
             JSON,
             json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": "NAME-missing"}, "spec": {"weightKg": "x"}}),
         ),
+        // Found by the generator, kept.
+        // An update checks metadata three times (the generic store's common checks, the CRD's).
+        Case::on(llama(json!({})), "PATCH", Target::Item, MERGE,
+            json!({"metadata": {"labels": {"app.kubernetes.io/name": "-v-"}, "annotations": {"Bad Key": ""}}})),
+        // ...and before a wrong kind stops the kind's own checks.
+        Case::on(llama(json!({})), "PUT", Target::Item, JSON,
+            json!({"apiVersion": "farm.example.com/v1", "kind": "Cow", "metadata": {"name": "NAME", "resourceVersion": "RVSET", "labels": {"a": "bad value"}}, "spec": 5})),
+        // Strict: unknown fields are refused (400) before a type is judged.
+        Case::on(llama(json!({})), "PUT", Target::Item, JSON,
+            json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": "NAME", "resourceVersion": "RVSET"}, "spec": {"colour": "brown", "heightMetres": "x", "weightKg": 40}}))
+            .query("?fieldValidation=Strict"),
+        // A body's unknown fields are warned of whatever the answer (here a name mismatch).
+        Case::on(llama(json!({})), "PUT", Target::Item, JSON,
+            json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": "Bad_NAME", "resourceVersion": "RVSET"}, "spec": {"colour": "brown", "heightMetres": 1, "weightKg": 1}})),
+        // Another version of the group: 400, its fields unknown.
+        Case::create(json!({"apiVersion": "farm.example.com/v2", "kind": "Llama", "metadata": {"name": "NAME"}, "spec": {"weightKg": 1, "heightMetres": 1}})),
+        // No name: every cause at once, not only the name's.
+        Case::create(json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"finalizers": ["a/b/c"]}, "spec": {"weightKg": 0, "heightMetres": 40}})),
+        // A generated name that is no DNS name, beside a missing spec.
+        Case::create(json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"generateName": "Bad_"}, "spec": null})),
+        // A JSON patch result whose metadata is no ObjectMeta: an invalid `patch` (422).
+        Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH,
+            json!([{"op": "replace", "path": "/metadata/labels", "value": []}])),
+        // A wrong type where the schema has no properties: what it holds is unknown.
+        Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH,
+            json!([{"op": "replace", "path": "/spec/weightKg", "value": {"weightKg": 2}}])),
+        // Numbers compared as texts: 40 is what a GET shows, 40.0 is not.
+        Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH,
+            Value::String(r#"[{"op": "test", "path": "/spec/weightKg", "value": 40.0}]"#.into())),
+        // A test of the whole document without a value (allowed: kube-apiserver panics).
+        Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH, json!([{"op": "test", "path": ""}])),
         // A GET with a resourceVersion that is no number (allowed: 400 here, 500 there).
         Case {
             setup: Some(llama(json!({}))),

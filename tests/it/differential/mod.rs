@@ -12,6 +12,7 @@
 
 mod allowed;
 mod cases;
+mod webhook;
 
 use std::time::{Duration, Instant};
 
