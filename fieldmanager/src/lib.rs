@@ -14,8 +14,9 @@
 //!
 //! Public: [`Schema`] (from OpenAPI v3), [`FieldManager`] (update and
 //! apply), [`Versions`] (a kind's other versions, SMD's converter),
-//! [`Error`] and [`Conflict`], and [`typed`]'s merge of an apply
-//! configuration without ownership (MutatingAdmissionPolicy's).
+//! [`Error`] and [`Conflict`], [`typed`]'s merge of an apply
+//! configuration without ownership (MutatingAdmissionPolicy's), and Go's
+//! JSON texts ([`go_json`], [`go_float`]).
 //!
 //! Layout: `path` and `set` (field paths and sets, FieldsV1), `schema`
 //! (types, OpenAPI conversion), [`typed`] (validate, field sets, compare,
@@ -36,6 +37,17 @@ pub mod typed;
 mod tests;
 
 pub use conflict::Conflict;
+
+/// A value's JSON text as Go's `encoding/json` writes it (HTML escaping, Go's floats): what
+/// kube-apiserver writes, for comparisons of texts (a JSON patch `test`).
+pub fn go_json(value: &serde_json::Value) -> String {
+    gojson::encode(value)
+}
+
+/// A float64 as Go's `encoding/json` writes it (`1e+21`, `1e-7`, `1.5`).
+pub fn go_float(f: f64) -> String {
+    gojson::format_float(f, gojson::Flavor::EncodingJson)
+}
 pub use manager::FieldManager;
 pub use schema::Schema;
 

@@ -15,13 +15,19 @@
 //! - an operation without `value` uses `null`; an element that is `null` is an unknown operation.
 //!
 //! Errors carry json-patch.v4's own words.
+//!
+//! Known departures, none of which a patch made from a GET's object meets: json-patch keeps the
+//! raw text of the values a patch adds, so a later `test` in the same patch compares with what
+//! was sent (`1.0`), where this compares with what a GET would show (`1`); it tells an
+//! explicit `"value": null` from a missing member, where this has one `null`; it passes lone
+//! UTF-16 surrogates through, which serde_json refuses (422 here); and under
+//! `fieldValidation=Strict` it refuses an operation that names a member twice.
 
-mod go;
 mod merge;
 #[cfg(test)]
 mod tests;
 
-pub use go::{go_float, go_text, json_len};
+pub use farm_fieldmanager::{go_float, go_json as go_text};
 pub use merge::{BAD_MERGE_PATCH, merge};
 
 use serde_json::{Value, value::RawValue};
@@ -454,8 +460,9 @@ impl Operation {
             )));
         };
         // A missing member copies nothing that counts (json-patch's nil node).
+        // As Go's json.Marshal counts it (`<`, `>`, `&` take six bytes each).
         if !value.is_null() {
-            *copied += json_len(&value);
+            *copied += go_text(&value).len();
         }
         if *copied > limits.copy_bytes {
             return Err(Failure::Other(format!(
@@ -683,4 +690,21 @@ fn equal(found: &Value, raw: &str) -> bool {
         }
         scalar => go_text(scalar) == raw,
     }
+}
+
+/// Bytes of `value` as JSON, counted without building the text.
+pub fn json_len<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }

@@ -340,7 +340,7 @@ pub(crate) fn drop_empty(meta: &mut ObjectMeta) {
 pub(crate) struct DecodedBody<K> {
     pub(crate) object: Result<(K, Vec<String>)>,
     pub(crate) resource_version: bool,
-    /// `metadata.name` and `metadata.namespace` as sent ("" when absent).
+    /// `metadata.name` and `metadata.namespace` as sent ("" when absent), for an update.
     pub(crate) name: String,
     pub(crate) namespace: String,
 }
@@ -366,11 +366,13 @@ pub(crate) fn decode_body<K: ServedResource>(
         }
     })?;
     let resource_version = names_resource_version(&value.0);
-    let meta = |field: &str| {
-        value.0["metadata"][field]
+    // A PUT checks them before it decodes anything else.
+    let meta = |field: &str| match source {
+        Source::Update => value.0["metadata"][field]
             .as_str()
             .unwrap_or_default()
-            .to_owned()
+            .to_owned(),
+        _ => String::new(),
     };
     let (name, namespace) = (meta("name"), meta("namespace"));
     match decode_object::<K>(std::mem::take(&mut value.0), validation, source) {
