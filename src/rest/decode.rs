@@ -4,6 +4,7 @@
 //! cause per field for what does not fit its schema, [`structural`]).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::body;
@@ -82,7 +83,10 @@ pub(crate) fn decode_from<K: ServedResource>(
         .and_then(Value::as_str)
         .is_none_or(str::is_empty)
     {
-        return Err(cannot_handle::<K>("Object 'Kind' is missing in the body"));
+        return Err(match source {
+            Source::Patch => invalid_patch(&Value::Object(map.clone()), "Object 'Kind' is missing"),
+            _ => cannot_handle::<K>("Object 'Kind' is missing in the body"),
+        });
     }
     match map.get("apiVersion").and_then(Value::as_str) {
         Some(version) if version == K::group_version() => {}
@@ -186,39 +190,53 @@ pub(crate) fn decode_from<K: ServedResource>(
                 });
             }
             let error = not_of_kind::<K>(&value, e, source);
-            // The unknown fields it has, as kube-apiserver names them beside its 422.
-            if validation == FieldValidation::Warn && matches!(error, Error::Invalid { .. }) {
+            // The unknown fields it has, as kube-apiserver names them beside its 422 (once its
+            // metadata decoded: pruning comes after).
+            let metadata_decodes = value
+                .get("metadata")
+                .is_none_or(|meta| ObjectMeta::deserialize(meta).is_ok());
+            if validation == FieldValidation::Warn && metadata_decodes && is_invalid(&error) {
                 let mut warnings = strict;
                 warnings.extend(
                     unknown_fields
                         .into_iter()
                         .map(|p| format!("unknown field \"{p}\"")),
                 );
-                if !warnings.is_empty() {
-                    return Err(Error::Warned {
-                        error: Box::new(error),
-                        warnings,
-                    });
-                }
+                let error = match error {
+                    Error::Warned {
+                        error,
+                        warnings: more,
+                    } => {
+                        warnings.extend(more);
+                        *error
+                    }
+                    error => error,
+                };
+                return Err(error.warned(&warnings));
             }
             return Err(error);
         }
     };
     drop_empty(object.meta_mut());
+    let deduplicated = dedup_owner_references(object.meta_mut(), source);
     check_shallow(&object)?;
     let mut messages = strict;
     messages.extend(unknown.iter().map(|p| format!("unknown field \"{p}\"")));
-    match validation {
-        FieldValidation::Strict if !messages.is_empty() => Err(match source {
-            Source::Patch => invalid_patch(
-                &value,
-                &format!("strict decoding error: {}", messages.join(", ")),
-            ),
-            _ => cannot_handle::<K>(format!("strict decoding error: {}", messages.join(", "))),
-        }),
-        FieldValidation::Warn => Ok((object, messages)),
-        _ => Ok((object, Vec::new())),
-    }
+    let mut warnings = match validation {
+        FieldValidation::Strict if !messages.is_empty() => {
+            return Err(match source {
+                Source::Patch => invalid_patch(
+                    &value,
+                    &format!("strict decoding error: {}", messages.join(", ")),
+                ),
+                _ => cannot_handle::<K>(format!("strict decoding error: {}", messages.join(", "))),
+            });
+        }
+        FieldValidation::Warn => messages,
+        _ => Vec::new(),
+    };
+    warnings.extend(deduplicated);
+    Ok((object, warnings))
 }
 
 /// kube-apiserver's 422 for a patch whose result it cannot take: `patch` invalid, its value
@@ -242,7 +260,7 @@ fn not_of_kind<K: ServedResource>(
     error: serde_json::Error,
     source: Source,
 ) -> Error {
-    let meta: ObjectMeta = match value.get("metadata") {
+    let mut meta: ObjectMeta = match value.get("metadata") {
         None => ObjectMeta::default(),
         Some(meta) => match serde_json::from_value(meta.clone()) {
             Ok(meta) => meta,
@@ -252,6 +270,7 @@ fn not_of_kind<K: ServedResource>(
             Err(e) => return cannot_handle::<K>(e),
         },
     };
+    let deduplicated = dedup_owner_references(&mut meta, source);
     let schema = structural::validate(
         value,
         &structural::schema_of::<K>(),
@@ -274,7 +293,8 @@ fn not_of_kind<K: ServedResource>(
         return Error::Invalid {
             subject: K::invalid_subject(&name),
             causes,
-        };
+        }
+        .warned(deduplicated.as_slice());
     }
     // As kube-apiserver validates after it generated the name.
     match meta.generate_name.as_deref() {
@@ -297,6 +317,40 @@ fn not_of_kind<K: ServedResource>(
         subject: K::invalid_subject(&name),
         causes,
     }
+    .warned(deduplicated.as_slice())
+}
+
+/// How kube-apiserver's warning of owner references given twice begins.
+pub(crate) const DUPLICATE_OWNERS: &str = ".metadata.ownerReferences contains duplicate entries";
+
+/// apiserver's `dedupOwnerReferences`: an owner reference given twice (the same uid, the same
+/// whole reference) is kept once, with kube-apiserver's warning (a patch's worded as after
+/// mutating admission, where kube-apiserver dedups a patch).
+fn dedup_owner_references(meta: &mut ObjectMeta, source: Source) -> Option<String> {
+    let references = meta.owner_references.as_mut()?;
+    let mut kept: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> =
+        Vec::with_capacity(references.len());
+    let mut duplicates = Vec::new();
+    for reference in references.drain(..) {
+        if kept.contains(&reference) {
+            duplicates.push(reference.uid);
+        } else {
+            kept.push(reference);
+        }
+    }
+    *references = kept;
+    if duplicates.is_empty() {
+        return None;
+    }
+    let after = if source == Source::Patch {
+        " after mutating admission happens"
+    } else {
+        ""
+    };
+    Some(format!(
+        "{DUPLICATE_OWNERS}{after}; API server dedups owner references in 1.20+, and may reject such requests as early as 1.24; please fix your requests; duplicate UID(s) observed: {}",
+        duplicates.join(", ")
+    ))
 }
 
 /// Go's decoding of `null` where ObjectMeta has a string: an empty string (a label or

@@ -8,7 +8,7 @@ use std::sync::{
 
 use axum::{body::Bytes, extract::Request, http::StatusCode, response::Response};
 
-use super::decode::{DecodedBody, Source, decode_body, decode_object};
+use super::decode::{DUPLICATE_OWNERS, DecodedBody, Source, decode_body, decode_object};
 use super::fields::{manager_or_user_agent, parse_apply_body};
 use super::options::{FieldValidation, parse_query};
 use super::patch::{PatchType, apply_patch, decode_patched, json_len, patch_type};
@@ -193,7 +193,18 @@ pub(crate) async fn update<K: ServedResource>(
     };
     update_decoded(api, namespace, name, part, sent)
         .await
-        .map_err(|e| e.warned(&decoded))
+        .map_err(|e| match e {
+            // The URL's name and namespace are checked before owner references are deduplicated.
+            Error::BadRequest(_) => {
+                let early: Vec<String> = decoded
+                    .iter()
+                    .filter(|w| !w.starts_with(DUPLICATE_OWNERS))
+                    .cloned()
+                    .collect();
+                e.warned(&early)
+            }
+            e => e.warned(&decoded),
+        })
 }
 
 /// An update (PUT) of what `sent` holds.
@@ -312,8 +323,11 @@ pub(crate) async fn patch<K: ServedResource>(
             .work
             .run_if(heavy, move || {
                 let patched = apply_patch(&patched_from, patch_type, &body, field_validation)?;
-                // The name before the object's validity, as kube-apiserver checks them.
-                check_sent::<K>(&patched.document, &url_name, &url_namespace)?;
+                // The name before the object's validity, as kube-apiserver checks them (once
+                // the result is an object of a kind at all).
+                if patched.document["kind"].is_string() {
+                    check_sent::<K>(&patched.document, &url_name, &url_namespace)?;
+                }
                 decode_patched::<K>(patched, field_validation)
             })
             .await?;

@@ -225,6 +225,28 @@ pub(crate) fn fixed() -> Vec<Case> {
             Value::String(r#"[{"op": "test", "path": "/spec/weightKg", "value": 40.0}]"#.into())),
         // A test of the whole document without a value (allowed: kube-apiserver panics).
         Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH, json!([{"op": "test", "path": ""}])),
+        // A JSON patch whose result has no kind: an invalid `patch` (422), not a bad body.
+        Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH,
+            json!([{"op": "replace", "path": "", "value": {"heightMetres": 3, "weightKg": 2}}]))
+            .query("?fieldValidation=Warn"),
+        // Owner references given twice are kept once, with kube-apiserver's warning.
+        Case::create(llama(json!({"ownerReferences": [
+            {"apiVersion": "v1", "kind": "Event", "name": "", "uid": ""},
+            {"apiVersion": "v1", "kind": "Event", "name": "", "uid": ""}]}))),
+        Case::on(llama(json!({})), "PATCH", Target::Item, MERGE,
+            json!({"metadata": {"ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u-1"},
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "o", "uid": "u-1"}]}})),
+        // ...but only once the PUT names its object (a name mismatch is 400 without it).
+        Case::on(llama(json!({})), "PUT", Target::Item, JSON,
+            json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "Event", "name": "owner", "uid": "u-1"},
+                {"apiVersion": "apps/v1", "kind": "Event", "name": "owner", "uid": "u-1"}]},
+                "spec": {"heightMetres": 40, "weightKg": 1}})),
+        // A patched object whose metadata is no ObjectMeta: 422 `patch`, no unknown fields named.
+        Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH, json!([
+            {"op": "add", "path": "/spec/weightKg", "value": {"heightMetres": 3, "weightKg": 2}},
+            {"op": "add", "path": "/metadata/labels/new", "value": {"heightMetres": 3}}])),
         // A GET with a resourceVersion that is no number (allowed: 400 here, 500 there).
         Case {
             setup: Some(llama(json!({}))),
