@@ -88,8 +88,9 @@ pub(crate) fn finalizers_on_delete(
     if foreground {
         kept.push(FOREGROUND.to_owned());
     }
-    // The same set in another order is no change (and no write).
-    let same = kept.len() == current.len() && kept.iter().all(|f| current.contains(f));
+    // The same set (in another order, or with a name given twice) is no change and no write,
+    // as kube-apiserver compares the two as sets.
+    let same = kept.iter().all(|f| current.contains(f)) && current.iter().all(|f| kept.contains(f));
     if same { current.to_vec() } else { kept }
 }
 

@@ -346,9 +346,14 @@ pub(crate) async fn patch<K: ServedResource>(
         let decoded = warnings.clone();
         let mut warnings = warnings;
         let sent = (object, part, manager.as_str());
+        // A conflict stays one (the retry reads the object again); other errors keep the
+        // body's warnings.
         let updated = write_update(to, sent, (&current, from), &mut warnings)
             .await
-            .map_err(|e| e.warned(&decoded))?;
+            .map_err(|e| match e {
+                e @ (Error::Conflict { .. } | Error::AlreadyExists(_)) => e,
+                e => e.warned(&decoded),
+            })?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
     })

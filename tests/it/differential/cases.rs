@@ -247,6 +247,14 @@ pub(crate) fn fixed() -> Vec<Case> {
         Case::on(llama(json!({})), "PATCH", Target::Item, JSON_PATCH, json!([
             {"op": "add", "path": "/spec/weightKg", "value": {"heightMetres": 3, "weightKg": 2}},
             {"op": "add", "path": "/metadata/labels/new", "value": {"heightMetres": 3}}])),
+        // A foreground delete of an object that names foregroundDeletion twice: the set is the
+        // same, so the finalizers stay as they are.
+        Case::on(llama(json!({"finalizers": ["foregroundDeletion", "foregroundDeletion"]})), "DELETE", Target::Item, JSON,
+            json!({"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"})),
+        // A merge patch that changes nothing but names an unknown field (warned of).
+        Case::on(llama(json!({})), "PATCH", Target::Item, MERGE,
+            json!({"metadata": {"labels": {"case": "NAME"}}, "spec": {"colour": "brown"}}))
+            .query("?fieldValidation=Warn"),
         // A GET with a resourceVersion that is no number (allowed: 400 here, 500 there).
         Case {
             setup: Some(llama(json!({}))),
