@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::body;
 use super::options::FieldValidation;
-use super::strategy::generate_name;
+use super::strategy::{generate_name, new_name_causes};
 use super::structural;
 use crate::{
     error::{Error, FieldError, Result, Subject},
@@ -301,15 +301,7 @@ fn not_of_kind<K: ServedResource>(
         Some(prefix) if name.is_empty() && !prefix.is_empty() => name = generate_name(prefix),
         _ => {}
     }
-    if name.is_empty() {
-        causes.push(FieldError::required(
-            "metadata.name",
-            "name or generateName is required",
-        ));
-    } else {
-        causes.extend(validation::validate_name(&name));
-    }
-    causes.extend(validation::validate_generate_name(&meta));
+    causes.extend(new_name_causes(&name, &meta));
     causes.extend(validation::validate_metadata(&meta));
     causes.extend(validation::validate_finalizers(&meta));
     causes.extend(schema);

@@ -2,6 +2,7 @@
 //! server-owned metadata on create and update, validation (k8s.io/apiserver's `registry/rest`
 //! strategy).
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rand::Rng;
 
 use super::lifecycle;
@@ -18,15 +19,7 @@ pub(crate) fn validate<K: ServedResource>(object: &K, old: Option<&K>) -> Result
     let name = meta.name.clone().unwrap_or_default();
     let mut causes: Vec<FieldError> = Vec::new();
     if old.is_none() {
-        if name.is_empty() {
-            causes.push(FieldError::required(
-                "metadata.name",
-                "name or generateName is required",
-            ));
-        } else {
-            causes.extend(validation::validate_name(&name));
-        }
-        causes.extend(validation::validate_generate_name(meta));
+        causes.extend(new_name_causes(&name, meta));
     }
     if K::namespaced() {
         causes.extend(validation::validate_namespace(
@@ -57,6 +50,22 @@ pub(crate) fn validate<K: ServedResource>(object: &K, old: Option<&K>) -> Result
         subject: K::invalid_subject(&name),
         causes,
     })
+}
+
+/// A new object's name (required unless generated) and generateName, as
+/// `ValidateObjectMetaAccessor` checks them once the name is generated.
+pub(crate) fn new_name_causes(name: &str, meta: &ObjectMeta) -> Vec<FieldError> {
+    let mut causes = Vec::new();
+    if name.is_empty() {
+        causes.push(FieldError::required(
+            "metadata.name",
+            "name or generateName is required",
+        ));
+    } else {
+        causes.extend(validation::validate_name(name));
+    }
+    causes.extend(validation::validate_generate_name(meta));
+    causes
 }
 
 pub(crate) const GENERATE_NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";

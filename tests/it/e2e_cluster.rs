@@ -239,6 +239,19 @@ spec:
     )
 }
 
+/// A real etcd of the test's own when `FARM_E2E_STORAGE=etcd` (the lab suites with Llamas
+/// on etcd), else none.
+pub(crate) async fn etcd_from_env() -> Option<crate::common::etcd::Etcd> {
+    match std::env::var("FARM_E2E_STORAGE").as_deref() {
+        Ok("etcd") => Some(
+            crate::common::etcd::Etcd::start()
+                .await
+                .expect("FARM_E2E_STORAGE=etcd needs etcd on PATH"),
+        ),
+        _ => None,
+    }
+}
+
 /// farm-apiserver started here with `args` (Llamas on `etcd` when given) and registered in
 /// `cluster` by the shipped manifests (RBAC, Namespace, ServiceAccount, APIServices with their
 /// caBundle), its Service an ExternalName to this host; returns once every APIService is
@@ -338,14 +351,7 @@ async fn through_kube_apiserver() {
 
     step("certificates and manifests, as a user makes them");
     // FARM_E2E_STORAGE=etcd: the same suite with Llamas on a real etcd of the test's own.
-    let etcd = match std::env::var("FARM_E2E_STORAGE").as_deref() {
-        Ok("etcd") => Some(
-            crate::common::etcd::Etcd::start()
-                .await
-                .expect("FARM_E2E_STORAGE=etcd needs etcd on PATH"),
-        ),
-        _ => None,
-    };
+    let etcd = etcd_from_env().await;
     // An audit log (its policy file beside it): FarmPods left out, creates with their objects,
     // the rest at Metadata.
     let audit_dir = tempfile::tempdir().unwrap();

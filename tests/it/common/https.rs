@@ -20,16 +20,7 @@ pub async fn serve(app: axum::Router, ca_name: &str, names: &[&str]) -> Served {
     let mut sans = vec!["127.0.0.1", "localhost"];
     sans.extend_from_slice(names);
     let (cert, key) = ca.issue_serving(&sans).unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let tls = axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
-        .await
-        .unwrap();
-    let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
-    tokio::spawn(async move {
-        let _ = server.serve(app.into_make_service()).await;
-    });
+    let addr = listen(app, cert.into_bytes(), key.into_bytes()).await;
     Served {
         addr,
         ca_pem: ca.cert_pem.clone(),
@@ -65,19 +56,25 @@ pub async fn serve_self_signed(app: axum::Router, names: &[&str]) -> Served {
         String::from_utf8_lossy(&made.stderr)
     );
     let (cert_pem, key_pem) = (std::fs::read(&cert).unwrap(), std::fs::read(&key).unwrap());
+    let addr = listen(app, cert_pem.clone(), key_pem).await;
+    Served {
+        addr,
+        ca_pem: String::from_utf8(cert_pem).unwrap(),
+        dir,
+    }
+}
+
+/// Serves `app` over TLS with `cert` and `key` (PEM) on a free loopback port; its address.
+async fn listen(app: axum::Router, cert: Vec<u8>, key: Vec<u8>) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
-    let tls = axum_server::tls_rustls::RustlsConfig::from_pem(cert_pem.clone(), key_pem)
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem(cert, key)
         .await
         .unwrap();
     let server = axum_server::from_tcp_rustls(listener, tls).unwrap();
     tokio::spawn(async move {
         let _ = server.serve(app.into_make_service()).await;
     });
-    Served {
-        addr,
-        ca_pem: String::from_utf8(cert_pem).unwrap(),
-        dir,
-    }
+    addr
 }

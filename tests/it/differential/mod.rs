@@ -212,8 +212,10 @@ impl Runner {
                 .as_ref()
                 .is_some_and(|b| b["metadata"].get("name").is_none())
         {
-            answer.body["metadata"]["name"] =
-                json!(format!("{}xxxxx", &generated[..generated.len() - 5]));
+            answer.body["metadata"]["name"] = json!(format!(
+                "{}xxxxx",
+                generated.get(..generated.len() - 5).unwrap_or_default()
+            ));
         }
         (setup, answer)
     }
@@ -332,14 +334,7 @@ async fn the_same_requests_as_a_crd_of_the_same_schema() {
     let _one = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
-    let etcd = match std::env::var("FARM_E2E_STORAGE").as_deref() {
-        Ok("etcd") => Some(
-            crate::common::etcd::Etcd::start()
-                .await
-                .expect("FARM_E2E_STORAGE=etcd needs etcd on PATH"),
-        ),
-        _ => None,
-    };
+    let etcd = crate::e2e_cluster::etcd_from_env().await;
     let (server, installed) = register(&cluster, Vec::new(), etcd.as_ref(), &[], &step).await;
     let crd = crd();
     // An earlier run's CRD may still be going (its objects with it): a new one comes after.
