@@ -91,6 +91,15 @@ pub struct ResourceLabels {
     pub resource: String,
 }
 
+/// The labels of `apiserver_terminated_watchers_total`, as kube-apiserver's cacher labels it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupResourceLabels {
+    /// The API group, e.g. `farm.example.com`.
+    pub group: String,
+    /// The resource, e.g. `llamas`.
+    pub resource: String,
+}
+
 type HistogramFamily = Family<DurationLabels, Histogram, fn() -> Histogram>;
 
 /// The labels of `apiserver_admission_webhook_admission_duration_seconds`.
@@ -205,6 +214,10 @@ pub struct Metrics {
     pub history_events: Family<ResourceLabels, Gauge>,
     /// `farm_apiserver_watch_history_bytes`: what they hold, estimated.
     pub history_bytes: Family<ResourceLabels, Gauge>,
+    /// `apiserver_terminated_watchers_total`: watchers ended for falling too far behind,
+    /// refreshed from the stores on every scrape (under the lock: two scrapes add once).
+    pub terminated_watchers: Family<GroupResourceLabels, Counter>,
+    terminated_lock: std::sync::Mutex<()>,
     /// `apiserver_admission_webhook_admission_duration_seconds`: each webhook call.
     pub webhook_durations: Family<WebhookLabels, Histogram, fn() -> Histogram>,
     /// `apiserver_admission_webhook_rejection_count`: writes a webhook refused. Typed as a
@@ -271,6 +284,7 @@ impl Metrics {
         let panics = Counter::default();
         let history_events = Family::<ResourceLabels, Gauge>::default();
         let history_bytes = Family::<ResourceLabels, Gauge>::default();
+        let terminated_watchers = Family::<GroupResourceLabels, Counter>::default();
         let webhook_durations: Family<WebhookLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(webhook_histogram);
         let webhook_rejections = Family::<RejectionLabels, Gauge>::default();
@@ -339,6 +353,11 @@ impl Metrics {
             history_bytes.clone(),
         );
         registry.register(
+            "apiserver_terminated_watchers",
+            "Counter of watchers closed due to unresponsiveness broken by resource type.",
+            terminated_watchers.clone(),
+        );
+        registry.register(
             "farm_apiserver_request_panics",
             "Requests whose handler panicked; each was answered 500 and logged",
             panics.clone(),
@@ -380,6 +399,8 @@ impl Metrics {
             panics,
             history_events,
             history_bytes,
+            terminated_watchers,
+            terminated_lock: std::sync::Mutex::new(()),
             webhook_durations,
             webhook_rejections,
             policy_checks,
@@ -477,6 +498,15 @@ impl Metrics {
         self.history_bytes
             .get_or_create(&labels)
             .set(gauge(stats.history_bytes));
+        if let Some((plural, group)) = resource.split_once('.') {
+            let labels = GroupResourceLabels {
+                group: group.to_owned(),
+                resource: plural.to_owned(),
+            };
+            let _held = self.terminated_lock.lock();
+            let counter = self.terminated_watchers.get_or_create(&labels);
+            counter.inc_by(stats.terminated_watchers.saturating_sub(counter.get()));
+        }
     }
 
     /// Every metric in the Prometheus text format.

@@ -434,6 +434,9 @@ pub struct StoreStats {
     /// What those events hold, estimated in bytes (the objects' JSON, twice: the object and
     /// its encoding).
     pub history_bytes: usize,
+    /// Watchers ended for falling too far behind, since the store was made
+    /// (`apiserver_terminated_watchers_total`).
+    pub terminated_watchers: u64,
 }
 
 /// The reads every store serves: get, list, watch, and where it stands.

@@ -39,6 +39,7 @@ mod openapi_snapshot;
 mod properties;
 mod router;
 mod security;
+mod slow_watchers;
 mod store_conformance;
 mod third_kind;
 mod traces;

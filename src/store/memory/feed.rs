@@ -36,7 +36,7 @@ impl<K: ServedResource> MemoryStore<K> {
             .into_iter()
             .map(|o| (ObjectKey::of(o.meta()), o))
             .collect();
-        if state.current.objects.is_empty() && state.events.is_empty() {
+        if state.current.objects.is_empty() && state.history.is_empty() {
             // Nobody has seen anything yet: load, no events.
             for (key, object) in incoming {
                 state.current.put(key, Stored::new(object));

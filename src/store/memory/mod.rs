@@ -5,12 +5,14 @@
 
 mod feed;
 mod snapshot;
+mod watchers;
 
 pub use snapshot::ContinueToken;
 use snapshot::*;
+use watchers::{Follower, History, Watchers};
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::BTreeMap,
     ops::{Bound, ControlFlow},
     sync::{Arc, RwLock},
     task::{Context, Poll},
@@ -20,8 +22,6 @@ use std::{
 use async_trait::async_trait;
 use futures::StreamExt;
 use imbl::{HashMap as PHashMap, OrdMap};
-use tokio::sync::broadcast;
-
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -48,8 +48,13 @@ pub struct MemoryStoreConfig {
     pub snapshot_ttl: Duration,
     /// List snapshots kept for `continue` tokens at most; past it the oldest goes (410 Expired).
     pub max_snapshots: usize,
-    /// Buffer per watcher before a slow watcher is dropped (it then resumes from its last rv).
+    /// How far behind the newest event a watcher may fall, in events, before it is ended (its
+    /// stream ends; the client resumes from its last resourceVersion, still in the history):
+    /// kube-apiserver's cacher ends a watcher whose buffer is full the same way.
     pub watch_buffer: usize,
+    /// The same bound in bytes (estimated as the history's): a watcher of large objects that
+    /// stops reading is ended after this much.
+    pub watch_buffer_bytes: usize,
     /// The store's resourceVersion before its first write; watches from below it are 410.
     pub first_resource_version: u64,
     /// The store is the objects' source of truth (not a cache of another server's): a version
@@ -77,7 +82,8 @@ impl Default for MemoryStoreConfig {
             event_bytes: 64 * 1024 * 1024,
             snapshot_ttl: Duration::from_secs(300),
             max_snapshots: 64,
-            watch_buffer: 4096,
+            watch_buffer: 1000,
+            watch_buffer_bytes: 16 * 1024 * 1024,
             first_resource_version: clock_resource_version(),
             authoritative: true,
         }
@@ -86,10 +92,8 @@ impl Default for MemoryStoreConfig {
 
 struct State<K> {
     current: Snapshot<K>,
-    events: VecDeque<Arc<Event<K>>>,
-    /// What `events` hold, estimated in bytes, in all and each (in step with `events`).
-    events_bytes: usize,
-    event_sizes: VecDeque<usize>,
+    /// The events watches resume from and read.
+    history: History<K>,
     /// Watches may start at any resourceVersion from this one on.
     oldest_watchable: u64,
     snapshots: BTreeMap<u64, (Instant, Snapshot<K>)>,
@@ -97,7 +101,7 @@ struct State<K> {
 
 struct Shared<K> {
     state: RwLock<State<K>>,
-    events_tx: broadcast::Sender<Arc<Event<K>>>,
+    watchers: Watchers,
     config: MemoryStoreConfig,
 }
 
@@ -144,18 +148,15 @@ fn parse_resource_version(value: &str) -> Option<u64> {
 impl<K: ServedResource> MemoryStore<K> {
     /// An empty store at `config.first_resource_version`.
     pub fn new(config: MemoryStoreConfig) -> Self {
-        let (events_tx, _) = broadcast::channel(config.watch_buffer.max(16));
         Self {
             shared: Arc::new(Shared {
                 state: RwLock::new(State {
                     current: Snapshot::empty(config.first_resource_version),
-                    events: VecDeque::new(),
-                    events_bytes: 0,
-                    event_sizes: VecDeque::new(),
+                    history: History::new(),
                     oldest_watchable: config.first_resource_version,
                     snapshots: BTreeMap::new(),
                 }),
-                events_tx,
+                watchers: Watchers::new(config.watch_buffer, config.watch_buffer_bytes),
                 config,
             }),
         }
@@ -183,14 +184,11 @@ impl<K: ServedResource> MemoryStore<K> {
         };
         let previous = previous.filter(|_| type_ == EventType::Modified);
         let event = Arc::new(Event::new(rv, type_, object).with_previous(previous));
-        state.events_bytes += size;
-        state.event_sizes.push_back(size);
-        state.events.push_back(event.clone());
-        while state.events.len() > shared.config.event_window
-            || (state.events_bytes > shared.config.event_bytes && state.events.len() > 1)
+        state.history.push(event, size);
+        while state.history.len() > shared.config.event_window
+            || (state.history.bytes() > shared.config.event_bytes && state.history.len() > 1)
         {
-            if let Some(old) = state.events.pop_front() {
-                state.events_bytes -= state.event_sizes.pop_front().unwrap_or_default();
+            if let Some(old) = state.history.evict() {
                 state.oldest_watchable = old.resource_version;
             }
         }
@@ -198,8 +196,7 @@ impl<K: ServedResource> MemoryStore<K> {
         state
             .snapshots
             .retain(|_, (taken, _)| taken.elapsed() < ttl);
-        // No receivers is fine: nobody is watching.
-        let _ = shared.events_tx.send(event);
+        shared.watchers.pushed(&state.history);
     }
 
     /// Stores `object` as the next revision (`type_` says how) and returns it as stored.
@@ -301,8 +298,9 @@ impl<K: ServedResource> MemoryStore<K> {
             .map(|state| StoreStats {
                 objects: state.current.objects.len(),
                 resource_version: state.current.resource_version,
-                history_events: state.events.len(),
-                history_bytes: state.events_bytes,
+                history_events: state.history.len(),
+                history_bytes: state.history.bytes(),
+                terminated_watchers: self.shared.watchers.terminated(),
             })
             .unwrap_or_default()
     }
@@ -438,13 +436,8 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
         let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
         let current_rv = state.current.resource_version;
         let mut first: Vec<WatchItem<K>> = Vec::new();
-        // A watch from a version the store has not reached yet waits for the events after it,
-        // as kube-apiserver's watch cache lets it.
-        let after = match start {
-            WatchStart::After(rv) => rv,
-            WatchStart::InitialState => 0,
-        };
-        match start {
+        // Where the watcher starts reading the history, and the version it has seen.
+        let (seq, after) = match start {
             WatchStart::InitialState => {
                 for object in state.current.objects.values() {
                     if wanted(namespace.as_deref(), &filter, object.get()) {
@@ -462,6 +455,7 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                     }
                 }
                 first.push(WatchItem::InitialEventsEnd(current_rv));
+                (state.history.head(), current_rv)
             }
             WatchStart::After(rv) if self.shared.config.authoritative && rv > current_rv => {
                 let item = WatchItem::Error(Error::Expired(format!(
@@ -473,64 +467,25 @@ impl<K: ServedResource> Store<K> for MemoryStore<K> {
                 let item = WatchItem::Error(Error::Expired(too_old(rv, state.oldest_watchable)));
                 return Ok(futures::stream::iter([item]).boxed());
             }
-            WatchStart::After(rv) => {
-                let from = state.events.partition_point(|e| e.resource_version <= rv);
-                first.extend(
-                    state
-                        .events
-                        .range(from..)
-                        .filter_map(|e| seen_by(namespace.as_deref(), &filter, e))
-                        .map(WatchItem::Event),
-                );
-            }
-        }
-        // Subscribed under the lock that writers send under: no gap, no duplicate.
-        let rx = self.shared.events_tx.subscribe();
+            // A watch from a version the store has not reached yet (a cache) waits for the
+            // events after it, as kube-apiserver's watch cache lets it.
+            WatchStart::After(rv) => (state.history.seq_after(rv), rv),
+        };
+        // Registered under the lock that writers push under: no gap, no duplicate.
+        let follower = Follower::new(
+            self.shared.clone(),
+            (seq, state.history.head()),
+            (namespace, filter),
+            after,
+            first,
+        );
         drop(state);
-
-        let shared = self.shared.clone();
-        let live = futures::stream::unfold((rx, false), move |(mut rx, done)| {
-            let namespace = namespace.clone();
-            let filter = filter.clone();
-            let shared = shared.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    match rx.recv().await {
-                        Ok(event) if event.resource_version <= after => {}
-                        Ok(event) => {
-                            if let Some(seen) = seen_by(namespace.as_deref(), &filter, &event) {
-                                return Some((WatchItem::Event(seen), (rx, false)));
-                            }
-                            // Filtered out: progress is still progress (for bookmarks).
-                            if rx.is_empty() {
-                                return Some((
-                                    WatchItem::Progress(event.resource_version),
-                                    (rx, false),
-                                ));
-                            }
-                        }
-                        Err(broadcast::error::RecvError::Lagged(_)) => {
-                            let oldest = shared
-                                .state
-                                .read()
-                                .map(|s| s.oldest_watchable)
-                                .unwrap_or_default();
-                            return Some((
-                                WatchItem::Error(Error::Expired(format!(
-                                    "watcher fell behind; resume from a newer resourceVersion ({oldest})"
-                                ))),
-                                (rx, true),
-                            ));
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return None,
-                    }
-                }
-            }
-        });
-        Ok(futures::stream::iter(first).chain(live).boxed())
+        Ok(
+            futures::stream::unfold(follower, |mut follower| async move {
+                follower.next().await.map(|item| (item, follower))
+            })
+            .boxed(),
+        )
     }
 
     async fn stats(&self) -> Result<StoreStats> {

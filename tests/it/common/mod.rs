@@ -386,6 +386,20 @@ impl RawClient {
         }
     }
 
+    /// A new TLS connection to the server, ALPN as the client was made with.
+    pub async fn tls_stream(
+        &self,
+    ) -> hyper_util::rt::TokioIo<tokio_rustls::client::TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(self.addr).await.expect("connect");
+        tcp.set_nodelay(true).ok();
+        let tls = self
+            .connector
+            .connect(ServerName::try_from("localhost").expect("name"), tcp)
+            .await
+            .expect("tls handshake");
+        hyper_util::rt::TokioIo::new(tls)
+    }
+
     /// Sends one request on a new connection; headers go out exactly as given (name, value).
     pub async fn send(
         &self,
@@ -394,14 +408,7 @@ impl RawClient {
         headers: &[(&str, &str)],
         body: Option<Vec<u8>>,
     ) -> RawResponse {
-        let tcp = TcpStream::connect(self.addr).await.expect("connect");
-        tcp.set_nodelay(true).ok();
-        let tls = self
-            .connector
-            .connect(ServerName::try_from("localhost").expect("name"), tcp)
-            .await
-            .expect("tls handshake");
-        let io = hyper_util::rt::TokioIo::new(tls);
+        let io = self.tls_stream().await;
         let mut builder = Request::builder().method(method).uri(path_and_query);
         if self.alpn == Alpn::Http2 {
             builder = builder.uri(format!(
