@@ -221,3 +221,140 @@ async fn watchers_that_stop_reading_are_ended_and_nothing_else_waits() {
         assert!(got.last() != Some(&last));
     }
 }
+
+/// Through a real kube-apiserver (FARM_E2E_KUBECONFIG): a client's watch that stops reading,
+/// proxied by the aggregator, is ended here once kube-apiserver stops taking its events, while
+/// the same client's other watch and its writes go on; when it reads again it gets what was on
+/// its way, then the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_that_stops_reading_through_kube_apiserver_is_ended() {
+    use crate::e2e_cluster::{Cluster, ONE_AT_A_TIME, etcd_from_env, register};
+    use futures::StreamExt;
+    use kube::api::WatchParams;
+    let Some(cluster) = Cluster::from_env() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().await;
+    let started = std::time::Instant::now();
+    let step = |what: &str| eprintln!("[{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+    let etcd = etcd_from_env().await;
+    let (server, installed) = register(&cluster, Vec::new(), etcd.as_ref(), &[], &step).await;
+    let ns = installed.namespace.clone();
+    let client = cluster.client().await;
+    let llamas: Api<Llama> = Api::namespaced(client.clone(), &ns);
+    let created = llamas
+        .create(&PostParams::default(), &llama("big").namespace(&ns).build())
+        .await
+        .expect("create through kube-apiserver");
+    let rv0 = created.metadata.resource_version.expect("rv");
+
+    step("a watch that is never read, and one that is");
+    let path = format!(
+        "/apis/farm.example.com/v1/namespaces/{ns}/llamas?watch=1&resourceVersion={rv0}&fieldSelector=metadata.name%3Dbig"
+    );
+    let stuck = client
+        .send(
+            http::Request::get(&path)
+                .body(kube::client::Body::empty())
+                .expect("request"),
+        )
+        .await
+        .expect("watch through kube-apiserver");
+    assert_eq!(stuck.status(), 200);
+    let seen = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let reader = tokio::spawn({
+        let seen = seen.clone();
+        let llamas = llamas.clone();
+        let rv0 = rv0.clone();
+        async move {
+            let params = WatchParams::default()
+                .fields("metadata.name=big")
+                .timeout(290);
+            let mut events = llamas.watch(&params, &rv0).await.expect("watch").boxed();
+            while let Some(Ok(event)) = events.next().await {
+                if let kube::core::WatchEvent::Modified(l) = event
+                    && let Some(rv) = l.metadata.resource_version.and_then(|rv| rv.parse().ok())
+                {
+                    seen.lock().expect("seen").push(rv);
+                }
+            }
+        }
+    });
+
+    step("writes of 100 KB through kube-apiserver until the server ends the stuck watcher");
+    let mut written = Vec::new();
+    let mut ended = false;
+    for i in 0..3000 {
+        let blob = format!("{i:06}").repeat(100 * 1024 / 6);
+        let patch = json!({"metadata": {"annotations": {"farm.example.com/blob": blob}}});
+        let patched = llamas
+            .patch("big", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("a write while a watcher is stuck");
+        written.push(
+            patched
+                .metadata
+                .resource_version
+                .and_then(|rv| rv.parse::<u64>().ok())
+                .expect("rv"),
+        );
+        while let Ok(line) = server.lines.try_recv() {
+            if line.contains("ended a watcher that fell further behind") {
+                ended = true;
+            }
+        }
+        if ended {
+            break;
+        }
+    }
+    step(&format!("ended: {ended}, after {} writes", written.len()));
+    assert!(
+        ended,
+        "the stuck watcher was not ended after {} writes",
+        written.len()
+    );
+
+    let last = *written.last().expect("writes");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.lock().expect("seen").last() != Some(&last) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reading watcher is stuck too"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reader.abort();
+    assert_eq!(
+        *seen.lock().expect("seen"),
+        written,
+        "the reading watcher saw every write"
+    );
+
+    step("the stuck watcher reads again: what was on its way, then the end");
+    let mut body = stuck.into_body();
+    let mut bytes = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        bytes.extend_from_slice(data);
+                    }
+                }
+                Err(e) => panic!("the watch failed instead of ending: {e}"),
+            }
+        }
+    })
+    .await;
+    let got: Vec<u64> = events(&bytes).into_iter().map(|(_, rv)| rv).collect();
+    step(&format!(
+        "it got {} of {} events, then its end",
+        got.len(),
+        written.len()
+    ));
+    assert!(end.is_ok(), "the stuck watcher's stream did not end");
+    assert!(got.len() < written.len(), "it got the backlog, not an end");
+    assert_eq!(got, written[..got.len()], "in order, no gap");
+    drop(installed);
+    drop(server);
+}

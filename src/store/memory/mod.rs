@@ -156,7 +156,11 @@ impl<K: ServedResource> MemoryStore<K> {
                     oldest_watchable: config.first_resource_version,
                     snapshots: BTreeMap::new(),
                 }),
-                watchers: Watchers::new(config.watch_buffer, config.watch_buffer_bytes),
+                watchers: Watchers::new(
+                    K::qualified_resource(),
+                    config.watch_buffer,
+                    config.watch_buffer_bytes,
+                ),
                 config,
             }),
         }

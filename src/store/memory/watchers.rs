@@ -164,11 +164,14 @@ pub(super) struct Watchers {
     /// The bound of each watcher's buffer.
     max_events: u64,
     max_bytes: u64,
+    /// The group-qualified resource, for the log.
+    resource: String,
 }
 
 impl Watchers {
-    pub fn new(max_events: usize, max_bytes: usize) -> Self {
+    pub fn new(resource: String, max_events: usize, max_bytes: usize) -> Self {
         Self {
+            resource,
             head: watch::Sender::new(0),
             cursors: Mutex::new(Vec::new()),
             terminated: AtomicU64::new(0),
@@ -193,10 +196,20 @@ impl Watchers {
                 .is_some_and(|l| l.events > self.max_events || l.bytes > self.max_bytes)
     }
 
-    /// Ends the watcher at `cursor` for falling behind; counted once.
-    fn end(&self, cursor: &Cursor) {
+    /// Ends the watcher at `cursor` for falling behind; counted and logged once.
+    fn end<K>(&self, history: &History<K>, cursor: &Cursor) {
         if !cursor.ended.swap(true, Ordering::AcqRel) {
             self.terminated.fetch_add(1, Ordering::Relaxed);
+            let next = cursor.next.load(Ordering::Acquire);
+            let lag = history.lag(next.max(cursor.start));
+            tracing::info!(
+                resource = %self.resource,
+                behind_events = lag.map(|l| l.events),
+                behind_bytes = lag.map(|l| l.bytes),
+                buffer_events = self.max_events,
+                buffer_bytes = self.max_bytes,
+                "ended a watcher that fell further behind than its buffer (it resumes from its last resourceVersion)"
+            );
         }
     }
 
@@ -219,7 +232,7 @@ impl Watchers {
         if let Ok(mut cursors) = self.cursors.lock() {
             cursors.retain(|weak| match weak.upgrade() {
                 Some(cursor) if self.over(history, &cursor) => {
-                    self.end(&cursor);
+                    self.end(history, &cursor);
                     false
                 }
                 Some(cursor) => !cursor.ended.load(Ordering::Acquire),
@@ -325,7 +338,7 @@ impl<K: ServedResource> Follower<K> {
         let history = &state.history;
         let seq = self.cursor.next.load(Ordering::Acquire);
         if watchers.over(history, &self.cursor) {
-            watchers.end(&self.cursor);
+            watchers.end(history, &self.cursor);
             return Read::Ended;
         }
         if seq >= history.head() {
