@@ -8,8 +8,8 @@
 //! a resource endpoint (the verbs of one kind, written once; writes through [`admission`],
 //! the cluster's webhooks), else the axum router for
 //! [`discovery`], [`openapi`], /version and /metrics → [`store`] (in memory by default).
-//! [`table`], [`watch`] and [`negotiate`] shape responses; [`error`] turns every failure into a
-//! `meta/v1 Status`.
+//! [`table`], [`watch`] and [`negotiate`] shape responses, [`compression`] gzips large ones;
+//! [`error`] turns every failure into a `meta/v1 Status`.
 //!
 //! Start-up is one function, [`server::build`], called by the binary ([`config::Args::run`])
 //! and by the tests' servers alike: the kinds are [`group::register`]'s, each on the store
@@ -27,6 +27,7 @@ pub mod audit;
 pub mod auth;
 pub mod client_tls;
 pub mod columns;
+pub mod compression;
 pub mod conditional;
 pub mod config;
 pub mod connection;

@@ -279,6 +279,10 @@ pub fn response<K: ServedResource>(
             .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), w))
     });
     let mut response = (StatusCode::OK, Body::from_stream(body)).into_response();
+    // Events go out as they happen: never held to be compressed.
+    response
+        .extensions_mut()
+        .insert(crate::compression::Unbuffered);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

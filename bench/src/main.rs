@@ -14,6 +14,7 @@ mod etcd;
 mod fake;
 mod load;
 mod procfs;
+mod slow_watch;
 mod soak;
 
 // The same allocator as farm-apiserver, so the ceiling is not handicapped by glibc malloc.
@@ -576,6 +577,9 @@ struct Report {
     /// Scenario 10: the abusive connections, and how they fared.
     #[serde(skip_serializing_if = "Option::is_none")]
     abuse: Option<abuse::Abusers>,
+    /// Scenario 16: watchers that stop reading.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slow_watch: Option<slow_watch::SlowWatch>,
     /// Scenarios not run, and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     skipped: Vec<String>,
@@ -958,6 +962,36 @@ async fn run(args: RunArgs) -> Result<()> {
             &[("accept", TABLE)],
         )
         .await?;
+        // The same list as client-go asks for it: gzip (level 1, as kube-apiserver's).
+        let gzipped = compare(
+            &args,
+            &mut report,
+            "3-farmpods",
+            "LIST 10000 farmpods JSON, gzip",
+            s,
+            c,
+            Proto::H2,
+            16,
+            "/apis/farm.example.com/v1alpha/farmpods",
+            &[("accept", "application/json"), ("accept-encoding", "gzip")],
+        )
+        .await?;
+        report.metric(
+            "3-farmpods",
+            "gzip: bytes on the wire, plain / gzipped (synthetic Pods)",
+            all.server.bytes as f64 / gzipped.server.bytes.max(1) as f64,
+            "×",
+            "",
+            None,
+        );
+        report.metric(
+            "3-farmpods",
+            "gzip: server CPU per list, gzipped / plain",
+            gzipped.server.cpu_us_per_request / all.server.cpu_us_per_request,
+            "×",
+            "",
+            None,
+        );
         for (name, cmp) in [("all", all), ("label selector", selected)] {
             report.metric(
                 "3-farmpods",
@@ -1011,6 +1045,66 @@ async fn run(args: RunArgs) -> Result<()> {
             "≤ 50",
             Some(p99 <= 50.0),
         );
+    }
+
+    if wants(&args, 16) {
+        println!(
+            "16. Watchers that stop reading (HTTP/1.1; an HTTP/2 stream beside a reading one) while a Llama takes 3,000 merge patches of 100 KB; against 500 with none"
+        );
+        let run = slow_watch::run(&server_t, server.pid(), 500, 3000).await?;
+        let (b, w) = (&run.baseline, &run.stuck);
+        println!(
+            "  without / with stuck watchers, ms p50 p99: write {:.2} {:.2} / {:.2} {:.2}; GET {:.2} {:.2} / {:.2} {:.2}; write→event {:.2} {:.2} / {:.2} {:.2}",
+            b.write_p50,
+            b.write_p99,
+            w.write_p50,
+            w.write_p99,
+            b.get_p50,
+            b.get_p99,
+            w.get_p50,
+            w.get_p99,
+            b.event_p50,
+            b.event_p99,
+            w.event_p50,
+            w.event_p99
+        );
+        println!(
+            "  the stuck watchers, reading at last, got {:?} (HTTP/1.1) and {:?} (HTTP/2) of {} events before their end (None: no end within 30 s)",
+            run.stuck_events.0, run.stuck_events.1, w.writes
+        );
+        report.metric(
+            "16-slow-watch",
+            "stuck watchers ended",
+            run.ended as f64,
+            "",
+            "2",
+            Some(run.ended == 2),
+        );
+        let growth = run.rss_peak_mib - run.rss_start_mib;
+        report.metric(
+            "16-slow-watch",
+            "server RSS growth over the run (peak sampled every 20 ms)",
+            growth,
+            "MiB",
+            "≤ 128",
+            Some(growth <= 128.0),
+        );
+        for (name, before, after) in [
+            ("write p99", b.write_p99, w.write_p99),
+            ("GET p99", b.get_p99, w.get_p99),
+            ("write→event p99", b.event_p99, w.event_p99),
+        ] {
+            let ratio = after / before;
+            report.metric(
+                "16-slow-watch",
+                &format!("{name} with stuck watchers vs without"),
+                ratio,
+                "×",
+                "≤ 1.25",
+                Some(ratio <= 1.25),
+            );
+        }
+        report.slow_watch = Some(run);
     }
 
     if wants(&args, 6) {

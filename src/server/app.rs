@@ -6,7 +6,7 @@ use std::sync::Arc;
 use axum::response::Response;
 
 use super::edge::{Edge, Handled, held_while_streamed};
-use crate::{auth::PeerCertificates, connection, health, recovery, rest, tls};
+use crate::{auth::PeerCertificates, compression, connection, health, recovery, rest, tls};
 
 /// The whole HTTP surface as one service, for the TLS listener and for `oneshot` tests alike:
 /// the probes go straight to [`health`], everything else through the edge. Not an axum
@@ -114,15 +114,27 @@ impl App {
         let pending =
             match recovery::catch_sync(|| edge.handle_sync(peer, self.remote, &mut request)) {
                 Some(Handled::Now(response)) => {
+                    // Only a body over the threshold (rare here) looks at Accept-Encoding.
+                    let gzip = compression::may_compress(&response)
+                        && compression::accepts_gzip(request.headers());
                     rest::response::recycle_headers(std::mem::take(request.headers_mut()));
+                    if gzip {
+                        return Either::Right(Box::pin(async move {
+                            Ok(compression::gzip_if_large(response).await)
+                        }));
+                    }
                     return Either::Left(std::future::ready(Ok(response)));
                 }
                 Some(Handled::Later(later)) => {
+                    let gzip = compression::accepts_gzip(request.headers());
                     rest::response::recycle_headers(std::mem::take(request.headers_mut()));
                     let busy = self.activity.as_ref().map(|a| a.begin());
                     let answered = edge.clone().answer_later(later);
                     return Either::Right(Box::pin(async move {
-                        let response = answered.await;
+                        let mut response = answered.await;
+                        if gzip {
+                            response = compression::gzip_if_large(response).await;
+                        }
                         drop(busy);
                         Ok(response)
                     }));
@@ -134,6 +146,7 @@ impl App {
                 }
             };
         let edge = self.edge.clone();
+        let gzip = compression::accepts_gzip(request.headers());
         let mut request = request.map(axum::body::Body::new);
         if let Some(remote) = self.remote {
             request
@@ -146,6 +159,11 @@ impl App {
             let response = match recovery::catch(edge.clone().handle(request, pending)).await {
                 Some(response) => response,
                 None => edge.panicked(&method, &uri),
+            };
+            let response = if gzip {
+                compression::gzip_if_large(response).await
+            } else {
+                response
             };
             // A streamed body (a watch, a large list) keeps the connection busy until it ends.
             Ok(held_while_streamed(response, in_flight))

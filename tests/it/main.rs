@@ -16,6 +16,7 @@
 
 mod barn;
 mod common;
+mod compression;
 
 mod adding_a_kind;
 mod admission;
