@@ -12,6 +12,7 @@ mod client;
 mod cluster;
 mod etcd;
 mod fake;
+mod fanout;
 mod load;
 mod procfs;
 mod slow_watch;
@@ -25,7 +26,6 @@ use std::{
     net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -1036,7 +1036,18 @@ async fn run(args: RunArgs) -> Result<()> {
 
     if wants(&args, 4) {
         println!("4. Watch fan-out: 1,000 watchers, 20 writes/s for 5 s");
-        let p99 = watch_fanout(&server_t).await?;
+        let p99 = fanout::run(
+            &server_t,
+            server.pid(),
+            fanout::Shape {
+                h2_connections: 20,
+                streams: 50,
+                h1_connections: 0,
+            },
+            "fanout",
+        )
+        .await?
+        .p99_ms;
         report.metric(
             "4-watch",
             "write ack → event p99",
@@ -1045,6 +1056,44 @@ async fn run(args: RunArgs) -> Result<()> {
             "≤ 50",
             Some(p99 <= 50.0),
         );
+    }
+
+    if wants(&args, 17) {
+        println!(
+            "17. 10,000 watchers: 5,000 HTTP/2 streams (20 connections × 250) and 5,000 HTTP/1.1 connections, 20 writes/s for 5 s"
+        );
+        let shape = fanout::Shape {
+            h2_connections: 20,
+            streams: 250,
+            h1_connections: 5000,
+        };
+        let run = fanout::run(&server_t, server.pid(), shape, "fanout-10k").await?;
+        println!(
+            "  opened in {:.1} s; write ack → event p50 {:.1} ms, max {:.1} ms",
+            run.open_seconds, run.p50_ms, run.max_ms
+        );
+        report.metric(
+            "17-watchers",
+            "write ack → event p99",
+            run.p99_ms,
+            "ms",
+            "≤ 100",
+            Some(run.p99_ms <= 100.0),
+        );
+        for (name, kib) in [
+            ("HTTP/2 stream", run.h2_kib_per_watcher),
+            ("HTTP/1.1 connection", run.h1_kib_per_watcher),
+        ] {
+            let kib = kib.unwrap_or(f64::NAN);
+            report.metric(
+                "17-watchers",
+                &format!("server RSS per idle watcher ({name})"),
+                kib,
+                "KiB",
+                "≤ 8",
+                Some(kib <= 8.0),
+            );
+        }
     }
 
     if wants(&args, 16) {
@@ -1903,92 +1952,6 @@ async fn page_costs(args: &RunArgs, pki: &Pki) -> Result<Vec<(PageRound, PageRou
         rounds.push((s, l));
     }
     Ok(rounds)
-}
-
-/// 1,000 watchers on 20 h2 connections; a writer creates Llamas at 20/s; each event's delay is
-/// measured from the write's acknowledgement. Returns p99 in ms.
-async fn watch_fanout(t: &Target) -> Result<f64> {
-    use futures::StreamExt;
-    use http_body_util::BodyExt;
-    let ns = "fanout";
-    let mut writer = t.connect(Proto::H2).await?;
-    let list = writer
-        .get(
-            &format!("/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas"),
-            &[],
-        )
-        .await?;
-    let rv =
-        serde_json::from_slice::<serde_json::Value>(&list.body)?["metadata"]["resourceVersion"]
-            .as_str()
-            .unwrap_or("0")
-            .to_owned();
-    let writes = 100usize;
-    let received: Arc<std::sync::Mutex<Vec<(usize, Instant)>>> = Arc::default();
-    let mut watchers = Vec::new();
-    for _ in 0..20 {
-        let base = t.connect(Proto::H2).await?;
-        for _ in 0..50 {
-            let mut conn = base.try_clone().context("h2 clone")?;
-            let path = format!(
-                "/apis/farm.example.com/v1alpha/namespaces/{ns}/llamas?watch=true&resourceVersion={rv}&timeoutSeconds=30"
-            );
-            let received = received.clone();
-            watchers.push(tokio::spawn(async move {
-                let response = conn.start("GET", &path, &[], Bytes::new()).await?;
-                let mut body = response.into_body().into_data_stream();
-                let mut seen = 0;
-                let mut buffer = Vec::new();
-                while seen < writes {
-                    let Some(chunk) = body.next().await else {
-                        break;
-                    };
-                    let now = Instant::now();
-                    buffer.extend_from_slice(&chunk?);
-                    while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = buffer.drain(..=pos).collect();
-                        let text = String::from_utf8_lossy(&line);
-                        if let Some(i) = text.find("\"name\":\"w-").map(|p| &text[p + 10..])
-                            && let Some(n) =
-                                i.split('"').next().and_then(|n| n.parse::<usize>().ok())
-                        {
-                            received
-                                .lock()
-                                .map_err(|_| anyhow::anyhow!("lock"))?
-                                .push((n, now));
-                            seen += 1;
-                        }
-                    }
-                }
-                Ok::<_, anyhow::Error>(())
-            }));
-        }
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut acked = vec![None; writes];
-    let mut ticker = tokio::time::interval(Duration::from_millis(50));
-    for (i, slot) in acked.iter_mut().enumerate() {
-        ticker.tick().await;
-        let llama = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama",
-            "metadata": {"name": format!("w-{i}")}, "spec": {"weight": 1.0, "height": 1.0}});
-        post_llama(&mut writer, ns, &llama).await?;
-        *slot = Some(Instant::now());
-    }
-    for w in watchers {
-        tokio::time::timeout(Duration::from_secs(30), w).await???;
-    }
-    let received = received.lock().map_err(|_| anyhow::anyhow!("lock"))?;
-    let mut delays: Vec<u32> = received
-        .iter()
-        .filter_map(|(n, at)| {
-            let ack = acked.get(*n).copied().flatten()?;
-            Some(u32::try_from(at.saturating_duration_since(ack).as_micros()).unwrap_or(u32::MAX))
-        })
-        .collect();
-    delays.sort_unstable();
-    println!("  events received: {} of {}", delays.len(), writes * 1000);
-    anyhow::ensure!(delays.len() == writes * 1000, "missing watch events");
-    Ok(percentile(&delays, 99.0) / 1000.0)
 }
 
 fn online_cpus() -> usize {
