@@ -1,7 +1,8 @@
 //! Just enough kube-apiserver for farm-apiserver's delegated authorization: SubjectAccessReview
 //! (always allowed, counted) and an empty, never-changing auth ConfigMap watch; and Namespaces
 //! for its NamespaceLifecycle admission: every namespace exists, made (and announced to the
-//! Namespace watch, as a cluster's informer would learn of it) when first looked up. Plain
+//! Namespace watch, as a cluster's informer would learn of it) when first looked up; and the
+//! Pods [`crate::pods`] makes, when a scenario sets them. Plain
 //! HTTP on loopback, so the measured server does real reviews and caches them.
 
 use std::{
@@ -24,7 +25,7 @@ use serde_json::{Value, json};
 
 pub struct Fake {
     pub reviews: AtomicU64,
-    /// Every request, reviews included (anything else, Pods for one, is answered 404).
+    /// Every request, reviews included (anything it does not serve is answered 404).
     pub requests: AtomicU64,
     /// Namespaces looked up so far, and their announcements to Namespace watches.
     namespaces: Mutex<BTreeSet<String>>,
@@ -32,6 +33,8 @@ pub struct Fake {
     /// The admission configurations listed from now on (servers started earlier keep what
     /// they listed: the watches never tell them more).
     admission: Mutex<Vec<Value>>,
+    /// The Pods it lists (none unless set).
+    pub pods: crate::pods::PodSet,
 }
 
 impl Default for Fake {
@@ -42,6 +45,7 @@ impl Default for Fake {
             namespaces: Mutex::new(BTreeSet::from(["default".to_owned()])),
             announced: tokio::sync::broadcast::channel(1024).0,
             admission: Mutex::default(),
+            pods: Default::default(),
         }
     }
 }
@@ -173,6 +177,7 @@ pub async fn start() -> anyhow::Result<(SocketAddr, Arc<Fake>)> {
         )
         .route("/api/v1/namespaces/kube-system/configmaps", get(configmaps))
         .route("/api/v1/namespaces", get(namespaces))
+        .route("/api/v1/pods", get(crate::pods::list_or_watch))
         .route("/api/v1/namespaces/{name}", get(get_namespace))
         .route(
             "/apis/admissionregistration.k8s.io/v1/{resource}",

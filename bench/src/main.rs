@@ -7,6 +7,7 @@
 
 mod abuse;
 mod affinity;
+mod at_scale;
 mod ceiling;
 mod client;
 mod cluster;
@@ -14,6 +15,7 @@ mod etcd;
 mod fake;
 mod fanout;
 mod load;
+mod pods;
 mod procfs;
 mod slow_watch;
 mod soak;
@@ -136,6 +138,9 @@ struct RunArgs {
     /// Seconds of scenario 9's soak.
     #[arg(long, default_value_t = 30.0)]
     soak_seconds: f64,
+    /// Pods of scenario 18 (Kubernetes' published limit: 150,000 per cluster).
+    #[arg(long, default_value_t = 150_000)]
+    scale_pods: usize,
     /// Clients of the soak, each writing and reading Llamas of its own.
     #[arg(long, default_value_t = 8)]
     soak_clients: usize,
@@ -248,6 +253,17 @@ fn symbol_order_coverage(server: &std::path::Path) -> Result<(usize, usize)> {
 
 /// Starts farm-apiserver; returns it and the time until /readyz answered 200.
 async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc, Duration)> {
+    start_server_with(args, pki, extra, false).await
+}
+
+/// [`start_server`]; with `cluster_pods`, FarmPods are the fake cluster's Pods (else synthetic,
+/// none unless `extra` asks for some).
+async fn start_server_with(
+    args: &RunArgs,
+    pki: &Pki,
+    extra: &[&str],
+    cluster_pods: bool,
+) -> Result<(Proc, Duration)> {
     let port = free_port()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
     let mut command = Command::new(&args.server);
@@ -267,8 +283,7 @@ async fn start_server(args: &RunArgs, pki: &Pki, extra: &[&str]) -> Result<(Proc
         .arg(&pki.kubeconfig)
         .args(["--log-level", "warn"])
         .args(extra)
-        // The fake cluster serves no Pods: FarmPods are synthetic (none unless asked for).
-        .args(if extra.contains(&"--synthetic-pods") {
+        .args(if cluster_pods || extra.contains(&"--synthetic-pods") {
             &[][..]
         } else {
             &["--synthetic-pods", "0"][..]
@@ -1056,6 +1071,14 @@ async fn run(args: RunArgs) -> Result<()> {
             "≤ 50",
             Some(p99 <= 50.0),
         );
+    }
+
+    if wants(&args, 18) {
+        println!(
+            "18. FarmPods over {} Pods shaped as kubelets leave them, listed from the fake kube-apiserver in pages of 500",
+            args.scale_pods
+        );
+        at_scale::run(&args, &pki, &fake, &mut report, args.scale_pods).await?;
     }
 
     if wants(&args, 17) {
