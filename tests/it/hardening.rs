@@ -576,8 +576,10 @@ async fn a_client_that_stops_reading_is_cut_off() {
     // Not reading: the server's writes stall on the full socket buffers.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (_, read) = until_closed(&mut stream, Duration::from_secs(5)).await;
+    // The list is about 8.6 MB; the kernel's loopback buffers (send and receive, autotuned)
+    // hold about 4 MB of it, sometimes a little more.
     assert!(
-        read.len() < 4_000_000,
+        read.len() < 6_000_000,
         "the list was cut off, not sent whole: {} bytes",
         read.len()
     );
