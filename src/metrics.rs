@@ -354,7 +354,7 @@ impl Metrics {
         );
         registry.register(
             "apiserver_terminated_watchers",
-            "Counter of watchers closed due to unresponsiveness broken by resource type.",
+            "Counter of watchers closed due to unresponsiveness broken by resource type",
             terminated_watchers.clone(),
         );
         registry.register(

@@ -274,7 +274,96 @@ pub async fn run(
         "≤ 1.2",
         Some(after <= 1.2 * rss_ready),
     );
+    relist(&t, pid, fake, report).await?;
     drop(server);
     fake.pods.set(Vec::new());
+    Ok(())
+}
+
+/// The upstream watch expires (410) and the server relists every Pod while clients read
+/// FarmPods (a GET and a page of 500, in turn, as fast as they are answered): every read must
+/// be answered, and memory must stay within twice the steady state.
+async fn relist(t: &Target, pid: u32, fake: &Arc<Fake>, report: &mut Report) -> Result<()> {
+    let scenario = "18-scale";
+    let one = "/apis/farm.example.com/v1/namespaces/team-0/farmpods/farm-app-0-0000000000-00000";
+    let steady = procfs::rss_bytes(pid).unwrap_or(0);
+    let peak = Arc::new(AtomicU64::new(steady));
+    let running = Arc::new(AtomicBool::new(true));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let sampler = tokio::spawn({
+        let (peak, running) = (peak.clone(), running.clone());
+        async move {
+            while running.load(Ordering::Relaxed) {
+                peak.fetch_max(procfs::rss_bytes(pid).unwrap_or(0), Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    });
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let (t, running, ok, failed) = (t.clone(), running.clone(), ok.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut conn = t.connect(Proto::H2).await?;
+                let mut n = 0u64;
+                while running.load(Ordering::Relaxed) {
+                    n += 1;
+                    let path = if n.is_multiple_of(2) {
+                        format!("{FARMPODS}?limit=500")
+                    } else {
+                        one.to_owned()
+                    };
+                    match conn.get(&path, &[]).await {
+                        Ok(reply) if reply.status == 200 => ok.fetch_add(1, Ordering::Relaxed),
+                        _ => failed.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+                anyhow::Ok(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    fake.pods.compact_with(0, crate::pods::relabelled(0));
+    let mut conn = t.connect(Proto::H2).await?;
+    loop {
+        let reply = conn.get(one, &[]).await?;
+        if reply.status == 200
+            && String::from_utf8_lossy(&reply.body).contains("\"relisted\":\"yes\"")
+        {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(120),
+            "the relist never completed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    running.store(false, Ordering::Relaxed);
+    for reader in readers {
+        reader.await??;
+    }
+    sampler.await?;
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    println!(
+        "  relist of every Pod: the change showed {took:.1} s after the watch expired; {ok} reads answered meanwhile"
+    );
+    report.metric(
+        scenario,
+        "FarmPod reads failed during the relist",
+        failed as f64,
+        "",
+        "0",
+        Some(failed == 0),
+    );
+    let ratio = peak.load(Ordering::Relaxed) as f64 / steady.max(1) as f64;
+    report.metric(
+        scenario,
+        "RSS peak during the relist / steady",
+        ratio,
+        "×",
+        "≤ 2",
+        Some(ratio <= 2.0),
+    );
     Ok(())
 }

@@ -2,7 +2,13 @@
 //! statuses, five conditions, an owner reference, managedFields), served by the fake
 //! kube-apiserver's `/api/v1/pods` in pages as kube-apiserver serves a paginated list.
 
-use std::{sync::Mutex, time::Instant};
+use std::{
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Instant,
+};
 
 use axum::{
     body::Body,
@@ -10,6 +16,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use serde_json::json;
 
 /// The Pods the fake lists (each pre-rendered), and when a list last finished.
@@ -18,6 +25,11 @@ pub struct PodSet {
     pods: Mutex<std::sync::Arc<Vec<Bytes>>>,
     /// When the last page of a list was handed out (the upstream list has arrived).
     pub last_page: Mutex<Option<Instant>>,
+    /// Watches from below this resourceVersion get 410 Expired; it is also the lists' version
+    /// once set (0: the Pods' own).
+    compacted: AtomicU64,
+    /// Ends every open watch.
+    cut: tokio::sync::Notify,
 }
 
 impl PodSet {
@@ -27,6 +39,37 @@ impl PodSet {
             *held = std::sync::Arc::new(pods);
         }
     }
+
+    /// As a kube-apiserver restart over a compacted etcd: Pod `i` becomes `pod`, every open
+    /// watch ends, and a watch resuming from before now gets 410 Expired, so the client relists.
+    pub fn compact_with(&self, i: usize, pod: Bytes) {
+        if let Ok(mut held) = self.pods.lock() {
+            let mut pods = held.as_ref().clone();
+            if let Some(slot) = pods.get_mut(i) {
+                *slot = pod;
+            }
+            *held = std::sync::Arc::new(pods);
+            let rv = self.version(held.len()) + 1_000_000;
+            self.compacted.store(rv, Ordering::SeqCst);
+        }
+        self.cut.notify_waiters();
+    }
+
+    fn version(&self, count: usize) -> u64 {
+        match self.compacted.load(Ordering::SeqCst) {
+            0 => 1000 + count as u64,
+            rv => rv,
+        }
+    }
+}
+
+/// Pod `i` with the label `relisted: "yes"` and a newer resourceVersion: what a relist finds
+/// changed.
+pub fn relabelled(i: usize) -> Bytes {
+    let mut pod: serde_json::Value = serde_json::from_slice(&pod(i)).unwrap_or_default();
+    pod["metadata"]["labels"]["relisted"] = json!("yes");
+    pod["metadata"]["resourceVersion"] = json!("999999999");
+    Bytes::from(serde_json::to_vec(&pod).unwrap_or_default())
 }
 
 /// Pod `i` of `count`, as kube-apiserver returns it: about 6 KB of JSON.
@@ -154,10 +197,28 @@ pub async fn list_or_watch(
 ) -> Response {
     let query = query.unwrap_or_default();
     if query.contains("watch=true") || query.contains("watch=1") {
-        let never = futures::stream::pending::<Result<Bytes, std::io::Error>>();
+        let since: u64 = query_value(&query, "resourceVersion")
+            .and_then(|rv| rv.parse().ok())
+            .unwrap_or(0);
+        let compacted = fake.pods.compacted.load(Ordering::SeqCst);
+        if since < compacted {
+            let expired = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
+                "message": format!("too old resource version: {since} ({compacted})")}});
+            return (
+                [("content-type", "application/json")],
+                format!("{expired}\n"),
+            )
+                .into_response();
+        }
+        // Open until the Pods are compacted; nothing changes meanwhile.
+        let fake = fake.clone();
+        let cut = async move { fake.pods.cut.notified().await };
+        let ends = futures::stream::once(cut)
+            .filter_map(|()| async { None::<Result<Bytes, std::io::Error>> });
         return (
             [("content-type", "application/json")],
-            Body::from_stream(never),
+            Body::from_stream(ends),
         )
             .into_response();
     }
@@ -171,7 +232,7 @@ pub async fn list_or_watch(
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
     let end = start.saturating_add(limit).min(pods.len());
-    let rv = 1000 + pods.len();
+    let rv = fake.pods.version(pods.len());
     let more = end < pods.len();
     let metadata = if more {
         json!({"resourceVersion": rv.to_string(), "continue": end.to_string(),

@@ -33,6 +33,8 @@ struct Pods {
     rv: u64,
     /// Every event, so a watch from an older resourceVersion replays what it missed.
     history: Vec<(String, Value)>,
+    /// Watches from below this resourceVersion get 410 Expired (history compacted).
+    compacted: u64,
 }
 
 pub struct FakeKube {
@@ -194,6 +196,28 @@ impl FakeKube {
         let _ = self.events.send(None);
     }
 
+    /// As a kube-apiserver restart over a compacted etcd: `change` edits the Pods unseen by any
+    /// watch, the history is compacted, and every open watch ends; a watch resuming from before
+    /// now gets 410 Expired (an ERROR event), so the client relists.
+    pub fn compact_with(&self, change: impl FnOnce(&mut dyn FnMut(&str, Value))) {
+        {
+            let mut pods = self.pods.lock().unwrap();
+            change(&mut |type_: &str, mut pod: Value| {
+                pods.rv += 1;
+                pod["metadata"]["resourceVersion"] = json!(pods.rv.to_string());
+                let key = key_of(&pod);
+                if type_ == "DELETED" {
+                    pods.items.remove(&key);
+                } else {
+                    pods.items.insert(key, pod);
+                }
+            });
+            pods.history.clear();
+            pods.compacted = pods.rv;
+        }
+        self.cut_watches();
+    }
+
     /// Who may do what: called with each SubjectAccessReview's spec.
     pub fn set_policy(&self, policy: impl Fn(&Value) -> (bool, String) + Send + Sync + 'static) {
         *self.policy.lock().unwrap() = Box::new(policy);
@@ -322,6 +346,16 @@ impl FakeKube {
             .find_map(|kv| kv.strip_prefix("resourceVersion="))
             .and_then(|v| v.parse().ok())
             .unwrap_or(pods.rv);
+        if since < pods.compacted {
+            let expired = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
+                "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
+                "message": format!("too old resource version: {since} ({})", pods.compacted)}});
+            return (
+                [("content-type", "application/json")],
+                format!("{expired}\n"),
+            )
+                .into_response();
+        }
         let mut rx = self.events.subscribe();
         let missed: Vec<(String, Value)> = pods.history.clone();
         drop(pods);
