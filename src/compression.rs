@@ -1,11 +1,12 @@
 //! Response compression as k8s.io/apiserver does it (`APIResponseCompression`, on by default):
-//! a response other than a watch whose body exceeds 128 KiB is gzipped at level 1 (the least
-//! CPU) when the request's `Accept-Encoding` names `gzip`, with `Content-Encoding: gzip` and
-//! `Vary: Accept-Encoding`; a smaller one is sent as it is. A body whose size is not known (a
-//! list streamed as it is encoded) is held until more than 128 KiB of it came or it ended, then
-//! decided, as kube-apiserver's `deferredResponseWriter` holds its first writes. client-go
-//! (through Go's transport) asks for gzip on every request, so a large list crosses the network,
-//! and the aggregator's proxy (which passes the encoding through), compressed.
+//! a response other than a watch whose body exceeds 128 KiB is gzipped, at the level closest to
+//! kube-apiserver's (`LEVEL`), when the request's `Accept-Encoding` names `gzip`, with
+//! `Content-Encoding: gzip` and `Vary: Accept-Encoding`; a smaller one is sent as it is. A body
+//! whose size is not known (a list streamed as it is encoded) is held until more than 128 KiB
+//! of it came or it ended, then decided, as kube-apiserver's `deferredResponseWriter` holds its
+//! first writes. client-go (through Go's transport) asks for gzip on every request, so a large
+//! list crosses the network, and the aggregator's proxy (which passes the encoding through),
+//! compressed.
 
 use std::{
     io::Write as _,
@@ -25,6 +26,12 @@ use http_body_util::BodyExt;
 
 /// Bodies up to this size are never compressed (kube-apiserver's `defaultGzipThresholdBytes`).
 pub const THRESHOLD: usize = 128 * 1024;
+
+/// kube-apiserver's level 1 is Go's fastest, which still builds Huffman codes per block; zlib-rs
+/// (as zlib-ng) keeps fixed codes at level 1 and builds them from level 2, its closest match:
+/// on 150,000 FarmPods' list, 8.6× smaller at 490 MB/s, against 5.9× at level 1 (Python's
+/// classic zlib at level 1: 7.7×, at 320 MB/s).
+const LEVEL: Compression = Compression::new(2);
 
 /// Set on a response that must never be compressed or held (a watch: its events go out as they
 /// happen).
@@ -87,7 +94,7 @@ pub async fn gzip_if_large(response: Response) -> Response {
     parts
         .headers
         .append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
-    let mut encoder = GzEncoder::new(Vec::with_capacity(THRESHOLD / 4), Compression::fast());
+    let mut encoder = GzEncoder::new(Vec::with_capacity(THRESHOLD / 4), LEVEL);
     // Writing into a Vec cannot fail.
     let _ = encoder.write_all(&held);
     let gzip = Gzip {

@@ -50,6 +50,10 @@ pub struct Fanout {
     pub h1_kib_per_watcher: Option<f64>,
     /// Seconds to open every watch.
     pub open_seconds: f64,
+    /// CPU seconds per wall second while the writes and their events ran: the server's and the
+    /// load generator's (1.0 = one core all the time).
+    pub server_busy: f64,
+    pub client_busy: f64,
 }
 
 /// Opens one watch on `conn` and returns a task that reads `writes` events from it.
@@ -146,6 +150,11 @@ pub async fn run(t: &Target, pid: u32, shape: Shape, ns: &str) -> Result<Fanout>
         "not every watch started"
     );
 
+    let (server_cpu, client_cpu) = (
+        procfs::cpu_seconds(pid).unwrap_or(0.0),
+        procfs::cpu_seconds(std::process::id()).unwrap_or(0.0),
+    );
+    let writing = Instant::now();
     let mut acked = vec![None; writes];
     let mut ticker = tokio::time::interval(Duration::from_millis(50));
     for (i, slot) in acked.iter_mut().enumerate() {
@@ -163,6 +172,9 @@ pub async fn run(t: &Target, pid: u32, shape: Shape, ns: &str) -> Result<Fanout>
             Some(u32::try_from(at.saturating_duration_since(ack).as_micros()).unwrap_or(u32::MAX))
         }));
     }
+    let wall = writing.elapsed().as_secs_f64();
+    let server_busy = (procfs::cpu_seconds(pid).unwrap_or(0.0) - server_cpu) / wall;
+    let client_busy = (procfs::cpu_seconds(std::process::id()).unwrap_or(0.0) - client_cpu) / wall;
     delays.sort_unstable();
     println!(
         "  events received: {} of {}",
@@ -182,5 +194,7 @@ pub async fn run(t: &Target, pid: u32, shape: Shape, ns: &str) -> Result<Fanout>
         h2_kib_per_watcher: kib_per(rss_before, rss_h2, shape.h2_connections * shape.streams),
         h1_kib_per_watcher: kib_per(rss_h2, rss_all, shape.h1_connections),
         open_seconds,
+        server_busy,
+        client_busy,
     })
 }

@@ -69,6 +69,9 @@ enum Cmd {
         /// to list, as scenario 14 does.
         #[arg(long)]
         admission: Option<PathBuf>,
+        /// Pods to list, shaped as kubelets leave them (as scenario 18 lists them).
+        #[arg(long, default_value_t = 0)]
+        pods: usize,
     },
 }
 
@@ -1092,8 +1095,8 @@ async fn run(args: RunArgs) -> Result<()> {
         };
         let run = fanout::run(&server_t, server.pid(), shape, "fanout-10k").await?;
         println!(
-            "  opened in {:.1} s; write ack → event p50 {:.1} ms, max {:.1} ms",
-            run.open_seconds, run.p50_ms, run.max_ms
+            "  opened in {:.1} s; write ack → event p50 {:.1} ms, max {:.1} ms; CPU busy while writing: server {:.2}, load generator {:.2} (cores)",
+            run.open_seconds, run.p50_ms, run.max_ms, run.server_busy, run.client_busy
         );
         report.metric(
             "17-watchers",
@@ -2024,11 +2027,13 @@ fn main() -> Result<()> {
         Cmd::FakeCluster {
             kubeconfig,
             admission,
+            pods,
         } => runtime.block_on(async {
             let (addr, fake) = fake::start().await?;
             if let Some(path) = admission {
                 fake.set_admission(serde_json::from_slice(&std::fs::read(path)?)?);
             }
+            fake.pods.set((0..pods).map(pods::pod).collect());
             std::fs::write(&kubeconfig, fake::kubeconfig(addr))?;
             println!("listening {addr}");
             std::future::pending::<Result<()>>().await
