@@ -196,21 +196,29 @@ impl Watchers {
                 .is_some_and(|l| l.events > self.max_events || l.bytes > self.max_bytes)
     }
 
-    /// Ends the watcher at `cursor` for falling behind; counted and logged once.
-    fn end<K>(&self, history: &History<K>, cursor: &Cursor) {
-        if !cursor.ended.swap(true, Ordering::AcqRel) {
-            self.terminated.fetch_add(1, Ordering::Relaxed);
-            let next = cursor.next.load(Ordering::Acquire);
-            let lag = history.lag(next.max(cursor.start));
-            tracing::info!(
-                resource = %self.resource,
-                behind_events = lag.map(|l| l.events),
-                behind_bytes = lag.map(|l| l.bytes),
-                buffer_events = self.max_events,
-                buffer_bytes = self.max_bytes,
-                "ended a watcher that fell further behind than its buffer (it resumes from its last resourceVersion)"
-            );
+    /// Ends the watcher at `cursor` for falling behind, counted once: how far behind it was
+    /// when this call ended it, for the log (None when it had already been ended).
+    fn end<K>(&self, history: &History<K>, cursor: &Cursor) -> Option<Option<Lag>> {
+        if cursor.ended.swap(true, Ordering::AcqRel) {
+            return None;
         }
+        self.terminated.fetch_add(1, Ordering::Relaxed);
+        let next = cursor.next.load(Ordering::Acquire);
+        Some(history.lag(next.max(cursor.start)))
+    }
+
+    /// Logs `count` watchers ended (once per read or sweep, outside the store's locks where the
+    /// caller can: a sweep may end thousands at once), with how far behind one of them was.
+    fn log_ended(&self, count: usize, lag: Option<Lag>) {
+        tracing::info!(
+            resource = %self.resource,
+            watchers = count,
+            behind_events = lag.map(|l| l.events),
+            behind_bytes = lag.map(|l| l.bytes),
+            buffer_events = self.max_events,
+            buffer_bytes = self.max_bytes,
+            "ended a watcher that fell further behind than its buffer (it resumes from its last resourceVersion)"
+        );
     }
 
     /// Tells the watchers the history has grown (called under the store's write lock, after
@@ -229,15 +237,22 @@ impl Watchers {
         }
         *swept = (history.head(), history.pushed_bytes);
         drop(swept);
+        let (mut ended, mut lag) = (0, None);
         if let Ok(mut cursors) = self.cursors.lock() {
             cursors.retain(|weak| match weak.upgrade() {
                 Some(cursor) if self.over(history, &cursor) => {
-                    self.end(history, &cursor);
+                    if let Some(behind) = self.end(history, &cursor) {
+                        ended += 1;
+                        lag = lag.or(behind);
+                    }
                     false
                 }
                 Some(cursor) => !cursor.ended.load(Ordering::Acquire),
                 None => false,
             });
+        }
+        if ended > 0 {
+            self.log_ended(ended, lag);
         }
     }
 
@@ -338,7 +353,11 @@ impl<K: ServedResource> Follower<K> {
         let history = &state.history;
         let seq = self.cursor.next.load(Ordering::Acquire);
         if watchers.over(history, &self.cursor) {
-            watchers.end(history, &self.cursor);
+            let ended = watchers.end(history, &self.cursor);
+            drop(state);
+            if let Some(lag) = ended {
+                watchers.log_ended(1, lag);
+            }
             return Read::Ended;
         }
         if seq >= history.head() {
@@ -347,8 +366,9 @@ impl<K: ServedResource> Follower<K> {
         let batch: Vec<Arc<Event<K>>> = history.batch(seq).cloned().collect();
         let next = seq + batch.len() as u64;
         let caught_up = next >= history.head();
-        drop(state);
+        // Moved before the lock goes: a sweep never sees a cursor behind what was taken.
         self.cursor.next.store(next, Ordering::Release);
+        drop(state);
 
         let mut last_rv = None;
         for event in batch {
