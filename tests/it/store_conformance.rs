@@ -1776,6 +1776,55 @@ async fn memory_lagging_watcher_ended() {
     run(lagging_watcher_ended(make, buffer)).await;
 }
 
+/// A relist's changes share one resourceVersion. A watcher ended between two of them would miss
+/// the rest if it resumed from that version, so it is told 410 Expired (and relists) instead of
+/// a clean end.
+#[tokio::test]
+async fn memory_watcher_ended_inside_a_relist_is_told_to_relist() {
+    let store = MemoryStore::<Llama>::new(MemoryStoreConfig {
+        watch_buffer: 16,
+        first_resource_version: 0,
+        authoritative: false,
+        ..Default::default()
+    });
+    let at = |mut llama: Llama, rv: u64| {
+        llama.metadata.resource_version = Some(rv.to_string());
+        llama
+    };
+    let seed = at(llama("a", "seed", 1.0), 5);
+    store.apply_external(seed.clone()).unwrap();
+    let mut slow = watch(&store, watch_request(WatchStart::After(5))).await;
+    // A relist at revision 10 finds 12 new objects (within the buffer): 12 ADDED events at 10.
+    let mut listed: Vec<Llama> = (0..12)
+        .map(|i| at(llama("a", &format!("r{i}"), 1.0), 6 + i))
+        .collect();
+    listed.push(seed);
+    store.reset_at(listed, 10).unwrap();
+    let first = match next_item(&mut slow).await {
+        Some(WatchItem::Event(event)) => event.resource_version,
+        other => panic!("expected the relist's first event, got {other:?}"),
+    };
+    // Later changes push it past its buffer while it is inside the relist's group.
+    for i in 0..40 {
+        store
+            .apply_external(at(llama("b", &format!("later{i}"), 1.0), 100 + i))
+            .unwrap();
+    }
+    let mut rest = 0;
+    loop {
+        match next_item(&mut slow).await {
+            Some(WatchItem::Event(event)) if event.resource_version == first => rest += 1,
+            Some(WatchItem::Error(Error::Expired(_))) => break,
+            other => panic!("after {rest} more of the relist: expected 410 Expired, got {other:?}"),
+        }
+    }
+    assert!(rest < 11, "the watcher was ended inside the group");
+    assert!(
+        next_item(&mut slow).await.is_none(),
+        "the watch ends after its error"
+    );
+}
+
 #[tokio::test]
 async fn memory_is_writable() {
     assert!(memory_store().await.writable().is_some());

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use super::{Shared, seen_by};
 use crate::{
+    error::Error,
     resource::ServedResource,
     selector::Filter,
     store::{Event, WatchItem},
@@ -95,6 +96,12 @@ impl<K> History<K> {
         self.evicted_bytes = self.ends.pop_front().unwrap_or(self.evicted_bytes);
         self.first_seq += 1;
         Some(event)
+    }
+
+    /// The event at `seq`, while the history holds it.
+    fn event_at(&self, seq: u64) -> Option<&Arc<Event<K>>> {
+        let index = usize::try_from(seq.checked_sub(self.first_seq)?).ok()?;
+        self.events.get(index)
     }
 
     /// The seq of the first event after resourceVersion `rv`.
@@ -288,6 +295,10 @@ pub(super) struct Follower<K> {
     /// What the watcher sends before reading the history: its initial events (for
     /// `sendInitialEvents` and watches without a resourceVersion), then each batch read.
     pending: VecDeque<WatchItem<K>>,
+    /// The resourceVersion of the last event sent (0: none yet).
+    sent_rv: u64,
+    /// Its end was told (an ERROR, or nothing).
+    finished: bool,
 }
 
 /// What one read of the history gave.
@@ -316,26 +327,30 @@ impl<K: ServedResource> Follower<K> {
             filter,
             after,
             pending: initial.into(),
+            sent_rv: 0,
+            finished: false,
         }
     }
 
     /// The next item; None once the watcher fell too far behind (what it had not sent yet is
     /// dropped, as kube-apiserver's cacher stops sending a terminated watcher's initial
-    /// events), or once the store is gone.
+    /// events; see [`Follower::ending`]), or once the store is gone.
     pub async fn next(&mut self) -> Option<WatchItem<K>> {
         loop {
             if self.cursor.ended.load(Ordering::Acquire) {
-                self.pending = VecDeque::new();
-                return None;
+                return self.ending();
             }
             if let Some(item) = self.pending.pop_front() {
+                if let WatchItem::Event(event) = &item {
+                    self.sent_rv = event.resource_version;
+                }
                 return Some(item);
             }
             // Marked before reading: a push after this read wakes `changed` below.
             self.head.borrow_and_update();
             match self.read() {
                 Read::Some => {}
-                Read::Ended => return None,
+                Read::Ended => return self.ending(),
                 Read::Nothing => {
                     if self.head.changed().await.is_err() {
                         return None;
@@ -343,6 +358,35 @@ impl<K: ServedResource> Follower<K> {
                 }
             }
         }
+    }
+
+    /// The end of a watcher that fell too far behind: nothing more, so that it resumes from the
+    /// last resourceVersion it saw, unless it was ended between two events of one version (a
+    /// relist's changes share one): resuming from it would skip the rest, so it is told 410
+    /// Expired and relists instead.
+    fn ending(&mut self) -> Option<WatchItem<K>> {
+        if std::mem::replace(&mut self.finished, true) {
+            return None;
+        }
+        let next_rv = self
+            .pending
+            .iter()
+            .find_map(|item| match item {
+                WatchItem::Event(event) => Some(event.resource_version),
+                _ => None,
+            })
+            .or_else(|| {
+                let state = self.shared.state.read().ok()?;
+                let seq = self.cursor.next.load(Ordering::Acquire);
+                state.history.event_at(seq).map(|e| e.resource_version)
+            });
+        self.pending = VecDeque::new();
+        (self.sent_rv > 0 && next_rv == Some(self.sent_rv)).then(|| {
+            WatchItem::Error(Error::Expired(format!(
+                "the watcher fell behind between changes at resourceVersion {}; relist",
+                self.sent_rv
+            )))
+        })
     }
 
     fn read(&mut self) -> Read {
