@@ -230,17 +230,7 @@ pub async fn run(
     );
 
     // 16 full lists at once: what they add at peak, and what stays.
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = tokio::spawn({
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        async move {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(procfs::rss_bytes(pid).unwrap_or(0), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    });
+    let sampler = procfs::PeakRss::start(pid, Duration::from_millis(10));
     let before = procfs::rss_bytes(pid).unwrap_or(0) as f64;
     let lists: Vec<_> = (0..16)
         .map(|_| {
@@ -253,11 +243,10 @@ pub async fn run(
     for list in lists {
         list.await??;
     }
-    sampling.store(false, Ordering::Relaxed);
-    sampler.await?;
+    let peak = sampler.stop().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let after = procfs::rss_bytes(pid).unwrap_or(0) as f64;
-    let added = (peak.load(Ordering::Relaxed) as f64 - before) / 1048576.0;
+    let added = (peak as f64 - before) / 1048576.0;
     report.metric(
         scenario,
         "16 concurrent full lists: RSS added at peak",
@@ -287,18 +276,9 @@ async fn relist(t: &Target, pid: u32, fake: &Arc<Fake>, report: &mut Report) -> 
     let scenario = "18-scale";
     let one = "/apis/farm.example.com/v1/namespaces/team-0/farmpods/farm-app-0-0000000000-00000";
     let steady = procfs::rss_bytes(pid).unwrap_or(0);
-    let peak = Arc::new(AtomicU64::new(steady));
     let running = Arc::new(AtomicBool::new(true));
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let sampler = tokio::spawn({
-        let (peak, running) = (peak.clone(), running.clone());
-        async move {
-            while running.load(Ordering::Relaxed) {
-                peak.fetch_max(procfs::rss_bytes(pid).unwrap_or(0), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    });
+    let sampler = procfs::PeakRss::start(pid, Duration::from_millis(10));
     let readers: Vec<_> = (0..4)
         .map(|_| {
             let (t, running, ok, failed) = (t.clone(), running.clone(), ok.clone(), failed.clone());
@@ -343,7 +323,7 @@ async fn relist(t: &Target, pid: u32, fake: &Arc<Fake>, report: &mut Report) -> 
     for reader in readers {
         reader.await??;
     }
-    sampler.await?;
+    let peak = sampler.stop().await;
     let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
     println!(
         "  relist of every Pod: the change showed {took:.1} s after the watch expired; {ok} reads answered meanwhile"
@@ -356,7 +336,7 @@ async fn relist(t: &Target, pid: u32, fake: &Arc<Fake>, report: &mut Report) -> 
         "0",
         Some(failed == 0),
     );
-    let ratio = peak.load(Ordering::Relaxed) as f64 / steady.max(1) as f64;
+    let ratio = peak as f64 / steady.max(1) as f64;
     report.metric(
         scenario,
         "RSS peak during the relist / steady",

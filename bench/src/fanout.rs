@@ -80,7 +80,7 @@ async fn watch(
             while let Some(pos) = buffer.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buffer.drain(..=pos).collect();
                 let text = String::from_utf8_lossy(&line);
-                if let Some(i) = text.find("\"name\":\"w-").map(|p| &text[p + 10..])
+                if let Some(i) = text.find("\"name\":\"w-").and_then(|p| text.get(p + 10..))
                     && let Some(n) = i.split('"').next().and_then(|n| n.parse::<usize>().ok())
                 {
                     seen.push((n, now));

@@ -109,3 +109,44 @@ pub fn cpus_allowed(pid: u32) -> Option<String> {
         .find(|l| l.starts_with("Cpus_allowed_list:"))?;
     Some(line.split_whitespace().nth(1)?.to_owned())
 }
+
+/// The highest RSS of a process, sampled by a task every `every` from [`PeakRss::start`]
+/// (which samples once first) until [`PeakRss::stop`].
+pub struct PeakRss {
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl PeakRss {
+    pub fn start(pid: u32, every: std::time::Duration) -> Self {
+        use std::sync::{
+            Arc,
+            atomic::{AtomicBool, AtomicU64, Ordering},
+        };
+        let peak = Arc::new(AtomicU64::new(rss_bytes(pid).unwrap_or(0)));
+        let running = Arc::new(AtomicBool::new(true));
+        let task = tokio::spawn({
+            let (peak, running) = (peak.clone(), running.clone());
+            async move {
+                while running.load(Ordering::Relaxed) {
+                    peak.fetch_max(rss_bytes(pid).unwrap_or(0), Ordering::Relaxed);
+                    tokio::time::sleep(every).await;
+                }
+            }
+        });
+        Self {
+            peak,
+            running,
+            task,
+        }
+    }
+
+    /// Stops sampling; the highest RSS seen, in bytes.
+    pub async fn stop(self) -> u64 {
+        use std::sync::atomic::Ordering;
+        self.running.store(false, Ordering::Relaxed);
+        let _ = self.task.await;
+        self.peak.load(Ordering::Relaxed)
+    }
+}

@@ -6,10 +6,7 @@
 //! GET and write-to-event latencies must not change.
 
 use std::{
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
-    },
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -177,17 +174,7 @@ async fn phase(
 /// watcher, then `stuck_writes` with two.
 pub async fn run(t: &Target, pid: u32, baseline: usize, stuck_writes: usize) -> Result<SlowWatch> {
     let rss_start = procfs::rss_bytes(pid).unwrap_or(0);
-    let peak = Arc::new(AtomicU64::new(rss_start));
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = tokio::spawn({
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        async move {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(procfs::rss_bytes(pid).unwrap_or(0), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    });
+    let sampler = procfs::PeakRss::start(pid, Duration::from_millis(20));
 
     let mut writer = t.connect(Proto::H2).await?;
     for name in ["big", "small"] {
@@ -261,8 +248,7 @@ pub async fn run(t: &Target, pid: u32, baseline: usize, stuck_writes: usize) -> 
 
     let stuck = phase(t, stuck_writes, baseline.writes, &arrivals).await?;
     let ended = terminated(t).await? - ended_before;
-    sampling.store(false, Ordering::Relaxed);
-    let _ = sampler.await;
+    let peak = sampler.stop().await;
     reading.abort();
 
     let mut stuck_events = (None, None);
@@ -289,7 +275,7 @@ pub async fn run(t: &Target, pid: u32, baseline: usize, stuck_writes: usize) -> 
         stuck,
         ended,
         rss_start_mib: rss_start as f64 / 1048576.0,
-        rss_peak_mib: peak.load(Ordering::Relaxed) as f64 / 1048576.0,
+        rss_peak_mib: peak as f64 / 1048576.0,
         stuck_events,
     })
 }

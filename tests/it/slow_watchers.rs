@@ -67,6 +67,41 @@ fn watch_request(port: u16, rv: &str, h2: bool) -> Request<Empty<Bytes>> {
     request.body(Empty::new()).expect("request")
 }
 
+/// Merge-patches the Llama `big` with an annotation of about 100 KB (the `i`th); its new
+/// resourceVersion.
+async fn patch_100_kb(llamas: &Api<Llama>, i: usize) -> u64 {
+    let blob = format!("{i:06}").repeat(100 * 1024 / 6);
+    let patch = json!({"metadata": {"annotations": {"farm.example.com/blob": blob}}});
+    let patched = llamas
+        .patch("big", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("a write while a watcher is stuck");
+    patched
+        .metadata
+        .resource_version
+        .and_then(|rv| rv.parse().ok())
+        .expect("rv")
+}
+
+/// Waits (up to 30 s) for the reading watcher to reach the last write, then checks it saw
+/// every one, in order.
+async fn sees_every_write(seen: &Mutex<Vec<u64>>, written: &[u64]) {
+    let last = written.last().copied();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while seen.lock().expect("seen").last().copied() != last {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reading watcher is stuck too"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        *seen.lock().expect("seen"),
+        written,
+        "a watcher reading sees every write, in order"
+    );
+}
+
 async fn terminated_watchers(raw: &RawClient) -> u64 {
     let metrics = raw.get("/metrics", &[]).await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
@@ -150,19 +185,7 @@ async fn watchers_that_stop_reading_are_ended_and_nothing_else_waits() {
     let mut written = Vec::new();
     let mut ended = 0;
     for i in 0..2000 {
-        let blob = format!("{i:06}").repeat(100 * 1024 / 6);
-        let patch = json!({"metadata": {"annotations": {"farm.example.com/blob": blob}}});
-        let patched = llamas
-            .patch("big", &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("a write while watchers are stuck");
-        written.push(
-            patched
-                .metadata
-                .resource_version
-                .and_then(|rv| rv.parse::<u64>().ok())
-                .expect("rv"),
-        );
+        written.push(patch_100_kb(&llamas, i).await);
         let got = h1.get(&format!("{LLAMAS}/big"), &[]).await;
         assert_eq!(got.status, 200, "a GET while watchers are stuck");
         if i % 20 == 19 {
@@ -184,21 +207,8 @@ async fn watchers_that_stop_reading_are_ended_and_nothing_else_waits() {
     );
 
     // The stream read throughout, on the stuck stream's connection, saw every write in order.
-    let last = *written.last().expect("writes");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while seen.lock().expect("seen").last() != Some(&last) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reading watcher is stuck too"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    sees_every_write(&seen, &written).await;
     reader.abort();
-    assert_eq!(
-        *seen.lock().expect("seen"),
-        written,
-        "a watcher reading sees every write, in order"
-    );
 
     // Once they read again, the stuck watchers get what was already on its way, then the end:
     // not the backlog.
@@ -218,7 +228,7 @@ async fn watchers_that_stop_reading_are_ended_and_nothing_else_waits() {
             written[..got.len()],
             "the {name} watcher's events before its end are in order, no gap"
         );
-        assert!(got.last() != Some(&last));
+        assert!(got.last() != written.last());
     }
 }
 
@@ -285,19 +295,7 @@ async fn a_watcher_that_stops_reading_through_kube_apiserver_is_ended() {
     let mut written = Vec::new();
     let mut ended = false;
     for i in 0..3000 {
-        let blob = format!("{i:06}").repeat(100 * 1024 / 6);
-        let patch = json!({"metadata": {"annotations": {"farm.example.com/blob": blob}}});
-        let patched = llamas
-            .patch("big", &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .expect("a write while a watcher is stuck");
-        written.push(
-            patched
-                .metadata
-                .resource_version
-                .and_then(|rv| rv.parse::<u64>().ok())
-                .expect("rv"),
-        );
+        written.push(patch_100_kb(&llamas, i).await);
         while let Ok(line) = server.lines.try_recv() {
             if line.contains("ended a watcher that fell further behind") {
                 ended = true;
@@ -314,21 +312,8 @@ async fn a_watcher_that_stops_reading_through_kube_apiserver_is_ended() {
         written.len()
     );
 
-    let last = *written.last().expect("writes");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while seen.lock().expect("seen").last() != Some(&last) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the reading watcher is stuck too"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sees_every_write(&seen, &written).await;
     reader.abort();
-    assert_eq!(
-        *seen.lock().expect("seen"),
-        written,
-        "the reading watcher saw every write"
-    );
 
     step("the stuck watcher reads again: what was on its way, then the end");
     let mut body = stuck.into_body();
