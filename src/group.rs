@@ -67,17 +67,19 @@ impl ApiGroup {
         }
     }
 
-    /// Serves a kind at two versions, `A` and `B`, from `store`, which holds `B` (a source of
-    /// its own, as the Pod cache is for FarmPods): `A` converted.
-    pub fn serve_versions_from<A, B>(self, store: Arc<dyn Store<B>>) -> Self
+    /// Serves a kind at two versions, `A` (the newer) and `B`, from `store`, which holds `A`
+    /// (a source of its own, as the Pod cache is for FarmPods): `B` converted on every read and
+    /// kept by none ([`Converted::per_read`]), so the cache holds each object once however the
+    /// clients read it.
+    pub fn serve_versions_from<A, B>(self, store: Arc<dyn Store<A>>) -> Self
     where
         A: VersionOf<B>,
         B: VersionOf<A>,
     {
         // Its own source writes nothing through the REST layer: no field managers to join.
-        let converted: Arc<dyn Store<A>> = Arc::new(Converted::<A, B>::new(store.clone()));
-        self.serve_at::<A>(converted, B::version_name(), None)
-            .serve_at::<B>(store, B::version_name(), None)
+        let converted: Arc<dyn Store<B>> = Arc::new(Converted::<B, A>::per_read(store.clone()));
+        self.serve_at::<A>(store, A::version_name(), None)
+            .serve_at::<B>(converted, A::version_name(), None)
     }
 
     /// Serves `K` from `store`, whose objects are stored at `storage_version`.
@@ -130,7 +132,7 @@ impl ApiGroup {
 pub fn register(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
     group
         .serve_versions::<llama::v1::Llama, llama::v1alpha::Llama>(storage)
-        .serve_versions_from::<farmpod::v1::FarmPod, FarmPod>(storage.pods())
+        .serve_versions_from::<FarmPod, farmpod::v1alpha::FarmPod>(storage.pods())
 }
 
 #[cfg(test)]
@@ -161,7 +163,7 @@ mod tests {
         for farmpods in [farmpods_v1, farmpods] {
             assert!(!farmpods.writable);
             assert_eq!(farmpods.verbs, ["get", "list", "watch"]);
-            assert_eq!(farmpods.storage_version, "v1alpha", "the Pod cache's");
+            assert_eq!(farmpods.storage_version, "v1", "the Pod cache's");
         }
         // The stores' readiness comes with them: the Pod cache's two checks.
         let checks: Vec<_> = group.readiness_checks().iter().map(|c| c.name).collect();
@@ -182,8 +184,8 @@ mod tests {
             [
                 ("v1", "v1alpha"),
                 ("v1alpha", "v1alpha"),
-                ("v1", "v1alpha"),
-                ("v1alpha", "v1alpha")
+                ("v1", "v1"),
+                ("v1alpha", "v1")
             ]
         );
     }
@@ -194,6 +196,7 @@ mod tests {
         assert_eq!(llama::v1::Llama::version(&()), "v1");
         assert_eq!(llama::v1alpha::Llama::version(&()), VERSION);
         assert_eq!(FarmPod::group(&()), GROUP);
-        assert_eq!(FarmPod::version(&()), VERSION);
+        assert_eq!(FarmPod::version(&()), "v1");
+        assert_eq!(farmpod::v1alpha::FarmPod::version(&()), VERSION);
     }
 }

@@ -29,7 +29,7 @@ use crate::{
     negotiate::{MetaVersion, Output},
     resource::ServedResource,
     store::{LendObjects, ListCursor, Object},
-    table::{IncludeObject, PartialObjectMetadata, TableWriter},
+    table::{IncludeObject, TableWriter},
 };
 
 /// Every list body ends so.
@@ -73,13 +73,11 @@ impl JsonList {
 }
 
 /// `{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/…","metadata":…,"items":[…]}`:
-/// what metadata informers (kube-controller-manager's garbage collector and quota) list. The v1
-/// items are the objects' cached PartialObjectMetadata, as in Table rows.
+/// what metadata informers (kube-controller-manager's garbage collector and quota) list. The
+/// items are written as Table rows' objects are, from each object's JSON.
 pub struct MetadataList {
     body: ListBody,
     version: MetaVersion,
-    /// The first item that could not be encoded, reported by `finish`.
-    error: Option<serde_json::Error>,
 }
 
 fn encoding_list(e: serde_json::Error) -> Error {
@@ -93,31 +91,15 @@ impl MetadataList {
         Self {
             body: ListBody::new(METADATA_ROOM, expected),
             version,
-            error: None,
         }
     }
 
-    /// Appends `object`'s PartialObjectMetadata. An item that cannot be encoded fails
-    /// [`MetadataList::finish`].
+    /// Appends `object`'s PartialObjectMetadata.
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
-        let out = self.body.next_item();
-        if self.version == MetaVersion::V1 {
-            out.extend_from_slice(crate::table::row_object_v1(object));
-            return;
-        }
-        let item = PartialObjectMetadata::new(object.meta(), self.version);
-        if let Err(error) = serde_json::to_writer(out, &item) {
-            self.error.get_or_insert(error);
-        }
+        crate::table::write_row_object(object, self.version, self.body.next_item());
     }
 
-    /// The first item that could not be encoded, once.
-    fn take_error(&mut self) -> Result<()> {
-        self.error.take().map_or(Ok(()), |e| Err(encoding_list(e)))
-    }
-
-    fn head(&mut self, metadata: &ListMeta) -> Result<Vec<u8>> {
-        self.take_error()?;
+    fn head(&self, metadata: &ListMeta) -> Result<Vec<u8>> {
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
         head.extend_from_slice(self.version.api_version().as_bytes());
@@ -127,8 +109,8 @@ impl MetadataList {
         Ok(head)
     }
 
-    /// The whole list with `metadata`; 500 when an item could not be encoded.
-    pub fn finish(mut self, metadata: &ListMeta) -> Result<Bytes> {
+    /// The whole list with `metadata`.
+    pub fn finish(self, metadata: &ListMeta) -> Result<Bytes> {
         let head = self.head(metadata)?;
         Ok(self.body.finish(&head, TAIL))
     }
@@ -186,10 +168,7 @@ impl ListWriter {
         match self {
             Self::Json(list) => Ok(&mut list.body),
             Self::Table(table) => table.checked_body(),
-            Self::Metadata(list) => {
-                list.take_error()?;
-                Ok(&mut list.body)
-            }
+            Self::Metadata(list) => Ok(&mut list.body),
         }
     }
 
@@ -328,6 +307,7 @@ mod tests {
     use crate::{
         resources::llama::{Llama, LlamaSpec},
         store::Stored,
+        table::PartialObjectMetadata,
     };
 
     fn llamas(names: &[&str]) -> Vec<Object<Llama>> {

@@ -66,6 +66,17 @@ pub trait ServedResource:
     /// One cell per column of [`ServedResource::columns`].
     fn cells(&self, now: jiff::Timestamp) -> Vec<serde_json::Value>;
 
+    /// Appends [`ServedResource::cells`] to a Table row being written, each after a comma. A
+    /// kind whose Tables are listed at scale may write them without the `Value`s; it must
+    /// write what `cells` gives.
+    fn write_cells(&self, now: jiff::Timestamp, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        for cell in self.cells(now) {
+            out.push(b',');
+            serde_json::to_writer(&mut *out, &cell)?;
+        }
+        Ok(())
+    }
+
     /// Field errors in a create or update; empty when valid.
     fn validate(&self) -> Vec<FieldError> {
         Vec::new()

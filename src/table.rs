@@ -16,38 +16,18 @@ use crate::{
     store::{Object, Stored},
 };
 
-/// `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/v1","metadata":{…}}`, cached
-/// with the object.
-pub fn row_object_v1<K: ServedResource>(object: &Stored<K>) -> &Bytes {
-    object.row_object(|object| {
-        let pom = PartialObjectMetadata::new(object.meta(), MetaVersion::V1);
-        let mut out = Vec::with_capacity(256);
-        // Serializing our own types into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut out, &pom);
-        Bytes::from(out)
-    })
-}
-
-/// Appends `{"cells":[…],"object":{PartialObjectMetadata}}` as of `now` (to the second): the
-/// Age cell changes at most once a second, so busy lists reuse rows.
-pub fn write_row_v1<K: ServedResource>(
+/// Appends `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/<version>","metadata":{…}}`,
+/// the metadata copied from the object's JSON.
+pub(crate) fn write_row_object<K: ServedResource>(
     object: &Stored<K>,
-    now: jiff::Timestamp,
+    version: MetaVersion,
     into: &mut Vec<u8>,
 ) {
-    object.write_row(now.as_second(), into, |k| {
-        let mut out = Vec::with_capacity(384);
-        out.extend_from_slice(b"{\"cells\":[");
-        let _ = serde_json::to_writer(&mut out, k.meta().name.as_deref().unwrap_or(""));
-        for cell in k.cells(now) {
-            out.push(b',');
-            let _ = serde_json::to_writer(&mut out, &cell);
-        }
-        out.extend_from_slice(b"],\"object\":");
-        out.extend_from_slice(row_object_v1(object));
-        out.push(b'}');
-        out
-    })
+    into.extend_from_slice(b"{\"kind\":\"PartialObjectMetadata\",\"apiVersion\":\"");
+    into.extend_from_slice(version.api_version().as_bytes());
+    into.extend_from_slice(b"\",\"metadata\":");
+    into.extend_from_slice(&object.metadata_json());
+    into.push(b'}');
 }
 
 /// `includeObject` on a Table request.
@@ -175,9 +155,8 @@ pub(crate) fn table<'a, K: ServedResource>(
     }
 }
 
-/// A Table of stored objects written straight to JSON as the rows come ([`ListBody`]): row
-/// objects come from each object's cached PartialObjectMetadata, so a row costs its cells, and
-/// the v1 row kubectl asks for is cached whole for the second its Age cell holds.
+/// A Table of stored objects written straight to JSON as the rows come ([`ListBody`]): a row
+/// costs its cells and a copy of the object's metadata from its JSON; nothing is kept.
 pub struct TableWriter {
     body: ListBody,
     now: jiff::Timestamp,
@@ -217,11 +196,6 @@ impl TableWriter {
     /// Appends `object`'s row. A row that cannot be encoded fails [`TableWriter::finish`].
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         let out = self.body.next_item();
-        if (self.include, self.version) == (IncludeObject::Metadata, MetaVersion::V1) {
-            // What kubectl asks for.
-            write_row_v1(object, self.now, out);
-            return;
-        }
         if let Err(error) = write_row(object, self.include, self.version, self.now, out) {
             self.error.get_or_insert(error);
         }
@@ -275,25 +249,15 @@ fn write_row<K: ServedResource>(
 ) -> serde_json::Result<()> {
     out.extend_from_slice(b"{\"cells\":[");
     serde_json::to_writer(&mut *out, object.meta().name.as_deref().unwrap_or(""))?;
-    for cell in object.cells(now) {
-        out.push(b',');
-        serde_json::to_writer(&mut *out, &cell)?;
-    }
+    object.write_cells(now, out)?;
     out.push(b']');
-    match (include, version) {
-        (IncludeObject::None, _) => {}
-        (IncludeObject::Metadata, MetaVersion::V1) => {
+    match include {
+        IncludeObject::None => {}
+        IncludeObject::Metadata => {
             out.extend_from_slice(b",\"object\":");
-            out.extend_from_slice(row_object_v1(object));
+            write_row_object(object, version, out);
         }
-        (IncludeObject::Metadata, _) => {
-            out.extend_from_slice(b",\"object\":");
-            serde_json::to_writer(
-                &mut *out,
-                &PartialObjectMetadata::new(object.meta(), version),
-            )?;
-        }
-        (IncludeObject::Object, _) => {
+        IncludeObject::Object => {
             out.extend_from_slice(b",\"object\":");
             out.extend_from_slice(object.json());
         }
@@ -323,7 +287,7 @@ mod tests {
     use crate::resources::llama;
 
     #[test]
-    fn cached_rows_show_the_age_of_the_moment() {
+    fn rows_show_the_age_of_the_moment() {
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
         let now = jiff::Timestamp::now();
         let mut llama = llama::synthetic(0);
@@ -331,14 +295,20 @@ mod tests {
         let object = Stored::new(llama);
         let row = |at: jiff::Timestamp| {
             let mut out = Vec::new();
-            write_row_v1(&object, at, &mut out);
+            write_row(
+                &object,
+                IncludeObject::Metadata,
+                MetaVersion::V1,
+                at,
+                &mut out,
+            )
+            .unwrap();
             serde_json::from_slice::<Value>(&out).unwrap()
         };
         let (first, later) = (row(now), row(now + jiff::SignedDuration::from_hours(3)));
         assert_eq!(first["cells"][3], "30s");
         assert_eq!(later["cells"][3], "3h");
-        // The row cached for one second is not the next one's; every other cell, and the
-        // object, as the typed row has them.
+        // Every other cell, and the object, as the typed row has them.
         let typed = serde_json::to_value(
             table(
                 [object.get()],
@@ -361,7 +331,14 @@ mod tests {
         unborn.metadata.creation_timestamp = None;
         let unborn = Stored::new(unborn);
         let mut out = Vec::new();
-        write_row_v1(&unborn, now, &mut out);
+        write_row(
+            &unborn,
+            IncludeObject::Metadata,
+            MetaVersion::V1,
+            now,
+            &mut out,
+        )
+        .unwrap();
         let unborn: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(unborn["cells"][3], "<unknown>");
     }

@@ -963,7 +963,7 @@ async fn run(args: RunArgs) -> Result<()> {
             c,
             Proto::H2,
             16,
-            "/apis/farm.example.com/v1alpha/farmpods",
+            "/apis/farm.example.com/v1/farmpods",
             &[("accept", "application/json")],
         )
         .await?;
@@ -976,7 +976,7 @@ async fn run(args: RunArgs) -> Result<()> {
             c,
             Proto::H2,
             16,
-            "/apis/farm.example.com/v1alpha/farmpods?labelSelector=app%3Dapp-7&limit=500",
+            "/apis/farm.example.com/v1/farmpods?labelSelector=app%3Dapp-7&limit=500",
             &[("accept", TABLE)],
         )
         .await?;
@@ -990,7 +990,7 @@ async fn run(args: RunArgs) -> Result<()> {
             c,
             Proto::H2,
             16,
-            "/apis/farm.example.com/v1alpha/farmpods",
+            "/apis/farm.example.com/v1/farmpods",
             &[("accept", "application/json"), ("accept-encoding", "gzip")],
         )
         .await?;
@@ -1513,7 +1513,7 @@ async fn run(args: RunArgs) -> Result<()> {
         )
         .await?;
         let t = target(&pki, server.addr)?;
-        let list = "/apis/farm.example.com/v1alpha/farmpods".to_owned();
+        let list = "/apis/farm.example.com/v1/farmpods".to_owned();
         let list_bytes = t
             .connect(Proto::H2)
             .await?

@@ -1,7 +1,9 @@
 //! A kind served at a version other than the one its store holds (kube-apiserver's conversion
 //! around its storage): every read converted from the stored version, every write to it. The
-//! resourceVersions, continue tokens and history are the store's; a converted object or watch
-//! event is made once however often it is read ([`super::Stored::at_version`]).
+//! resourceVersions, continue tokens and history are the store's. A converted watch event is
+//! made once however many watchers send it; a converted object is kept with the stored one
+//! ([`super::Stored::at_version`]), or, for a cache mirroring another resource at cluster scale,
+//! made for each read and kept by none ([`Converted::per_read`]).
 //!
 //! Selectors are evaluated by the store on the stored version: a kind's selectable fields
 //! must have the same names and values in every version it is served at.
@@ -28,26 +30,55 @@ use crate::{
 /// `V` served from a store of `S`.
 pub struct Converted<V, S> {
     store: Arc<dyn Store<S>>,
+    keep: Keep,
     version: PhantomData<fn() -> V>,
 }
 
+/// Whether a converted object is kept with the stored one.
+#[derive(Clone, Copy)]
+enum Keep {
+    /// Made once, on its first read: the objects this server writes, whose GETs and lists at
+    /// the other version then cost what the stored version's do.
+    WithObject,
+    /// Made for each read: a cache of another resource holds each object once, whatever
+    /// version its clients read.
+    None,
+}
+
 impl<V: VersionOf<S>, S: ServedResource> Converted<V, S> {
-    /// `V` served from `store`.
+    /// `V` served from `store`, each object converted once and kept with it.
     pub fn new(store: Arc<dyn Store<S>>) -> Self {
         Self {
             store,
+            keep: Keep::WithObject,
             version: PhantomData,
         }
     }
 
-    fn view(object: &Object<S>) -> Object<V> {
-        object.at_version(V::from_stored)
+    /// `V` served from `store`, converted on every read and kept by none.
+    pub fn per_read(store: Arc<dyn Store<S>>) -> Self {
+        Self {
+            keep: Keep::None,
+            ..Self::new(store)
+        }
+    }
+
+    fn view(&self, object: &Object<S>) -> Object<V> {
+        view(self.keep, object)
+    }
+}
+
+fn view<V: VersionOf<S>, S: ServedResource>(keep: Keep, object: &Object<S>) -> Object<V> {
+    match keep {
+        Keep::WithObject => object.at_version(V::from_stored),
+        Keep::None => super::Stored::new(V::from_stored(object)),
     }
 }
 
 /// A list cursor of `S` lending its objects at `V`.
 struct ConvertedObjects<V, S> {
     inner: Box<dyn LendObjects<S>>,
+    keep: Keep,
     version: PhantomData<fn() -> V>,
 }
 
@@ -57,21 +88,22 @@ impl<V: VersionOf<S>, S: ServedResource> LendObjects<V> for ConvertedObjects<V, 
         cx: &mut Context<'_>,
         visit: &mut dyn FnMut(&Object<V>) -> ControlFlow<()>,
     ) -> Poll<Result<bool>> {
+        let keep = self.keep;
         self.inner
-            .poll_lend(cx, &mut |object| visit(&Converted::<V, S>::view(object)))
+            .poll_lend(cx, &mut |object| visit(&view::<V, S>(keep, object)))
     }
 }
 
 #[async_trait]
 impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
     async fn get(&self, key: &ObjectKey) -> Result<Object<V>> {
-        Ok(Self::view(&self.store.get(key).await?))
+        Ok(self.view(&self.store.get(key).await?))
     }
 
     fn get_sync(&self, namespace: &str, name: &str) -> Option<Result<Object<V>>> {
         self.store
             .get_sync(namespace, name)
-            .map(|found| found.map(|object| Self::view(&object)))
+            .map(|found| found.map(|object| self.view(&object)))
     }
 
     async fn list_each(
@@ -80,7 +112,7 @@ impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
         visit: &mut (dyn for<'o> FnMut(&'o Object<V>) + Send),
     ) -> Result<PageInfo> {
         self.store
-            .list_each(request, &mut |object| visit(&Self::view(object)))
+            .list_each(request, &mut |object| visit(&self.view(object)))
             .await
     }
 
@@ -93,6 +125,7 @@ impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
                 info: cursor.info,
                 objects: Box::new(ConvertedObjects::<V, S> {
                     inner: cursor.objects,
+                    keep: self.keep,
                     version: PhantomData,
                 }),
             }))
@@ -104,9 +137,14 @@ impl<V: VersionOf<S>, S: ServedResource> Store<V> for Converted<V, S> {
 
     async fn watch(&self, request: WatchRequest) -> Result<WatchStream<V>> {
         let stream = self.store.watch(request).await?;
+        // An event's conversion is kept with the event (in the store's bounded history), for
+        // all its watchers; its objects as `keep` says.
+        let keep = self.keep;
         Ok(stream
-            .map(|item| match item {
-                WatchItem::Event(event) => WatchItem::Event(event.at_version(Self::view)),
+            .map(move |item| match item {
+                WatchItem::Event(event) => {
+                    WatchItem::Event(event.at_version(|object| view::<V, S>(keep, object)))
+                }
                 WatchItem::InitialEventsEnd(rv) => WatchItem::InitialEventsEnd(rv),
                 WatchItem::Progress(rv) => WatchItem::Progress(rv),
                 WatchItem::Error(error) => WatchItem::Error(error),
@@ -164,7 +202,7 @@ impl<V: VersionOf<S>, S: ServedResource> Converted<V, S> {
 #[async_trait]
 impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
     async fn get_for_update(&self, key: &ObjectKey, from: UpdateFrom) -> Result<Object<V>> {
-        Ok(Self::view(&self.writer()?.get_for_update(key, from).await?))
+        Ok(self.view(&self.writer()?.get_for_update(key, from).await?))
     }
 
     fn updates_from_a_cache(&self) -> bool {
@@ -177,7 +215,7 @@ impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
         let stored = object.to_stored(None);
         validate_stored(&stored, None)?;
         let created = self.writer()?.create(stored, dry_run).await?;
-        Ok(Self::view(&created))
+        Ok(self.view(&created))
     }
 
     /// The stored object it replaces keeps what `V` cannot express: read from the cache, or
@@ -193,7 +231,7 @@ impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
         let stored = object.to_stored(Some(current.get()));
         validate_stored(&stored, Some(current.get()))?;
         let updated = writer.update(stored, dry_run).await?;
-        Ok(Self::view(&updated))
+        Ok(self.view(&updated))
     }
 
     async fn delete(
@@ -203,6 +241,52 @@ impl<V: VersionOf<S>, S: ServedResource> WritableStore<V> for Converted<V, S> {
         dry_run: bool,
     ) -> Result<Object<V>> {
         let deleted = self.writer()?.delete(key, preconditions, dry_run).await?;
-        Ok(Self::view(&deleted))
+        Ok(self.view(&deleted))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        resources::{FarmPod, farmpod::v1alpha},
+        store::{MemoryStore, memory::MemoryStoreConfig},
+    };
+
+    async fn listed<V: ServedResource>(store: &dyn Store<V>) -> Vec<Object<V>> {
+        let mut objects = Vec::new();
+        store
+            .list_each(&ListRequest::default(), &mut |o| objects.push(o.clone()))
+            .await
+            .unwrap();
+        objects
+    }
+
+    #[tokio::test]
+    async fn a_conversion_is_kept_with_the_object_or_made_per_read() {
+        let memory = MemoryStore::<FarmPod>::new(MemoryStoreConfig::default());
+        memory.insert(FarmPod::synthetic(1, 1)).unwrap();
+        let stored: Arc<dyn Store<FarmPod>> = Arc::new(memory);
+        let kept = Converted::<v1alpha::FarmPod, FarmPod>::new(stored.clone());
+        let per_read = Converted::<v1alpha::FarmPod, FarmPod>::per_read(stored.clone());
+
+        // Made per read: each list (and GET) converts anew, and the stored object keeps nothing,
+        // so a later kept read still makes its own.
+        let (a, b) = (listed(&per_read).await, listed(&per_read).await);
+        assert!(!Arc::ptr_eq(&a[0], &b[0]));
+        let got = per_read.get_sync("bench-1", "farm-pod-1").unwrap().unwrap();
+        assert!(!Arc::ptr_eq(&got, &a[0]));
+        assert_eq!(a[0].json(), b[0].json());
+        assert!(
+            a[0].json()
+                .starts_with(br#"{"apiVersion":"farm.example.com/v1alpha""#)
+        );
+
+        // Kept: the first read converts, every later one (list or GET) shares it.
+        let (c, d) = (listed(&kept).await, listed(&kept).await);
+        assert!(Arc::ptr_eq(&c[0], &d[0]));
+        let got = kept.get_sync("bench-1", "farm-pod-1").unwrap().unwrap();
+        assert!(Arc::ptr_eq(&got, &c[0]));
+        assert_eq!(c[0].json(), a[0].json());
     }
 }

@@ -65,7 +65,9 @@ impl EventType {
 }
 
 /// A stored object with its JSON encoding, made once however often the object is read (get,
-/// list, and every watcher of its event).
+/// list, and every watcher of its event). The JSON is the one served form a store keeps: a
+/// Table row borrows its metadata from it ([`Stored::metadata_json`]), and nothing else read
+/// is kept with the object but its conversion to another version ([`Stored::at_version`]).
 ///
 /// `repr(C)` with the JSON first: behind an `Arc`, the JSON's pointer and length are on the
 /// first cache line a list touches (see PERFORMANCE.md).
@@ -73,11 +75,8 @@ impl EventType {
 pub struct Stored<K> {
     json: OnceLock<Bytes>,
     object: K,
-    /// Its `meta.k8s.io/v1` PartialObjectMetadata, the object of every Table row.
-    row_object: OnceLock<Bytes>,
-    /// Its whole Table row (v1, metadata object) and the second it was rendered at: the Age
-    /// cell changes at most once a second, so busy lists reuse rows.
-    row: std::sync::Mutex<Option<(i64, Bytes)>>,
+    /// Where `"metadata"`'s value lies in the JSON (start, length), found on first use.
+    metadata_span: OnceLock<(u32, u32)>,
     /// Sorted hashes of its `key=value` labels, for [`crate::selector::LabelSelector::may_match`].
     pub label_hashes: Vec<u64>,
     /// The object at the other version its kind is served at, made once ([`Converted`]).
@@ -89,14 +88,13 @@ pub type Object<K> = Arc<Stored<K>>;
 
 impl<K: kube::Resource> Stored<K> {
     /// Wraps an object as stored, its JSON encoded on first use. The object is final from
-    /// here: its JSON, rows and label hashes are made from it once.
+    /// here: its JSON and label hashes are made from it once.
     pub fn new(object: K) -> Object<K> {
         Arc::new(Self {
             label_hashes: crate::selector::label_hashes(object.meta().labels.as_ref()),
             object,
             json: OnceLock::new(),
-            row_object: OnceLock::new(),
-            row: std::sync::Mutex::new(None),
+            metadata_span: OnceLock::new(),
             other_version: OnceLock::new(),
         })
     }
@@ -132,29 +130,40 @@ impl<K: Serialize> Stored<K> {
     }
 }
 
-impl<K> Stored<K> {
-    /// The object's cached row object (a Table row's PartialObjectMetadata), made by `render`
-    /// the first time. What it holds is the renderer's ([`crate::table`]); the store only keeps
-    /// it with the object, so it is made once however often the object is listed.
-    pub fn row_object(&self, render: impl FnOnce(&K) -> Bytes) -> &Bytes {
-        self.row_object.get_or_init(|| render(&self.object))
+impl<K: kube::Resource + Serialize> Stored<K> {
+    /// The object's `metadata` as JSON: a slice of [`Stored::json`] (what a Table row's
+    /// PartialObjectMetadata holds), so rows cost no copy kept with the object.
+    pub fn metadata_json(&self) -> std::borrow::Cow<'_, [u8]> {
+        let json = self.json();
+        let (start, len) = *self.metadata_span.get_or_init(|| metadata_span(json));
+        match json.get(start as usize..(start as usize).saturating_add(len as usize)) {
+            Some(slice) if len > 0 => std::borrow::Cow::Borrowed(slice),
+            // Not found (no JSON object with a metadata member): encoded on its own.
+            _ => {
+                std::borrow::Cow::Owned(serde_json::to_vec(self.object.meta()).unwrap_or_default())
+            }
+        }
     }
+}
 
-    /// Appends the object's Table row as of `second`: the cached one when it was rendered in
-    /// that second, else one `render` writes (then cached).
-    pub fn write_row(&self, second: i64, into: &mut Vec<u8>, render: impl FnOnce(&K) -> Vec<u8>) {
-        if let Ok(row) = self.row.lock()
-            && let Some((at, bytes)) = row.as_ref()
-            && *at == second
-        {
-            into.extend_from_slice(bytes);
-            return;
-        }
-        let out = render(&self.object);
-        into.extend_from_slice(&out);
-        if let Ok(mut row) = self.row.lock() {
-            *row = Some((second, Bytes::from(out)));
-        }
+/// Where the top-level `"metadata"` member's value lies in `json` (start, length); (0, 0)
+/// when it has none.
+fn metadata_span(json: &[u8]) -> (u32, u32) {
+    #[derive(serde::Deserialize)]
+    struct Metadata<'a> {
+        #[serde(borrow)]
+        metadata: Option<&'a serde_json::value::RawValue>,
+    }
+    let Ok(Metadata {
+        metadata: Some(raw),
+    }) = serde_json::from_slice::<Metadata<'_>>(json)
+    else {
+        return (0, 0);
+    };
+    let start = (raw.get().as_ptr() as usize).wrapping_sub(json.as_ptr() as usize);
+    match (u32::try_from(start), u32::try_from(raw.get().len())) {
+        (Ok(start), Ok(len)) if start as usize + len as usize <= json.len() => (start, len),
+        _ => (0, 0),
     }
 }
 
@@ -575,4 +584,34 @@ pub fn too_large(requested: u64, current: u64) -> Error {
 /// one still kept; clients relist.
 pub fn too_old(requested: u64, oldest: u64) -> String {
     format!("too old resource version: {requested} ({oldest})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::llama;
+
+    #[test]
+    fn metadata_is_the_slice_of_the_json_a_table_row_borrows() {
+        let object = Stored::new(llama::synthetic(3));
+        let expected = serde_json::to_vec(&object.metadata).unwrap();
+        assert_eq!(&*object.metadata_json(), &expected[..]);
+        assert!(matches!(
+            object.metadata_json(),
+            std::borrow::Cow::Borrowed(_)
+        ));
+
+        // JSON read back from storage in another member order, with a "metadata" key nested
+        // in the spec: the top-level member is the one found.
+        let mut json: serde_json::Value = serde_json::from_slice(object.json()).unwrap();
+        json["spec"]["metadata"] = serde_json::json!({"name": "not-this"});
+        let reordered = format!(
+            r#"{{"spec":{},"kind":"Llama","metadata":{},"apiVersion":"farm.example.com/v1"}}"#,
+            json["spec"], json["metadata"]
+        );
+        let from_storage = Stored::from_encoded(object.get().clone(), Bytes::from(reordered));
+        let metadata: serde_json::Value =
+            serde_json::from_slice(&from_storage.metadata_json()).unwrap();
+        assert_eq!(metadata, json["metadata"]);
+    }
 }

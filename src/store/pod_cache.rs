@@ -13,7 +13,10 @@ use kube::{
 };
 use tokio::sync::watch;
 
-use super::watch_cache::{CacheState, Sink, Source, WatchCache};
+use super::{
+    memory::Listed,
+    watch_cache::{CacheState, Sink, Source, WatchCache},
+};
 use crate::{
     error::{Error, Result},
     health::Check,
@@ -66,9 +69,7 @@ impl PodCache {
             PodSource { scopes: Vec::new() },
             CacheState::Synced { degraded: None },
         );
-        let pods = (0..count)
-            .map(|i| FarmPod::synthetic(i, i as u64 + 1))
-            .collect();
+        let pods = (0..count).map(|i| Listed::Changed(FarmPod::synthetic(i, i as u64 + 1)));
         // A fresh store accepts any content.
         let _ = cache.sink().cache.replace_external_in(None, pods);
         cache
@@ -117,7 +118,8 @@ impl Source<FarmPod> for PodSource {
 
 /// Applies the Pod watch of `scope` to the cache, for as long as the cache runs it.
 async fn feed(sink: Sink<FarmPod>, api: Api<Pod>, scope: Option<String>) {
-    let mut buffer: Vec<FarmPod> = Vec::new();
+    // A relist's Pods until its end, each unchanged one as its key only.
+    let mut buffer: Vec<Listed<FarmPod>> = Vec::new();
     let mut synced_once = false;
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
@@ -127,10 +129,10 @@ async fn feed(sink: Sink<FarmPod>, api: Api<Pod>, scope: Option<String>) {
                 buffer.clear();
                 Ok(())
             }
-            Ok(watcher::Event::InitApply(pod)) => {
-                buffer.push(FarmPod::from_pod(&pod));
-                Ok(())
-            }
+            Ok(watcher::Event::InitApply(pod)) => sink
+                .cache
+                .listed(FarmPod::from_pod(&pod))
+                .map(|listed| buffer.push(listed)),
             Ok(watcher::Event::InitDone) => {
                 let result = sink
                     .cache

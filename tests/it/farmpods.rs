@@ -84,14 +84,14 @@ async fn farmpods_are_served_from_the_cache_with_no_upstream_request_each() {
             .unwrap();
         assert_eq!(by_name.items.len(), 1);
     }
-    // The same FarmPods at v1 (the group's preferred version), from the same cache.
-    let at_v1: Api<farm_apiserver::resources::farmpod::v1::FarmPod> =
+    // The same FarmPods at v1alpha (the group's first version), converted from the cache's v1.
+    let at_v1alpha: Api<farm_apiserver::resources::farmpod::v1alpha::FarmPod> =
         Api::namespaced(server.kube_client().await, "shop");
-    let web = at_v1.get("farm-web-1").await.unwrap();
+    let web = at_v1alpha.get("farm-web-1").await.unwrap();
     assert_eq!(web.spec.containers, 2);
     assert_eq!(web.status.unwrap().node_name.as_deref(), Some("node-a"));
     assert_eq!(
-        at_v1
+        at_v1alpha
             .list(&ListParams::default())
             .await
             .unwrap()

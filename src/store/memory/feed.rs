@@ -37,9 +37,12 @@ impl<K: ServedResource> MemoryStore<K> {
             .map(|o| (ObjectKey::of(o.meta()), o))
             .collect();
         if state.current.objects.is_empty() && state.history.is_empty() {
-            // Nobody has seen anything yet: load, no events.
+            // Nobody has seen anything yet: load, no events. Each object's JSON is made now,
+            // as a commit makes it: what the store holds at ready is what it serves.
             for (key, object) in incoming {
-                state.current.put(key, Stored::new(object));
+                let object = Stored::new(object);
+                object.json();
+                state.current.put(key, object);
             }
             state.current.resource_version = revision.max(state.current.resource_version);
             state.oldest_watchable = state.current.resource_version;
@@ -150,37 +153,69 @@ impl<K: ServedResource> MemoryStore<K> {
         Ok(())
     }
 
+    /// What a relist brought for `object`, against what the store holds: only its key when the
+    /// store has it at the same resourceVersion, so a relist of a large cache buffers the
+    /// changes, not a second copy of everything.
+    pub fn listed(&self, object: K) -> Result<Listed<K>> {
+        let key = ObjectKey::of(object.meta());
+        let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
+        let unchanged = state.current.objects.get(&key).is_some_and(|current| {
+            current.meta().resource_version == object.meta().resource_version
+        });
+        Ok(if unchanged {
+            Listed::Unchanged(key)
+        } else {
+            Listed::Changed(object)
+        })
+    }
+
     /// Replaces the content within `namespace` (all when None) after a relist, emitting the
     /// differences as events.
-    pub fn replace_external_in(&self, namespace: Option<&str>, objects: Vec<K>) -> Result<()> {
-        let incoming: BTreeMap<ObjectKey, K> = objects
-            .into_iter()
-            .map(|o| (ObjectKey::of(o.meta()), o))
-            .collect();
+    pub fn replace_external_in(
+        &self,
+        namespace: Option<&str>,
+        objects: impl IntoIterator<Item = Listed<K>>,
+    ) -> Result<()> {
+        let mut changed = Vec::new();
+        let mut listed = std::collections::BTreeSet::new();
+        for object in objects {
+            match object {
+                Listed::Unchanged(key) => {
+                    listed.insert(key);
+                }
+                Listed::Changed(object) => {
+                    listed.insert(ObjectKey::of(object.meta()));
+                    changed.push(object);
+                }
+            }
+        }
         let gone: Vec<Object<K>> = {
             let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
             state
                 .current
                 .objects
                 .iter()
-                .filter(|(k, _)| scope_matches(namespace, k) && !incoming.contains_key(*k))
+                .filter(|(k, _)| scope_matches(namespace, k) && !listed.contains(*k))
                 .map(|(_, v)| v.clone())
                 .collect()
         };
+        drop(listed);
         for object in gone {
             self.delete_external((*object).clone())?;
         }
-        for (key, object) in incoming {
-            let unchanged = {
-                let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
-                state.current.objects.get(&key).is_some_and(|current| {
-                    current.meta().resource_version == object.meta().resource_version
-                })
-            };
-            if !unchanged {
+        for object in changed {
+            if let Listed::Changed(object) = self.listed(object)? {
                 self.apply_external(object)?;
             }
         }
         Ok(())
     }
+}
+
+/// One object of a relist ([`MemoryStore::listed`]).
+pub enum Listed<K> {
+    /// The store holds it at this resourceVersion already.
+    Unchanged(ObjectKey),
+    /// New, or changed since the store's copy.
+    Changed(K),
 }

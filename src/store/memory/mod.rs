@@ -7,6 +7,7 @@ mod feed;
 mod snapshot;
 mod watchers;
 
+pub use feed::Listed;
 pub use snapshot::ContinueToken;
 use snapshot::*;
 use watchers::{Follower, History, Watchers};
