@@ -16,7 +16,7 @@ use crate::{
 
 type Install = Box<dyn FnOnce(Endpoints, RestContext) -> anyhow::Result<Endpoints> + Send>;
 
-/// The kinds `farm.example.com/v1alpha` serves, each with its store, in discovery order.
+/// The kinds `farm.example.com` serves, each with its store, in discovery order.
 #[derive(Default)]
 pub struct ApiGroup {
     resources: Vec<ResourceInfo>,

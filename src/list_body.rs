@@ -78,6 +78,8 @@ impl JsonList {
 pub struct MetadataList {
     body: ListBody,
     version: MetaVersion,
+    /// The first item that could not be encoded, reported by `finish`.
+    error: Option<serde_json::Error>,
 }
 
 fn encoding_list(e: serde_json::Error) -> Error {
@@ -91,15 +93,26 @@ impl MetadataList {
         Self {
             body: ListBody::new(METADATA_ROOM, expected),
             version,
+            error: None,
         }
     }
 
-    /// Appends `object`'s PartialObjectMetadata.
+    /// Appends `object`'s PartialObjectMetadata. An item that cannot be encoded fails
+    /// [`MetadataList::finish`].
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
-        crate::table::write_row_object(object, self.version, self.body.next_item());
+        let out = self.body.next_item();
+        if let Err(error) = crate::table::write_row_object(object, self.version, out) {
+            self.error.get_or_insert(error);
+        }
     }
 
-    fn head(&self, metadata: &ListMeta) -> Result<Vec<u8>> {
+    /// The first item that could not be encoded, once.
+    fn take_error(&mut self) -> Result<()> {
+        self.error.take().map_or(Ok(()), |e| Err(encoding_list(e)))
+    }
+
+    fn head(&mut self, metadata: &ListMeta) -> Result<Vec<u8>> {
+        self.take_error()?;
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(b"{\"kind\":\"PartialObjectMetadataList\",\"apiVersion\":\"");
         head.extend_from_slice(self.version.api_version().as_bytes());
@@ -109,8 +122,8 @@ impl MetadataList {
         Ok(head)
     }
 
-    /// The whole list with `metadata`.
-    pub fn finish(self, metadata: &ListMeta) -> Result<Bytes> {
+    /// The whole list with `metadata`; 500 when an item could not be encoded.
+    pub fn finish(mut self, metadata: &ListMeta) -> Result<Bytes> {
         let head = self.head(metadata)?;
         Ok(self.body.finish(&head, TAIL))
     }
@@ -168,7 +181,10 @@ impl ListWriter {
         match self {
             Self::Json(list) => Ok(&mut list.body),
             Self::Table(table) => table.checked_body(),
-            Self::Metadata(list) => Ok(&mut list.body),
+            Self::Metadata(list) => {
+                list.take_error()?;
+                Ok(&mut list.body)
+            }
         }
     }
 

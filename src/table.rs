@@ -17,17 +17,21 @@ use crate::{
 };
 
 /// Appends `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/<version>","metadata":{…}}`,
-/// the metadata copied from the object's JSON.
+/// the metadata copied from the object's JSON when it is at hand, else encoded.
 pub(crate) fn write_row_object<K: ServedResource>(
     object: &Stored<K>,
     version: MetaVersion,
     into: &mut Vec<u8>,
-) {
+) -> serde_json::Result<()> {
     into.extend_from_slice(b"{\"kind\":\"PartialObjectMetadata\",\"apiVersion\":\"");
     into.extend_from_slice(version.api_version().as_bytes());
     into.extend_from_slice(b"\",\"metadata\":");
-    into.extend_from_slice(&object.metadata_json());
+    match object.metadata_json() {
+        Some(metadata) => into.extend_from_slice(metadata),
+        None => serde_json::to_writer(&mut *into, object.meta())?,
+    }
     into.push(b'}');
+    Ok(())
 }
 
 /// `includeObject` on a Table request.
@@ -255,7 +259,7 @@ fn write_row<K: ServedResource>(
         IncludeObject::None => {}
         IncludeObject::Metadata => {
             out.extend_from_slice(b",\"object\":");
-            write_row_object(object, version, out);
+            write_row_object(object, version, out)?;
         }
         IncludeObject::Object => {
             out.extend_from_slice(b",\"object\":");

@@ -131,18 +131,14 @@ impl<K: Serialize> Stored<K> {
 }
 
 impl<K: kube::Resource + Serialize> Stored<K> {
-    /// The object's `metadata` as JSON: a slice of [`Stored::json`] (what a Table row's
-    /// PartialObjectMetadata holds), so rows cost no copy kept with the object.
-    pub fn metadata_json(&self) -> std::borrow::Cow<'_, [u8]> {
-        let json = self.json();
+    /// The object's `metadata` as JSON, a slice of [`Stored::json`] (what a Table row's
+    /// PartialObjectMetadata holds, so rows cost no copy kept with the object); None when the
+    /// JSON was never made (an object converted for one read) or has no metadata member.
+    pub fn metadata_json(&self) -> Option<&[u8]> {
+        let json = self.json.get()?;
         let (start, len) = *self.metadata_span.get_or_init(|| metadata_span(json));
-        match json.get(start as usize..(start as usize).saturating_add(len as usize)) {
-            Some(slice) if len > 0 => std::borrow::Cow::Borrowed(slice),
-            // Not found (no JSON object with a metadata member): encoded on its own.
-            _ => {
-                std::borrow::Cow::Owned(serde_json::to_vec(self.object.meta()).unwrap_or_default())
-            }
-        }
+        let slice = json.get(start as usize..(start as usize).saturating_add(len as usize))?;
+        (len > 0).then_some(slice)
     }
 }
 
@@ -594,12 +590,10 @@ mod tests {
     #[test]
     fn metadata_is_the_slice_of_the_json_a_table_row_borrows() {
         let object = Stored::new(llama::synthetic(3));
+        assert_eq!(object.metadata_json(), None, "no JSON made yet");
+        object.json();
         let expected = serde_json::to_vec(&object.metadata).unwrap();
-        assert_eq!(&*object.metadata_json(), &expected[..]);
-        assert!(matches!(
-            object.metadata_json(),
-            std::borrow::Cow::Borrowed(_)
-        ));
+        assert_eq!(object.metadata_json(), Some(&expected[..]));
 
         // JSON read back from storage in another member order, with a "metadata" key nested
         // in the spec: the top-level member is the one found.
@@ -611,7 +605,7 @@ mod tests {
         );
         let from_storage = Stored::from_encoded(object.get().clone(), Bytes::from(reordered));
         let metadata: serde_json::Value =
-            serde_json::from_slice(&from_storage.metadata_json()).unwrap();
+            serde_json::from_slice(from_storage.metadata_json().unwrap()).unwrap();
         assert_eq!(metadata, json["metadata"]);
     }
 }

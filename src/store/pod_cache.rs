@@ -129,10 +129,10 @@ async fn feed(sink: Sink<FarmPod>, api: Api<Pod>, scope: Option<String>) {
                 buffer.clear();
                 Ok(())
             }
-            Ok(watcher::Event::InitApply(pod)) => sink
-                .cache
-                .listed(FarmPod::from_pod(&pod))
-                .map(|listed| buffer.push(listed)),
+            Ok(watcher::Event::InitApply(pod)) => {
+                buffer.push(sink.cache.listed(FarmPod::from_pod(&pod)));
+                Ok(())
+            }
             Ok(watcher::Event::InitDone) => {
                 let result = sink
                     .cache

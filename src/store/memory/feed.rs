@@ -37,12 +37,9 @@ impl<K: ServedResource> MemoryStore<K> {
             .map(|o| (ObjectKey::of(o.meta()), o))
             .collect();
         if state.current.objects.is_empty() && state.history.is_empty() {
-            // Nobody has seen anything yet: load, no events. Each object's JSON is made now,
-            // as a commit makes it: what the store holds at ready is what it serves.
+            // Nobody has seen anything yet: load, no events.
             for (key, object) in incoming {
-                let object = Stored::new(object);
-                object.json();
-                state.current.put(key, object);
+                state.current.put(key, Stored::new(object));
             }
             state.current.resource_version = revision.max(state.current.resource_version);
             state.oldest_watchable = state.current.resource_version;
@@ -156,17 +153,19 @@ impl<K: ServedResource> MemoryStore<K> {
     /// What a relist brought for `object`, against what the store holds: only its key when the
     /// store has it at the same resourceVersion, so a relist of a large cache buffers the
     /// changes, not a second copy of everything.
-    pub fn listed(&self, object: K) -> Result<Listed<K>> {
+    /// A store it cannot read (a poisoned lock) counts it as changed: it is kept whole.
+    pub fn listed(&self, object: K) -> Listed<K> {
         let key = ObjectKey::of(object.meta());
-        let state = self.shared.state.read().map_err(|_| lock_poisoned())?;
-        let unchanged = state.current.objects.get(&key).is_some_and(|current| {
-            current.meta().resource_version == object.meta().resource_version
+        let unchanged = self.shared.state.read().is_ok_and(|state| {
+            state.current.objects.get(&key).is_some_and(|current| {
+                current.meta().resource_version == object.meta().resource_version
+            })
         });
-        Ok(if unchanged {
+        if unchanged {
             Listed::Unchanged(key)
         } else {
             Listed::Changed(object)
-        })
+        }
     }
 
     /// Replaces the content within `namespace` (all when None) after a relist, emitting the
@@ -204,7 +203,7 @@ impl<K: ServedResource> MemoryStore<K> {
             self.delete_external((*object).clone())?;
         }
         for object in changed {
-            if let Listed::Changed(object) = self.listed(object)? {
+            if let Listed::Changed(object) = self.listed(object) {
                 self.apply_external(object)?;
             }
         }
