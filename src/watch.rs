@@ -40,6 +40,17 @@ struct Line<'a, T: Serialize> {
     object: &'a T,
 }
 
+/// A watch line around an object's JSON already encoded: copied, not encoded again.
+fn encoded_event_line(type_: &str, json: &[u8]) -> Bytes {
+    let mut buf = Vec::with_capacity(json.len() + type_.len() + 24);
+    buf.extend_from_slice(b"{\"type\":\"");
+    buf.extend_from_slice(type_.as_bytes());
+    buf.extend_from_slice(b"\",\"object\":");
+    buf.extend_from_slice(json);
+    buf.extend_from_slice(b"}\n");
+    Bytes::from(buf)
+}
+
 /// One watch event as sent: `{"type":<type_>,"object":<object>}` and a newline.
 pub fn event_line<T: Serialize>(type_: &str, object: &T) -> Bytes {
     let mut buf = Vec::with_capacity(256);
@@ -161,7 +172,9 @@ impl<K: ServedResource> Watcher<K> {
     fn event(&mut self, event: &Event<K>) -> Bytes {
         let type_ = event.type_.as_str();
         match self.options.output {
-            Output::Json => event.json_line(|e| event_line(e.type_.as_str(), e.object.as_ref())),
+            Output::Json => {
+                event.json_line(|e| encoded_event_line(e.type_.as_str(), e.object.json()))
+            }
             Output::PartialObjectMetadata(version) => event_line(
                 type_,
                 &PartialObjectMetadata::new(event.object.meta(), version),

@@ -436,8 +436,8 @@ pub struct StoreStats {
     pub resource_version: u64,
     /// Events kept for watches to resume from (0 for a store that keeps none).
     pub history_events: usize,
-    /// What those events hold, estimated in bytes (the objects' JSON, twice: the object and
-    /// its encoding).
+    /// What those events hold, estimated in bytes (the objects' JSON three times: the object,
+    /// its encoding and its watch line).
     pub history_bytes: usize,
     /// Watchers ended for falling too far behind, since the store was made
     /// (`apiserver_terminated_watchers_total`).

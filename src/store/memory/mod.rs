@@ -127,11 +127,12 @@ impl<K: ServedResource> Default for MemoryStore<K> {
     }
 }
 
-/// What an event in the history holds, estimated from its object: the object and its JSON
-/// (the previous state of a MODIFIED event is the event before's). The JSON is encoded here if
-/// no one has yet: the write's response and its watchers need it anyway.
+/// What an event in the history holds, estimated from its object: the object, its JSON and
+/// the watch line its watchers are sent, each about the JSON's size (the previous state of a
+/// MODIFIED event is the event before's). The JSON is encoded here if no one has yet: the
+/// write's response and its watchers need it anyway.
 fn event_bytes<K: ServedResource>(object: &Object<K>) -> usize {
-    2 * object.json().len()
+    3 * object.json().len()
 }
 
 fn lock_poisoned() -> Error {
