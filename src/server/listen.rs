@@ -34,7 +34,36 @@ pub struct Bound {
     addr: SocketAddr,
     listener: std::net::TcpListener,
     acceptor: tls::Acceptor,
-    builder: auto::Builder<TokioExecutor>,
+    builders: Builders,
+}
+
+/// The connection builders, one per protocol the TLS handshake can settle: a connection whose
+/// ALPN chose `h2` or `http/1.1` is served in it at once, as Go's server does. Only one without
+/// ALPN has its first bytes read to tell (hyper-util's sniffing, which also makes HTTP/1.1's
+/// first read 24 bytes and so doubles its read buffer, 8 to 16 KiB a connection).
+struct Builders {
+    sniffing: auto::Builder<TokioExecutor>,
+    http1: auto::Builder<TokioExecutor>,
+    http2: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new(sniffing: auto::Builder<TokioExecutor>) -> Self {
+        Self {
+            http1: sniffing.clone().http1_only(),
+            http2: sniffing.clone().http2_only(),
+            sniffing,
+        }
+    }
+
+    /// The builder for a connection that negotiated `alpn`.
+    fn for_alpn(&self, alpn: Option<&[u8]>) -> &auto::Builder<TokioExecutor> {
+        match alpn {
+            Some(b"h2") => &self.http2,
+            Some(b"http/1.1") => &self.http1,
+            _ => &self.sniffing,
+        }
+    }
 }
 
 /// A listener serving in the background.
@@ -73,7 +102,7 @@ pub fn bind(
         addr,
         listener,
         acceptor: tls::Acceptor::new(tls, limits),
-        builder,
+        builders: Builders::new(builder),
     })
 }
 
@@ -220,7 +249,7 @@ async fn accept_loop(
     grace: Duration,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(bound.listener)?;
-    let builder = Arc::new(bound.builder);
+    let builders = Arc::new(bound.builders);
     let acceptor = bound.acceptor;
     {
         let stopping = connections.clone();
@@ -247,8 +276,8 @@ async fn accept_loop(
         };
         let registration = connections.opened();
         let accept = acceptor.accept(tcp, app.clone());
-        let builder = builder.clone();
-        tokio::spawn(serve_connection(registration, accept, builder));
+        let builders = builders.clone();
+        tokio::spawn(serve_connection(registration, accept, builders));
     }
     // The listener closes now: new connections are refused rather than left waiting.
     drop(listener);
@@ -266,16 +295,20 @@ async fn accept_loop(
 async fn serve_connection(
     mut registration: Registration,
     accept: <tls::Acceptor as Accept<tokio::net::TcpStream, App>>::Future,
-    builder: Arc<auto::Builder<TokioExecutor>>,
+    builders: Arc<Builders>,
 ) {
     let mut accept = accept;
     let handshake = std::future::poll_fn(|cx| match registration.poll_stop(cx.waker()) {
         Stop::Now => Poll::Ready(None),
         _ => accept.as_mut().poll(cx).map(Some),
     });
-    let Some(Ok((stream, service))) = handshake.await else {
+    let handshaken = handshake.await;
+    // The handshake's state (about 1.5 KiB) is not kept for the connection's life.
+    drop(accept);
+    let Some(Ok((stream, service))) = handshaken else {
         return; // the handshake failed or timed out, or the server stopped
     };
+    let builder = builders.for_alpn(stream.get_ref().get_ref().1.alpn_protocol());
     let mut connection = pin!(builder.serve_connection(TokioIo::new(stream), service));
     let mut draining = false;
     std::future::poll_fn(|cx| {

@@ -38,6 +38,7 @@ mod inflight;
 mod manifests;
 mod openapi_snapshot;
 mod properties;
+mod protocols;
 mod router;
 mod security;
 mod slow_watchers;

@@ -325,6 +325,7 @@ pub enum Alpn {
 #[derive(Clone)]
 pub struct RawClient {
     addr: SocketAddr,
+    config: Arc<ClientConfig>,
     connector: TlsConnector,
     alpn: Alpn,
 }
@@ -379,10 +380,25 @@ impl RawClient {
             Alpn::Http1 => vec![b"http/1.1".to_vec()],
             Alpn::Http2 => vec![b"h2".to_vec()],
         };
+        let config = Arc::new(config);
         Self {
             addr,
-            connector: TlsConnector::from(Arc::new(config)),
+            connector: TlsConnector::from(config.clone()),
+            config,
             alpn,
+        }
+    }
+
+    /// The same client offering no ALPN protocol: it still speaks its protocol (HTTP/2 with
+    /// prior knowledge), and the server must tell which from the first bytes.
+    pub fn without_alpn(&self) -> Self {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols.clear();
+        let config = Arc::new(config);
+        Self {
+            connector: TlsConnector::from(config.clone()),
+            config,
+            ..self.clone()
         }
     }
 
