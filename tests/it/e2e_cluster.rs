@@ -40,6 +40,11 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// The kubeconfig of FARM_E2E_KUBECONFIG.
+    pub(crate) fn kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
+    }
+
     pub(crate) fn from_env() -> Option<Self> {
         let Some(kubeconfig) = std::env::var_os("FARM_E2E_KUBECONFIG") else {
             eprintln!(

@@ -22,11 +22,11 @@ use crate::e2e_cluster::{Applied, Cluster, Installed, Nodes, ONE_AT_A_TIME, suit
 /// The preferred version's APIService: the one whose availability the rollout is judged by.
 const API_SERVICE: &str = farm_apiserver::tls::API_SERVICES[0];
 
-const NS: &str = "farm-system";
+pub(crate) const NS: &str = "farm-system";
 const SELECTOR: &str = "app.kubernetes.io/name=farm-apiserver";
 
 /// The cluster under test when it has a Ready node; None (and a printed reason) otherwise.
-fn with_node() -> Option<Cluster> {
+pub(crate) fn with_node() -> Option<Cluster> {
     let cluster = Cluster::from_env()?;
     if cluster.ready_nodes().is_empty() {
         eprintln!(
@@ -38,7 +38,7 @@ fn with_node() -> Option<Cluster> {
 }
 
 /// `tests/node/image.py` with `args`; how long it took.
-fn image(args: &[&str]) -> Duration {
+pub(crate) fn image(args: &[&str]) -> Duration {
     let started = Instant::now();
     let out = Command::new("python3")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/node/image.py"))
@@ -56,7 +56,7 @@ fn image(args: &[&str]) -> Duration {
 }
 
 /// An earlier run's namespace may still be terminating: objects cannot be created in it.
-async fn wait_for_earlier_runs(cluster: &Cluster, step: &dyn Fn(&str)) {
+pub(crate) async fn wait_for_earlier_runs(cluster: &Cluster, step: &dyn Fn(&str)) {
     let deadline = Instant::now() + Duration::from_secs(180);
     while cluster.run(&["get", "namespace", NS], None).0 {
         assert!(
@@ -70,7 +70,7 @@ async fn wait_for_earlier_runs(cluster: &Cluster, step: &dyn Fn(&str)) {
 
 /// `kubectl rollout status` of `deployment` in `ns`; on failure, the Pods' state and logs with
 /// the panic.
-fn rolled_out(cluster: &Cluster, ns: &str, deployment: &str) {
+pub(crate) fn rolled_out(cluster: &Cluster, ns: &str, deployment: &str) {
     let (ok, out, err) = cluster.run(
         &["rollout", "status", deployment, "-n", ns, "--timeout=180s"],
         None,
@@ -116,7 +116,7 @@ fn node_overlay(root: &std::path::Path, tag: &str) -> PathBuf {
 }
 
 /// The server's Pods (JSON), oldest first.
-fn server_pods(cluster: &Cluster) -> Vec<Value> {
+pub(crate) fn server_pods(cluster: &Cluster) -> Vec<Value> {
     let out = cluster.ok(
         &[
             "get",
@@ -292,20 +292,20 @@ async fn installed_on_a_real_node() {
 }
 
 /// A client creating and reading Llamas through kube-apiserver until stopped.
-struct Load {
+pub(crate) struct Load {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<LoadResult>,
 }
 
-struct LoadResult {
-    failed: usize,
-    total: usize,
+pub(crate) struct LoadResult {
+    pub(crate) failed: usize,
+    pub(crate) total: usize,
     /// Llamas whose create was answered 201.
-    acknowledged: Vec<String>,
+    pub(crate) acknowledged: Vec<String>,
 }
 
 impl Load {
-    async fn start(cluster: &Cluster, ns: &str, prefix: &str) -> Self {
+    pub(crate) async fn start(cluster: &Cluster, ns: &str, prefix: &str) -> Self {
         use farm_apiserver::resources::{Llama, LlamaSpec};
         use kube::{Api, api::PostParams};
 
@@ -351,7 +351,7 @@ impl Load {
         Self { stop, task }
     }
 
-    async fn stop(self) -> LoadResult {
+    pub(crate) async fn stop(self) -> LoadResult {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.task.await.unwrap()
     }
@@ -359,13 +359,13 @@ impl Load {
 
 /// The APIService's Available condition, polled every 100 ms until stopped: how long it was
 /// not True, and how often it was seen False.
-struct Availability {
+pub(crate) struct Availability {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<(Duration, usize)>,
 }
 
 impl Availability {
-    async fn watch(cluster: &Cluster) -> Self {
+    pub(crate) async fn watch(cluster: &Cluster) -> Self {
         let apiservices: kube::Api<kube::api::DynamicObject> = kube::Api::all_with(
             cluster.client().await,
             &kube::api::ApiResource {
@@ -403,14 +403,14 @@ impl Availability {
         Self { stop, task }
     }
 
-    async fn stop(self) -> (Duration, usize) {
+    pub(crate) async fn stop(self) -> (Duration, usize) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.task.await.unwrap()
     }
 }
 
 /// `kubectl set image` to `tag` and the rollout's end: how long it took.
-fn roll_to(cluster: &Cluster, tag: &str) -> Duration {
+pub(crate) fn roll_to(cluster: &Cluster, tag: &str) -> Duration {
     let rolling = Instant::now();
     cluster.ok(
         &[
@@ -648,18 +648,6 @@ async fn etcd_backed_replicas_on_a_real_node() {
     let Some(cluster) = with_node() else {
         return;
     };
-    let Some(etcd) = etcd_executable() else {
-        panic!("a node to test on, but no etcd to run on it (etcd on PATH, or FARM_ETCD_BIN)");
-    };
-    let lab = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-lab"));
-    let mkimage = std::env::var_os("K8S_LAB_DIR")
-        .map_or(lab, PathBuf::from)
-        .join("mkimage.py");
-    assert!(
-        mkimage.exists(),
-        "the lab's mkimage.py at {}",
-        mkimage.display()
-    );
     let _one = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let step = |what: &str| eprintln!("[{:>6.1}s] {what}", started.elapsed().as_secs_f64());
@@ -673,14 +661,7 @@ async fn etcd_backed_replicas_on_a_real_node() {
     timings.push(("image build and import", image(&["--tag", &tag])));
     let binary = concat!(env!("CARGO_MANIFEST_DIR"), "/target/dist/farm-apiserver");
     image(&["--tag", &next_tag, "--binary", binary]);
-    let etcd_image = format!("farm-e2e-etcd:{id}");
-    let made = Command::new("python3")
-        .arg(&mkimage)
-        .arg(&etcd_image)
-        .arg(&etcd)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
+    let etcd_image = etcd_image(id);
 
     step("etcd as a Pod behind a Service, with TLS and client certificates");
     let etcd_ns = format!("farm-e2e-etcd-{id}");
@@ -694,76 +675,8 @@ async fn etcd_backed_replicas_on_a_real_node() {
         applied: Applied::Kustomization(overlay.clone()),
         namespace: namespace.clone(),
     };
-    let _etcd_gone = EtcdNamespace(&cluster, etcd_ns.clone());
-    cluster.ok(&["create", "namespace", &etcd_ns], None);
-    let service = serde_json::json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "etcd", "namespace": etcd_ns},
-        "spec": {"selector": {"app": "farm-e2e-etcd"}, "ports": [{"port": 2379, "name": "client"}]},
-    });
-    cluster.ok(&["apply", "-f", "-"], Some(&service.to_string()));
-    let ip = cluster.ok(
-        &[
-            "get",
-            "service",
-            "etcd",
-            "-n",
-            &etcd_ns,
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ],
-        None,
-    );
-    let certs = overlay.join("etcd");
-    etcd_certificates(&certs, &ip);
-    let read = |f: &str| std::fs::read_to_string(certs.join(f)).unwrap();
-    let secret = serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "etcd-serving", "namespace": etcd_ns},
-        "stringData": {"ca.crt": read("ca.crt"), "tls.crt": read("server.crt"), "tls.key": read("server.key")},
-    });
-    cluster.ok(&["apply", "-f", "-"], Some(&secret.to_string()));
-    let deployment = serde_json::json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "etcd", "namespace": etcd_ns},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "farm-e2e-etcd"}},
-            "template": {
-                "metadata": {"labels": {"app": "farm-e2e-etcd"}},
-                "spec": {
-                    "securityContext": {"fsGroup": 65532},
-                    "containers": [{
-                        "name": "etcd",
-                        "image": etcd_image,
-                        "imagePullPolicy": "Never",
-                        "args": [
-                            "--data-dir=/var/lib/etcd/data",
-                            "--listen-client-urls=https://0.0.0.0:2379",
-                            format!("--advertise-client-urls=https://{ip}:2379"),
-                            "--listen-peer-urls=http://127.0.0.1:2380",
-                            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-                            "--initial-cluster=default=http://127.0.0.1:2380",
-                            "--cert-file=/etc/etcd/tls.crt",
-                            "--key-file=/etc/etcd/tls.key",
-                            "--trusted-ca-file=/etc/etcd/ca.crt",
-                            "--client-cert-auth",
-                        ],
-                        "volumeMounts": [
-                            {"name": "data", "mountPath": "/var/lib/etcd"},
-                            {"name": "tls", "mountPath": "/etc/etcd", "readOnly": true},
-                        ],
-                    }],
-                    "volumes": [
-                        {"name": "data", "emptyDir": {}},
-                        {"name": "tls", "secret": {"secretName": "etcd-serving", "defaultMode": 0o440}},
-                    ],
-                },
-            },
-        },
-    });
-    cluster.ok(&["apply", "-f", "-"], Some(&deployment.to_string()));
-    rolled_out(&cluster, &etcd_ns, "deployment/etcd");
+    let etcd_pod = etcd_pod(&cluster, &etcd_ns, &etcd_image, &overlay.join("etcd"));
+    let ip = etcd_pod.ip.clone();
 
     step("the manifests with components/etcd, pointed at that etcd");
     // The node overlay (only the image changed), the etcd component, its client Secret, and
@@ -878,6 +791,129 @@ async fn etcd_backed_replicas_on_a_real_node() {
     drop(applied);
     drop(rendered);
     step("done");
+}
+
+/// The lab's mkimage.py: `K8S_LAB_DIR`, else ../shared/k8s-lab beside the project.
+pub(crate) fn mkimage() -> PathBuf {
+    let lab = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/k8s-lab"));
+    let mkimage = std::env::var_os("K8S_LAB_DIR")
+        .map_or(lab, PathBuf::from)
+        .join("mkimage.py");
+    assert!(
+        mkimage.exists(),
+        "the lab's mkimage.py at {}",
+        mkimage.display()
+    );
+    mkimage
+}
+
+/// The image `farm-e2e-etcd:<id>` of the real etcd binary (the lab's mkimage.py), imported
+/// into the node.
+pub(crate) fn etcd_image(id: u32) -> String {
+    let Some(etcd) = etcd_executable() else {
+        panic!("a node to test on, but no etcd to run on it (etcd on PATH, or FARM_ETCD_BIN)");
+    };
+    let etcd_image = format!("farm-e2e-etcd:{id}");
+    let made = Command::new("python3")
+        .arg(mkimage())
+        .arg(&etcd_image)
+        .arg(&etcd)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    etcd_image
+}
+
+/// An etcd of the test's own: a Pod of `etcd_image` behind a Service in the namespace
+/// `etcd_ns` (deleted when this is dropped), serving TLS and requiring client certificates.
+pub(crate) struct EtcdPod<'a> {
+    _namespace: EtcdNamespace<'a>,
+    /// The Service's ClusterIP (the lab has no DNS): https://<ip>:2379.
+    pub(crate) ip: String,
+}
+
+/// Starts an [`EtcdPod`]; `certs` gets its CA (ca.crt) and a client certificate for
+/// farm-apiserver (client.crt, client.key).
+pub(crate) fn etcd_pod<'a>(
+    cluster: &'a Cluster,
+    etcd_ns: &str,
+    etcd_image: &str,
+    certs: &std::path::Path,
+) -> EtcdPod<'a> {
+    std::fs::create_dir_all(certs).unwrap();
+    let namespace = EtcdNamespace(cluster, etcd_ns.to_owned());
+    cluster.ok(&["create", "namespace", etcd_ns], None);
+    let service = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "etcd", "namespace": etcd_ns},
+        "spec": {"selector": {"app": "farm-e2e-etcd"}, "ports": [{"port": 2379, "name": "client"}]},
+    });
+    cluster.ok(&["apply", "-f", "-"], Some(&service.to_string()));
+    let ip = cluster.ok(
+        &[
+            "get",
+            "service",
+            "etcd",
+            "-n",
+            etcd_ns,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+        None,
+    );
+    etcd_certificates(certs, &ip);
+    let read = |f: &str| std::fs::read_to_string(certs.join(f)).unwrap();
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "etcd-serving", "namespace": etcd_ns},
+        "stringData": {"ca.crt": read("ca.crt"), "tls.crt": read("server.crt"), "tls.key": read("server.key")},
+    });
+    cluster.ok(&["apply", "-f", "-"], Some(&secret.to_string()));
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "etcd", "namespace": etcd_ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "farm-e2e-etcd"}},
+            "template": {
+                "metadata": {"labels": {"app": "farm-e2e-etcd"}},
+                "spec": {
+                    "securityContext": {"fsGroup": 65532},
+                    "containers": [{
+                        "name": "etcd",
+                        "image": etcd_image,
+                        "imagePullPolicy": "Never",
+                        "args": [
+                            "--data-dir=/var/lib/etcd/data",
+                            "--listen-client-urls=https://0.0.0.0:2379",
+                            format!("--advertise-client-urls=https://{ip}:2379"),
+                            "--listen-peer-urls=http://127.0.0.1:2380",
+                            "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+                            "--initial-cluster=default=http://127.0.0.1:2380",
+                            "--cert-file=/etc/etcd/tls.crt",
+                            "--key-file=/etc/etcd/tls.key",
+                            "--trusted-ca-file=/etc/etcd/ca.crt",
+                            "--client-cert-auth",
+                        ],
+                        "volumeMounts": [
+                            {"name": "data", "mountPath": "/var/lib/etcd"},
+                            {"name": "tls", "mountPath": "/etc/etcd", "readOnly": true},
+                        ],
+                    }],
+                    "volumes": [
+                        {"name": "data", "emptyDir": {}},
+                        {"name": "tls", "secret": {"secretName": "etcd-serving", "defaultMode": 0o440}},
+                    ],
+                },
+            },
+        },
+    });
+    cluster.ok(&["apply", "-f", "-"], Some(&deployment.to_string()));
+    rolled_out(cluster, etcd_ns, "deployment/etcd");
+    EtcdPod {
+        _namespace: namespace,
+        ip,
+    }
 }
 
 /// The test's etcd namespace, deleted when dropped.

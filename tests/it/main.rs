@@ -12,7 +12,9 @@
 //!   generated artefacts against the committed copies; `house`: source files short enough to
 //!   read.
 //! - `e2e_cluster`: through a real kube-apiserver when `FARM_E2E_KUBECONFIG` is set;
-//!   `e2e_node`: the image and manifests installed on a real node when that cluster has one.
+//!   `e2e_node`: the image and manifests installed on a real node when that cluster has one;
+//!   `e2e_helm`: the Helm chart installed there by a real helm.
+//! - `helm`: the chart as helm renders it, against the kustomize install it must equal.
 
 mod barn;
 mod common;
@@ -27,12 +29,14 @@ mod bodies;
 mod deletion;
 mod differential;
 mod e2e_cluster;
+mod e2e_helm;
 mod e2e_node;
 mod e2e_operator;
 mod e2e_tls;
 mod etcd;
 mod farmpods;
 mod hardening;
+mod helm;
 mod house;
 mod inflight;
 mod manifests;

@@ -92,3 +92,31 @@ pub fn render(overlay: Option<&str>) -> Rendered {
         .collect();
     Rendered { dir, objects }
 }
+
+/// helm: on PATH, else where `scripts/install-helm.sh` puts it. None (the caller prints
+/// SKIPPED) without one, unless `FARM_REQUIRE_HELM` is set (CI), where its absence fails.
+pub fn helm() -> Option<PathBuf> {
+    let installed = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/helm/bin/helm");
+    let found = [PathBuf::from("helm"), installed].into_iter().find(|helm| {
+        Command::new(helm)
+            .args(["version", "--short"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    assert!(
+        found.is_some() || std::env::var_os("FARM_REQUIRE_HELM").is_none(),
+        "helm is neither on PATH nor in target/helm/bin (scripts/install-helm.sh) and \
+         FARM_REQUIRE_HELM is set"
+    );
+    found
+}
+
+/// YAML documents as kube-apiserver reads them: YAML 1.1, where `0440` is octal.
+pub fn yaml_documents(text: &str) -> Vec<Value> {
+    let options = serde_saphyr::options! { legacy_octal_numbers: true };
+    serde_saphyr::from_multiple_with_options::<Value>(text, options)
+        .expect("YAML documents")
+        .into_iter()
+        .filter(|doc| !doc.is_null())
+        .collect()
+}

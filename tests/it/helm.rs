@@ -1,0 +1,627 @@
+//! The Helm chart (`charts/farm-apiserver`) as a real helm renders it, offline: `helm lint
+//! --strict` and `helm template` in every storage and certificate mode, the server's own flag
+//! parser on the Deployment's arguments, the selfSigned certificate as the aggregator verifies
+//! it, the schema refusing wrong values with its message, the values' table in the chart's
+//! README, and no drift from the kustomize install: each mode rendered by helm is compared
+//! with the same install rendered by `kubectl kustomize` (the base and its components).
+//!
+//! helm comes from PATH or `scripts/install-helm.sh` (target/helm/bin/helm); without it these
+//! tests print SKIPPED, unless `FARM_REQUIRE_HELM` is set (CI), where they fail.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use base64::Engine;
+use clap::Parser;
+use farm_apiserver::config::{Args, Storage};
+use serde_json::{Value, json};
+use x509_parser::{extensions::GeneralName, pem::parse_x509_pem};
+
+use crate::common::install;
+
+pub(crate) const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/farm-apiserver");
+const RELEASE: &str = "farm-apiserver";
+const NAMESPACE: &str = "farm-system";
+/// What components/etcd points --etcd-servers at.
+const ETCD_SERVERS: &str = "https://etcd-0.etcd.etcd.svc:2379,https://etcd-1.etcd.etcd.svc:2379,https://etcd-2.etcd.etcd.svc:2379";
+
+fn helm_or_skip() -> Option<PathBuf> {
+    let helm = install::helm();
+    if helm.is_none() {
+        eprintln!("SKIPPED: no helm on PATH or in target/helm/bin (scripts/install-helm.sh)");
+    }
+    helm
+}
+
+/// A CA certificate in PEM, for tls.mode=existingSecret.
+fn some_ca(dir: &Path) -> PathBuf {
+    farm_apiserver::tls::DevCa::load_or_create(dir).unwrap();
+    dir.join("ca.crt")
+}
+
+/// Each mode the chart has, as `helm` arguments; `dir` holds files they name.
+fn modes(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
+    let owned = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let ca = some_ca(dir);
+    vec![
+        ("defaults", vec![]),
+        ("certManager", owned(&["--set", "tls.mode=certManager"])),
+        (
+            "existingSecret",
+            vec![
+                "--set".into(),
+                "tls.mode=existingSecret".into(),
+                "--set".into(),
+                "tls.existingSecret=my-serving-certificate".into(),
+                "--set-file".into(),
+                format!("tls.caBundle={}", ca.display()),
+            ],
+        ),
+        (
+            "etcd",
+            owned(&[
+                "--set",
+                "storage.type=etcd",
+                "--set",
+                "replicaCount=2",
+                "--set",
+                &format!("storage.etcd.servers={{{ETCD_SERVERS}}}"),
+                "--set",
+                "storage.etcd.prefix=/farm/",
+            ]),
+        ),
+        (
+            "everything else",
+            owned(&[
+                "--set",
+                "audit.enabled=true",
+                "--set",
+                "flowControl.enabled=true",
+                "--set",
+                "networkPolicy.enabled=true",
+                "--set",
+                "hostNetwork=true",
+                "--set",
+                "serviceMonitor.enabled=true",
+                "--api-versions",
+                "monitoring.coreos.com/v1/ServiceMonitor",
+                "--set",
+                "priorityClassName=system-cluster-critical",
+                "--set",
+                "extraArgs={--max-requests-inflight=800}",
+                "--set",
+                "logFormat=plain",
+            ]),
+        ),
+    ]
+}
+
+/// `helm template` of the chart with `args`: the objects, or helm's error.
+pub(crate) fn template(helm: &Path, args: &[String]) -> Result<Vec<Value>, String> {
+    let out = Command::new(helm)
+        .args(["template", RELEASE, CHART, "--namespace", NAMESPACE])
+        .args(args)
+        .output()
+        .expect("helm template");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(install::yaml_documents(
+        &String::from_utf8(out.stdout).unwrap(),
+    ))
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name} missing"))
+}
+
+fn deployment_args(objects: &[Value]) -> Args {
+    let args: Vec<&str> =
+        find(objects, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+    Args::try_parse_from(std::iter::once("farm-apiserver").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("the Deployment's args do not parse: {e}"))
+}
+
+fn b64(text: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .expect("base64")
+}
+
+#[test]
+fn lint_and_template_in_every_mode() {
+    let Some(helm) = helm_or_skip() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, args) in modes(dir.path()) {
+        // lint has no --api-versions: it renders without the ServiceMonitor.
+        let lint_args: Vec<&String> = args
+            .iter()
+            .enumerate()
+            .filter(|(i, a)| *a != "--api-versions" && (*i == 0 || args[i - 1] != "--api-versions"))
+            .map(|(_, a)| a)
+            .collect();
+        let lint = Command::new(&helm)
+            .args(["lint", "--strict", CHART, "--namespace", NAMESPACE])
+            .args(lint_args)
+            .output()
+            .unwrap();
+        assert!(
+            lint.status.success(),
+            "helm lint --strict ({mode}): {}{}",
+            String::from_utf8_lossy(&lint.stdout),
+            String::from_utf8_lossy(&lint.stderr)
+        );
+        let objects = template(&helm, &args).unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let parsed = deployment_args(&objects);
+        let deployment = find(&objects, "Deployment", RELEASE);
+        let pod = &deployment["spec"]["template"]["spec"];
+        // Every mounted volume exists, and the serving certificate's Secret is the mode's.
+        let volumes = pod["volumes"].as_array().unwrap();
+        for mount in pod["containers"][0]["volumeMounts"].as_array().unwrap() {
+            assert!(
+                volumes.iter().any(|v| v["name"] == mount["name"]),
+                "{mode}: {mount} has no volume"
+            );
+        }
+        let tls_secret =
+            volumes.iter().find(|v| v["name"] == "tls").unwrap()["secret"]["secretName"].clone();
+        match mode {
+            "existingSecret" => {
+                assert_eq!(tls_secret, "my-serving-certificate");
+                assert!(!objects.iter().any(|o| o["kind"] == "Secret"), "{mode}");
+                let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
+                for name in farm_apiserver::tls::API_SERVICES {
+                    assert_eq!(
+                        b64(find(&objects, "APIService", name)["spec"]["caBundle"]
+                            .as_str()
+                            .unwrap()),
+                        ca,
+                        "{mode}: the caBundle is the CA given"
+                    );
+                }
+            }
+            "certManager" => {
+                assert_eq!(tls_secret, "farm-apiserver-tls");
+                let certificate = find(&objects, "Certificate", "farm-apiserver-tls");
+                assert_eq!(certificate["spec"]["secretName"], tls_secret);
+                for name in farm_apiserver::tls::API_SERVICES {
+                    let api = find(&objects, "APIService", name);
+                    assert!(api["spec"]["caBundle"].is_null(), "cainjector writes it");
+                    assert_eq!(
+                        api["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                        "farm-system/farm-apiserver-tls"
+                    );
+                }
+            }
+            _ => {
+                assert_eq!(tls_secret, "farm-apiserver-tls");
+                find(&objects, "Secret", "farm-apiserver-tls");
+            }
+        }
+        match mode {
+            "etcd" => {
+                assert_eq!(parsed.storage, Storage::Etcd);
+                assert_eq!(find(&objects, "Deployment", RELEASE)["spec"]["replicas"], 2);
+                find(&objects, "PodDisruptionBudget", RELEASE);
+            }
+            _ => {
+                assert_eq!(parsed.storage, Storage::Memory, "{mode}");
+                assert!(
+                    !objects.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
+                    "{mode}: no PodDisruptionBudget for one replica"
+                );
+            }
+        }
+        if mode == "everything else" {
+            assert!(parsed.audit_policy_file.is_some());
+            assert_eq!(pod["hostNetwork"], true);
+            assert_eq!(pod["priorityClassName"], "system-cluster-critical");
+            for kind in [
+                "FlowSchema",
+                "PriorityLevelConfiguration",
+                "NetworkPolicy",
+                "ServiceMonitor",
+                "ConfigMap",
+            ] {
+                assert!(objects.iter().any(|o| o["kind"] == kind), "{mode}: {kind}");
+            }
+        }
+    }
+    // Without the CRD in the cluster (helm's --api-versions), no ServiceMonitor.
+    let objects = template(
+        &helm,
+        &["--set".into(), "serviceMonitor.enabled=true".into()],
+    )
+    .unwrap();
+    assert!(!objects.iter().any(|o| o["kind"] == "ServiceMonitor"));
+}
+
+/// The selfSigned mode: a serving certificate for the name the aggregator verifies, signed by
+/// the CA both APIServices trust, with a key the server loads.
+#[test]
+fn self_signed_certificate_is_what_the_aggregator_verifies() {
+    let Some(helm) = helm_or_skip() else { return };
+    let objects = template(&helm, &[]).unwrap();
+    let secret = find(&objects, "Secret", "farm-apiserver-tls");
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let data = |key: &str| b64(secret["data"][key].as_str().unwrap());
+    let ca_pem = data("ca.crt");
+    for name in farm_apiserver::tls::API_SERVICES {
+        let api = find(&objects, "APIService", name);
+        assert_eq!(b64(api["spec"]["caBundle"].as_str().unwrap()), ca_pem);
+        assert!(api["spec"]["insecureSkipTLSVerify"].is_null());
+    }
+    let (_, cert) = parse_x509_pem(&data("tls.crt")).unwrap();
+    let cert = cert.parse_x509().unwrap();
+    let (_, ca) = parse_x509_pem(&ca_pem).unwrap();
+    let ca = ca.parse_x509().unwrap();
+    cert.verify_signature(Some(ca.public_key()))
+        .expect("signed by the caBundle's CA");
+    let names: Vec<String> = cert
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(d) => Some((*d).to_owned()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        names.contains(&"farm-apiserver.farm-system.svc".to_owned()),
+        "{names:?}"
+    );
+    crate::common::install_crypto();
+    farm_apiserver::tls::server_config(&data("tls.crt"), &data("tls.key"), &[])
+        .expect("the server loads the certificate and its key");
+    // helm template cannot look the Secret up: each render makes a new CA (upgrades keep the
+    // one in the cluster; the lab test shows it).
+    let again = template(&helm, &[]).unwrap();
+    assert_ne!(
+        find(&again, "Secret", "farm-apiserver-tls")["data"]["ca.crt"],
+        secret["data"]["ca.crt"]
+    );
+}
+
+#[test]
+fn wrong_values_are_refused_with_the_schemas_message() {
+    let Some(helm) = helm_or_skip() else { return };
+    for (set, message) in [
+        (
+            "replicaCount=-1",
+            "at '/replicaCount': minimum: got -1, want 1",
+        ),
+        (
+            "storage.type=disk",
+            "at '/storage/type': value must be one of 'memory', 'etcd'",
+        ),
+        // Two replicas keeping Llamas in memory would be two farms behind one Service.
+        (
+            "replicaCount=2",
+            "at '/replicaCount': maximum: got 2, want 1",
+        ),
+        ("storage.type=etcd", "at '/storage/etcd/servers'"),
+        ("tls.mode=existingSecret", "at '/tls/existingSecret'"),
+        ("tls.mode=insecure", "at '/tls/mode'"),
+        ("logFormat=xml", "at '/logFormat'"),
+        ("extraArgs={verbose}", "at '/extraArgs/0'"),
+        ("replicas=2", "additional properties 'replicas' not allowed"),
+    ] {
+        let error = template(&helm, &["--set".into(), set.into()])
+            .err()
+            .unwrap_or_else(|| panic!("--set {set} was accepted"));
+        assert!(
+            error.contains("values don't meet the specifications of the schema")
+                && error.contains(message),
+            "--set {set}: {error}"
+        );
+    }
+}
+
+#[test]
+fn chart_version_follows_the_crate() {
+    let chart: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(Path::new(CHART).join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(chart["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+/// A values table row for each leaf of the schema: key, default (from values.yaml), and the
+/// schema's description.
+fn values_table() -> String {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(CHART).join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let defaults: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(Path::new(CHART).join("values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut rows = Vec::new();
+    fn walk(schema: &Value, defaults: &Value, path: &str, rows: &mut Vec<String>) {
+        let leaf = schema["properties"].as_object().filter(|_| {
+            // Objects whose members users name freely are leaves.
+            schema["additionalProperties"] == false
+        });
+        match leaf {
+            Some(properties) => {
+                for (name, member) in properties {
+                    let path = if path.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{path}.{name}")
+                    };
+                    walk(member, &defaults[name.as_str()], &path, rows);
+                }
+            }
+            // Helm's own, for subcharts.
+            None if path == "global" => {}
+            None => {
+                let default = match defaults {
+                    Value::Null => "".to_owned(),
+                    long if long.to_string().len() > 60 => "see values.yaml".to_owned(),
+                    other => format!("`{other}`"),
+                };
+                let mut description = schema["description"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{path} has no description in the schema"))
+                    .to_owned();
+                if let Some(values) = schema["enum"].as_array() {
+                    let values: Vec<String> = values.iter().map(|v| format!("`{v}`")).collect();
+                    description = format!("{description} (one of {})", values.join(", "));
+                }
+                rows.push(format!("| `{path}` | {default} | {description} |"));
+            }
+        }
+    }
+    walk(&schema, &defaults, "", &mut rows);
+    format!(
+        "| Value | Default | What it sets |\n|---|---|---|\n{}\n",
+        rows.join("\n")
+    )
+}
+
+const TABLE_START: &str = "<!-- values: generated from values.schema.json and values.yaml; \
+                           FARM_UPDATE_SNAPSHOTS=1 cargo test --test it helm:: rewrites it -->\n";
+const TABLE_END: &str = "<!-- end of values -->";
+
+#[test]
+fn chart_readme_lists_every_value() {
+    let path = Path::new(CHART).join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (before, rest) = readme
+        .split_once(TABLE_START)
+        .expect("the table's start marker");
+    let (_, after) = rest.split_once(TABLE_END).expect("the table's end marker");
+    let table = values_table();
+    if std::env::var_os("FARM_UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(
+            &path,
+            format!("{before}{TABLE_START}{table}{TABLE_END}{after}"),
+        )
+        .unwrap();
+        return;
+    }
+    assert_eq!(
+        rest.split_once(TABLE_END).unwrap().0,
+        table,
+        "charts/farm-apiserver/README.md's values table is stale: \
+         FARM_UPDATE_SNAPSHOTS=1 cargo test --test it helm::chart_readme_lists_every_value"
+    );
+}
+
+// ---- No drift: the chart against the kustomize install, mode by mode.
+
+/// `kubectl kustomize` of the shipped manifests with `components` (paths under manifests/),
+/// certificates written by `farm-apiserver certs`; `cert-manager` alone renders that
+/// kustomization instead.
+fn kustomized(components: &[&str]) -> Vec<Value> {
+    if components == ["cert-manager"] {
+        return install::render(Some("cert-manager")).objects;
+    }
+    let rendered = install::render(None);
+    if components.is_empty() {
+        return rendered.objects;
+    }
+    let overlay = rendered.dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    let list: String = components
+        .iter()
+        .map(|c| format!("  - ../manifests/{c}\n"))
+        .collect();
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - ../manifests\ncomponents:\n{list}"
+        ),
+    )
+    .unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&overlay)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    install::yaml_documents(&String::from_utf8(out.stdout).unwrap())
+}
+
+/// What may differ between the two installs, taken out: labels and annotations (checked
+/// apart: the chart's hold the kustomize install's), the certificates and caBundle (each
+/// install makes its own), kustomize's content hash in generated names, and the order of lists
+/// whose members are keyed by name. Returns (kind/namespace/name -> object, labels and
+/// annotations by the same key).
+#[allow(clippy::type_complexity)]
+fn comparable(objects: &[Value]) -> (BTreeMap<String, Value>, BTreeMap<String, Vec<Value>>) {
+    let hashed =
+        regex::Regex::new(r"^(farm-apiserver-(?:tls|audit-policy))-[a-z0-9]{10}$").unwrap();
+    let unhash = |v: Option<&mut Value>| {
+        if let Some(v) = v
+            && let Some(name) = v.as_str()
+            && let Some(c) = hashed.captures(name)
+        {
+            *v = json!(c[1].to_owned());
+        }
+    };
+    let mut out = BTreeMap::new();
+    let mut metadata = BTreeMap::new();
+    for object in objects {
+        let mut o = object.clone();
+        unhash(o.pointer_mut("/metadata/name"));
+        let key = format!(
+            "{}/{}/{}",
+            o["kind"].as_str().unwrap(),
+            o["metadata"]["namespace"].as_str().unwrap_or(""),
+            o["metadata"]["name"].as_str().unwrap()
+        );
+        let meta = o["metadata"].as_object_mut().unwrap();
+        let labels = meta.remove("labels").unwrap_or(json!({}));
+        let annotations = meta.remove("annotations").unwrap_or(json!({}));
+        let mut kept = vec![labels, annotations];
+        match o["kind"].as_str().unwrap() {
+            "Secret" => {
+                o.as_object_mut().unwrap().remove("data");
+            }
+            "APIService" => {
+                o["spec"].as_object_mut().unwrap().remove("caBundle");
+            }
+            "ConfigMap" => {
+                // The audit policy: compared as YAML.
+                for (_, text) in o["data"].as_object_mut().unwrap().iter_mut() {
+                    *text = serde_saphyr::from_str(text.as_str().unwrap()).unwrap();
+                }
+            }
+            "Deployment" => {
+                let template = o["spec"]["template"]["metadata"].as_object_mut().unwrap();
+                kept.push(template.remove("labels").unwrap_or(json!({})));
+                kept.push(template.remove("annotations").unwrap_or(json!({})));
+                let pod = &mut o["spec"]["template"]["spec"];
+                for volume in pod["volumes"].as_array_mut().unwrap() {
+                    unhash(volume.pointer_mut("/secret/secretName"));
+                    unhash(volume.pointer_mut("/configMap/name"));
+                }
+            }
+            _ => {}
+        }
+        sort_named_lists(&mut o);
+        out.insert(key.clone(), o);
+        metadata.insert(key, kept);
+    }
+    (out, metadata)
+}
+
+/// Lists whose members all have a `name` (volumes, mounts, ports...), sorted by it.
+fn sort_named_lists(value: &mut Value) {
+    match value {
+        Value::Array(items) => {
+            items.iter_mut().for_each(sort_named_lists);
+            if items.iter().all(|i| i["name"].is_string()) {
+                items.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+            }
+        }
+        Value::Object(map) => map.values_mut().for_each(sort_named_lists),
+        _ => {}
+    }
+}
+
+/// `small` is within `big`: every key of `small` has the same value in `big`.
+fn within(small: &Value, big: &Value) -> bool {
+    small
+        .as_object()
+        .is_none_or(|s| s.iter().all(|(k, v)| &big[k.as_str()] == v))
+}
+
+#[test]
+fn the_chart_renders_what_kustomize_renders() {
+    let Some(helm) = helm_or_skip() else { return };
+    if !install::has_kubectl() {
+        eprintln!("SKIPPED: kubectl is not on PATH; it renders the kustomization");
+        return;
+    }
+    let set = |pairs: &[&str]| -> Vec<String> {
+        pairs
+            .iter()
+            .flat_map(|p| ["--set".to_owned(), (*p).to_owned()])
+            .collect()
+    };
+    let servers = format!("storage.etcd.servers={{{ETCD_SERVERS}}}");
+    let cases: Vec<(&str, Vec<&str>, Vec<String>)> = vec![
+        ("manifests", vec![], vec![]),
+        (
+            "manifests/cert-manager",
+            vec!["cert-manager"],
+            set(&["tls.mode=certManager"]),
+        ),
+        (
+            "components/etcd",
+            vec!["components/etcd"],
+            set(&["storage.type=etcd", "replicaCount=2", &servers]),
+        ),
+        (
+            "components/audit",
+            vec!["components/audit"],
+            set(&["audit.enabled=true"]),
+        ),
+        (
+            "components/flow-control",
+            vec!["components/flow-control"],
+            set(&["flowControl.enabled=true"]),
+        ),
+        (
+            "components/network-policy",
+            vec!["components/network-policy"],
+            set(&["networkPolicy.enabled=true"]),
+        ),
+        (
+            "components/host-network",
+            vec!["components/host-network"],
+            set(&["hostNetwork=true"]),
+        ),
+    ];
+    for (what, components, args) in cases {
+        let mut args = args;
+        // The chart's own test objects (a ServiceAccount and bindings for `helm test`) are
+        // not part of the kustomize install.
+        args.extend(set(&["tests.enabled=false"]));
+        let chart = template(&helm, &args).unwrap();
+        let kustomize = kustomized(&components);
+        let (chart, chart_meta) = comparable(&chart);
+        let (kustomize, kustomize_meta) = comparable(&kustomize);
+        // The Namespace is helm's --create-namespace.
+        let kustomize: BTreeMap<String, Value> = kustomize
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("Namespace/"))
+            .collect();
+        assert_eq!(
+            chart.keys().collect::<Vec<_>>(),
+            kustomize.keys().collect::<Vec<_>>(),
+            "{what}: the same objects"
+        );
+        for (key, object) in &kustomize {
+            assert_eq!(
+                &chart[key], object,
+                "{what}: {key} differs between `helm template` (left) and `kubectl kustomize`"
+            );
+            for (small, big) in kustomize_meta[key].iter().zip(&chart_meta[key]) {
+                assert!(
+                    within(small, big),
+                    "{what}: {key}: the chart's {big} lacks kustomize's {small}"
+                );
+            }
+        }
+    }
+}
