@@ -101,8 +101,18 @@ fn modes(dir: &Path) -> Vec<(&'static str, Vec<String>)> {
 
 /// `helm template` of the chart with `args`: the objects, or helm's error.
 pub(crate) fn template(helm: &Path, args: &[String]) -> Result<Vec<Value>, String> {
+    template_as(helm, RELEASE, NAMESPACE, args)
+}
+
+/// `helm template` as release `release` in `namespace`.
+fn template_as(
+    helm: &Path,
+    release: &str,
+    namespace: &str,
+    args: &[String],
+) -> Result<Vec<Value>, String> {
     let out = Command::new(helm)
-        .args(["template", RELEASE, CHART, "--namespace", NAMESPACE])
+        .args(["template", release, CHART, "--namespace", namespace])
         .args(args)
         .output()
         .expect("helm template");
@@ -296,6 +306,86 @@ fn self_signed_certificate_is_what_the_aggregator_verifies() {
     );
 }
 
+/// Another release in another namespace: every name and reference follows them, nothing says
+/// farm-system, and the test objects are outside every selector of the server's.
+#[test]
+fn names_follow_the_release_and_namespace() {
+    let Some(helm) = helm_or_skip() else { return };
+    let objects = template_as(&helm, "farm", "pasture", &[]).unwrap();
+    let text = serde_json::to_string(&objects).unwrap();
+    assert!(!text.contains("farm-system"), "{text}");
+    let name = "farm-farm-apiserver";
+    let service = find(&objects, "Service", name);
+    assert_eq!(service["metadata"]["namespace"], "pasture");
+    for api in farm_apiserver::tls::API_SERVICES {
+        let spec = &find(&objects, "APIService", api)["spec"];
+        assert_eq!(spec["service"]["name"], name);
+        assert_eq!(spec["service"]["namespace"], "pasture");
+    }
+    let deployment = find(&objects, "Deployment", name);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], name);
+    find(&objects, "ServiceAccount", name);
+    let secret = find(&objects, "Secret", &format!("{name}-tls"));
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        secret["metadata"]["name"]
+    );
+    let (_, cert) = parse_x509_pem(&b64(secret["data"]["tls.crt"].as_str().unwrap())).unwrap();
+    let cert = cert.parse_x509().unwrap();
+    let san = format!(
+        "{:?}",
+        cert.subject_alternative_name().unwrap().unwrap().value
+    );
+    assert!(san.contains("farm-farm-apiserver.pasture.svc"), "{san}");
+    for (kind, binding) in [
+        (
+            "ClusterRoleBinding",
+            format!("{name}:system:auth-delegator"),
+        ),
+        ("ClusterRoleBinding", name.to_owned()),
+        ("RoleBinding", format!("{name}-auth-reader")),
+    ] {
+        let subject = &find(&objects, kind, &binding)["subjects"][0];
+        assert_eq!(subject["name"], name, "{kind} {binding}");
+        assert_eq!(subject["namespace"], "pasture", "{kind} {binding}");
+    }
+    assert_eq!(
+        find(&objects, "RoleBinding", &format!("{name}-auth-reader"))["metadata"]["namespace"],
+        "kube-system"
+    );
+    // What the defaults add to the kustomize install: the `helm test` objects, which no
+    // selector of the server's matches.
+    let selector = &service["spec"]["selector"];
+    assert_eq!(deployment["spec"]["selector"]["matchLabels"], *selector);
+    let tests: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["metadata"]["labels"]["app.kubernetes.io/component"] == "test")
+        .collect();
+    let kinds: Vec<&str> = tests.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "RoleBinding",
+            "Pod"
+        ]
+        .iter()
+        .filter(|k| kinds.contains(k))
+        .copied()
+        .collect::<Vec<_>>()
+    );
+    assert_eq!(tests.len(), 5, "{kinds:?}");
+    for object in tests {
+        assert!(
+            !within(selector, &object["metadata"]["labels"]),
+            "{object}: the server's selector matches it"
+        );
+    }
+}
+
 #[test]
 fn wrong_values_are_refused_with_the_schemas_message() {
     let Some(helm) = helm_or_skip() else { return };
@@ -319,6 +409,12 @@ fn wrong_values_are_refused_with_the_schemas_message() {
         ("logFormat=xml", "at '/logFormat'"),
         ("extraArgs={verbose}", "at '/extraArgs/0'"),
         ("replicas=2", "additional properties 'replicas' not allowed"),
+        ("fullnameOverride=Bad_Name", "at '/fullnameOverride'"),
+        ("audit.policy.kind=Nonsense", "at '/audit/policy/kind'"),
+        (
+            "podLabels.app\\.kubernetes\\.io/name=x",
+            "invalid propertyName",
+        ),
     ] {
         let error = template(&helm, &["--set".into(), set.into()])
             .err()
@@ -328,6 +424,31 @@ fn wrong_values_are_refused_with_the_schemas_message() {
                 && error.contains(message),
             "--set {set}: {error}"
         );
+    }
+    // What one value cannot say alone, the templates refuse.
+    for (sets, message) in [
+        (
+            vec!["terminationGracePeriodSeconds=5"],
+            "terminationGracePeriodSeconds must exceed shutdownDelaySeconds",
+        ),
+        (
+            vec![
+                "storage.type=etcd",
+                "replicaCount=2",
+                "storage.etcd.servers={https://etcd:2379}",
+                "podDisruptionBudget.minAvailable=2",
+            ],
+            "podDisruptionBudget.minAvailable must be below replicaCount",
+        ),
+    ] {
+        let args: Vec<String> = sets
+            .iter()
+            .flat_map(|s| ["--set".to_owned(), (*s).to_owned()])
+            .collect();
+        let error = template(&helm, &args)
+            .err()
+            .unwrap_or_else(|| panic!("{sets:?} was accepted"));
+        assert!(error.contains(message), "{sets:?}: {error}");
     }
 }
 
@@ -498,6 +619,14 @@ fn comparable(objects: &[Value]) -> (BTreeMap<String, Value>, BTreeMap<String, V
             }
             "APIService" => {
                 o["spec"].as_object_mut().unwrap().remove("caBundle");
+            }
+            "Certificate" => {
+                if let Some(template) = o
+                    .pointer_mut("/spec/secretTemplate")
+                    .and_then(Value::as_object_mut)
+                {
+                    kept.push(template.remove("labels").unwrap_or(json!({})));
+                }
             }
             "ConfigMap" => {
                 // The audit policy: compared as YAML.

@@ -21,13 +21,25 @@ Objects' names: fullnameOverride, else the release's name when it holds the char
 {{- end }}
 {{- end }}
 
-{{/* The Pods' selector: the kustomize install's, so either can take over from the other. */}}
+{{/* The Pods' selector: the kustomize install's. */}}
 {{- define "farm-apiserver.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "farm-apiserver.name" . }}
 {{- end }}
 
 {{- define "farm-apiserver.labels" -}}
 {{ include "farm-apiserver.selectorLabels" . }}
+app.kubernetes.io/part-of: farm
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The `helm test` objects' labels: a name of their own, so no selector of the server's
+(Service, PodDisruptionBudget, NetworkPolicy, the test's own FarmPod wait) matches them. */}}
+{{- define "farm-apiserver.testLabels" -}}
+app.kubernetes.io/name: {{ include "farm-apiserver.name" . }}-test
+app.kubernetes.io/component: test
 app.kubernetes.io/part-of: farm
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
