@@ -1,5 +1,5 @@
-//! The watch wire format: newline-delimited `{"type":…,"object":…}` events, one HTTP chunk each,
-//! with bookmarks, the `k8s.io/initial-events-end` bookmark, `timeoutSeconds` and a clean end on
+//! The watch wire format: newline-delimited `{"type":…,"object":…}` events, sent as they
+//! happen (the events already waiting for a watcher go in one HTTP chunk), with bookmarks, the `k8s.io/initial-events-end` bookmark, `timeoutSeconds` and a clean end on
 //! shutdown.
 
 use std::{sync::Arc, time::Duration};
@@ -9,8 +9,8 @@ use axum::{
     http::{HeaderValue, StatusCode, header},
     response::{IntoResponse, Response},
 };
-use bytes::Bytes;
-use futures::StreamExt;
+use bytes::{Bytes, BytesMut};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ListMeta, ObjectMeta};
 use kube::core::{
     TypeMeta,
@@ -77,6 +77,20 @@ pub struct WatchOptions {
     pub timeout: Duration,
     /// How often a bookmark may be sent ([`crate::rest::RestSettings::bookmark_interval`]).
     pub bookmark_interval: Duration,
+}
+
+/// A chunk grows with the events already waiting until it holds this much (then one more line
+/// at most): a watcher that fell behind catches up in fewer, larger writes (on HTTP/1.1 each
+/// chunk is a TLS record and a `writev` of its own) without ever waiting for an event.
+const BATCH_BYTES: usize = 32 * 1024;
+
+/// What one watch item makes.
+enum Made {
+    Line(Bytes),
+    /// Nothing to send (progress, or an end of initial events nobody asked to see).
+    Nothing,
+    /// The watch ends, after this last line when there is one.
+    End(Option<Bytes>),
 }
 
 struct Watcher<K> {
@@ -204,6 +218,55 @@ impl<K: ServedResource> Watcher<K> {
         }
     }
 
+    fn made(&mut self, item: Option<WatchItem<K>>) -> Made {
+        match item {
+            None => {
+                self.done = true;
+                Made::End(None)
+            }
+            Some(WatchItem::Event(event)) => {
+                self.last_rv = event.resource_version;
+                Made::Line(self.event(&event))
+            }
+            Some(WatchItem::InitialEventsEnd(rv)) => {
+                self.last_rv = self.last_rv.max(rv);
+                if self.options.send_initial_events_end {
+                    self.bookmarked_rv = rv;
+                    Made::Line(self.bookmark(rv, true))
+                } else {
+                    Made::Nothing
+                }
+            }
+            Some(WatchItem::Progress(rv)) => {
+                self.last_rv = self.last_rv.max(rv);
+                Made::Nothing
+            }
+            Some(WatchItem::Error(error)) => {
+                self.done = true;
+                Made::End(Some(event_line("ERROR", &error.to_status())))
+            }
+        }
+    }
+
+    /// `first`, then the lines of the items already waiting, up to [`BATCH_BYTES`].
+    fn with_waiting(&mut self, first: Bytes) -> Bytes {
+        let mut chunk: Option<BytesMut> = None;
+        while !self.done && chunk.as_ref().map_or(first.len(), BytesMut::len) < BATCH_BYTES {
+            // Polled without a waker of ours: the next `next_chunk` polls the stream again,
+            // with one, before it waits.
+            let Some(item) = self.stream.next().now_or_never() else {
+                break;
+            };
+            match self.made(item) {
+                Made::Line(line) | Made::End(Some(line)) => chunk
+                    .get_or_insert_with(|| BytesMut::from(&first[..]))
+                    .extend_from_slice(&line),
+                Made::Nothing | Made::End(None) => {}
+            }
+        }
+        chunk.map_or(first, BytesMut::freeze)
+    }
+
     /// The next chunk to send, or None when the watch ends.
     async fn next_chunk(&mut self) -> Option<Bytes> {
         loop {
@@ -220,29 +283,10 @@ impl<K: ServedResource> Watcher<K> {
                     self.done = true;
                     return None;
                 }
-                item = self.stream.next() => match item {
-                    None => {
-                        self.done = true;
-                        return None;
-                    }
-                    Some(WatchItem::Event(event)) => {
-                        self.last_rv = event.resource_version;
-                        return Some(self.event(&event));
-                    }
-                    Some(WatchItem::InitialEventsEnd(rv)) => {
-                        self.last_rv = self.last_rv.max(rv);
-                        if self.options.send_initial_events_end {
-                            self.bookmarked_rv = rv;
-                            return Some(self.bookmark(rv, true));
-                        }
-                    }
-                    Some(WatchItem::Progress(rv)) => {
-                        self.last_rv = self.last_rv.max(rv);
-                    }
-                    Some(WatchItem::Error(error)) => {
-                        self.done = true;
-                        return Some(event_line("ERROR", &error.to_status()));
-                    }
+                item = self.stream.next() => match self.made(item) {
+                    Made::Line(line) => return Some(self.with_waiting(line)),
+                    Made::Nothing => {}
+                    Made::End(last) => return last,
                 },
                 _ = self.ticker.tick(), if self.options.allow_bookmarks => {
                     if self.last_rv > self.bookmarked_rv {

@@ -343,3 +343,48 @@ async fn a_watcher_that_stops_reading_through_kube_apiserver_is_ended() {
     drop(installed);
     drop(server);
 }
+
+/// A watcher with events already waiting gets them in one chunk (one TLS record and one write
+/// on HTTP/1.1), up to 32 KiB and a line, never waiting for more: the initial events of 200
+/// Llamas arrive in a few chunks, each whole lines, none far over the bound, and all of them.
+#[tokio::test]
+async fn waiting_events_go_out_together() {
+    use crate::common::oneshot;
+    let app = oneshot::app();
+    for i in 0..200 {
+        let reply =
+            oneshot::create(&app, "default", &oneshot::llama(&format!("l{i}"), 1.0, 1.0)).await;
+        assert_eq!(reply.status, 201);
+    }
+    let request = axum::http::Request::get(format!(
+        "{LLAMAS}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=5"
+    ))
+    .extension(app.peer.clone())
+    .body(axum::body::Body::empty())
+    .unwrap();
+    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let (mut chunks, mut lines) = (Vec::new(), 0);
+    // 201 Llamas (dolly is there from the start) and the initial-events-end bookmark.
+    while lines < 202 {
+        let frame = tokio::time::timeout(Duration::from_secs(5), body.frame())
+            .await
+            .expect("events in time")
+            .expect("the watch is open")
+            .unwrap();
+        let chunk = frame.into_data().unwrap();
+        assert!(chunk.ends_with(b"\n"), "whole lines");
+        lines += chunk.iter().filter(|b| **b == b'\n').count();
+        chunks.push(chunk.len());
+    }
+    assert_eq!(lines, 202);
+    let largest = chunks.iter().max().copied().unwrap_or(0);
+    assert!(
+        chunks.len() < 20 && largest < 32 * 1024 + 4096,
+        "{} chunks for 202 events: {chunks:?}",
+        chunks.len()
+    );
+}
