@@ -1,6 +1,6 @@
 //! The watch wire format: newline-delimited `{"type":…,"object":…}` events, sent as they
-//! happen (the events already waiting for a watcher go in one HTTP chunk), with bookmarks, the `k8s.io/initial-events-end` bookmark, `timeoutSeconds` and a clean end on
-//! shutdown.
+//! happen (the events already waiting for a watcher go in one HTTP chunk), with bookmarks, the
+//! `k8s.io/initial-events-end` bookmark, `timeoutSeconds` and a clean end on shutdown.
 
 use std::{sync::Arc, time::Duration};
 
@@ -218,6 +218,7 @@ impl<K: ServedResource> Watcher<K> {
         }
     }
 
+    /// What `item` makes, the watcher's resourceVersions moved along.
     fn made(&mut self, item: Option<WatchItem<K>>) -> Made {
         match item {
             None => {

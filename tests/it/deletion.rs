@@ -149,13 +149,7 @@ async fn a_finalizer_holds_a_delete_until_it_is_removed(storage: TestStorage) {
 /// The first `n` lines of a watch, as JSON.
 async fn watch_lines(app: App, uri: String, n: usize) -> Vec<Value> {
     use http_body_util::BodyExt;
-    let request = axum::http::Request::get(&uri)
-        .extension(app.peer.clone())
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
-        .await
-        .unwrap();
+    let response = crate::common::oneshot::open(&app, &uri, &[]).await;
     let mut body = response.into_body();
     let mut text = Vec::new();
     while text.iter().filter(|b| **b == b'\n').count() < n {

@@ -767,14 +767,7 @@ async fn json_patch_operations_are_capped_and_failures_named() {
 
 /// The first `n` events of a watch, as JSON.
 async fn watch_events(app: &App, uri: &str, accept: &str, n: usize) -> Vec<Value> {
-    let request = axum::http::Request::get(uri)
-        .header("accept", accept)
-        .extension(app.peer.clone())
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
-        .await
-        .unwrap();
+    let response = open(app, uri, &[("accept", accept)]).await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     let mut text = Vec::new();

@@ -15,7 +15,6 @@ use std::{
 };
 
 use base64::Engine;
-use clap::Parser;
 use farm_apiserver::config::{Args, Storage};
 use serde_json::{Value, json};
 use x509_parser::{extensions::GeneralName, pem::parse_x509_pem};
@@ -132,15 +131,9 @@ fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
 }
 
 fn deployment_args(objects: &[Value]) -> Args {
-    let args: Vec<&str> =
-        find(objects, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap())
-            .collect();
-    Args::try_parse_from(std::iter::once("farm-apiserver").chain(args.iter().copied()))
-        .unwrap_or_else(|e| panic!("the Deployment's args do not parse: {e}"))
+    crate::manifests::server_args(
+        &find(objects, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0],
+    )
 }
 
 fn b64(text: &str) -> Vec<u8> {

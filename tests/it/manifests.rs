@@ -95,7 +95,7 @@ fn container(deployment: &Value) -> &Value {
 }
 
 /// The container's arguments, parsed by the server's own flag parser.
-fn server_args(container: &Value) -> Args {
+pub(crate) fn server_args(container: &Value) -> Args {
     assert!(
         container["command"].is_null(),
         "the image's ENTRYPOINT is the server"

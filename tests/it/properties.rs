@@ -128,13 +128,7 @@ fn json_soup() -> impl Strategy<Value = String> {
 /// A GET's status, and its body only when it is an error (a watch's body never ends).
 async fn head_of(app: &App, uri: &str) -> Reply {
     use http_body_util::BodyExt;
-    let request = axum::http::Request::get(uri)
-        .extension(app.peer.clone())
-        .body(axum::body::Body::empty())
-        .unwrap();
-    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
-        .await
-        .unwrap();
+    let response = crate::common::oneshot::open(app, uri, &[]).await;
     let (status, headers) = (response.status(), response.headers().clone());
     let body = if status.as_u16() >= 400 {
         response

@@ -356,15 +356,10 @@ async fn waiting_events_go_out_together() {
             oneshot::create(&app, "default", &oneshot::llama(&format!("l{i}"), 1.0, 1.0)).await;
         assert_eq!(reply.status, 201);
     }
-    let request = axum::http::Request::get(format!(
+    let uri = format!(
         "{LLAMAS}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=5"
-    ))
-    .extension(app.peer.clone())
-    .body(axum::body::Body::empty())
-    .unwrap();
-    let response = tower::ServiceExt::oneshot(app.router.clone(), request)
-        .await
-        .unwrap();
+    );
+    let response = oneshot::open(&app, &uri, &[]).await;
     assert_eq!(response.status(), 200);
     let mut body = response.into_body();
     let (mut chunks, mut lines) = (Vec::new(), 0);

@@ -137,6 +137,19 @@ pub async fn call(
     }
 }
 
+/// The response to `GET uri` with `headers`, its body unread: a watch's never ends.
+pub async fn open(app: &App, uri: &str, headers: &[(&str, &str)]) -> axum::response::Response {
+    let mut request = Request::get(uri).extension(app.peer.clone());
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    app.router
+        .clone()
+        .oneshot(request.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
 pub async fn get(app: &App, uri: &str) -> Reply {
     call(app, "GET", uri, &[], "").await
 }
