@@ -27,7 +27,7 @@ use crate::{
     conditional,
     error::{Error, Result},
     negotiate::{self, Discovery},
-    resource::{GROUP, ResourceInfo, at_version, served_versions},
+    resource::{ResourceInfo, at_version, served_versions},
 };
 
 /// One encoded document and its ETag.
@@ -51,6 +51,8 @@ impl Document {
 /// Every discovery document of the served kinds, encoded once with its ETag.
 #[derive(Debug)]
 pub struct DiscoveryDocuments {
+    /// The group's name.
+    name: &'static str,
     api_versions: Document,
     group_list: Document,
     group: Document,
@@ -105,33 +107,33 @@ fn api_resource(info: &ResourceInfo) -> APIResource {
 /// resource's objects when it changes.
 fn storage_version_hash(info: &ResourceInfo) -> String {
     use base64::Engine;
-    let gvk = format!("{GROUP}/{}/{}", info.storage_version, info.kind);
+    let gvk = format!("{}/{}/{}", info.group, info.storage_version, info.kind);
     let digest = sha2::Sha256::digest(gvk.as_bytes());
     base64::engine::general_purpose::STANDARD.encode(&digest[..8])
 }
 
-fn group(versions: &[&'static str]) -> APIGroup {
+fn group(name: &str, versions: &[&'static str]) -> APIGroup {
     let versions: Vec<GroupVersionForDiscovery> = versions
         .iter()
         .map(|version| GroupVersionForDiscovery {
-            group_version: format!("{GROUP}/{version}"),
+            group_version: format!("{name}/{version}"),
             version: (*version).into(),
         })
         .collect();
     APIGroup {
-        name: GROUP.into(),
+        name: name.into(),
         preferred_version: versions.first().cloned(),
         versions,
         server_address_by_client_cidrs: None,
     }
 }
 
-fn aggregated(resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
+fn aggregated(name: &str, resources: &[ResourceInfo]) -> APIGroupDiscoveryList {
     APIGroupDiscoveryList {
         metadata: Some(Default::default()),
         items: vec![APIGroupDiscovery {
             metadata: Some(ObjectMeta {
-                name: Some(GROUP.into()),
+                name: Some(name.into()),
                 ..Default::default()
             }),
             versions: served_versions(resources)
@@ -151,7 +153,7 @@ fn aggregated_version(version: &'static str, resources: &[ResourceInfo]) -> APIV
             .map(|info| APIResourceDiscovery {
                 resource: Some(info.plural.to_owned()),
                 response_kind: Some(GroupVersionKind {
-                    group: Some(GROUP.into()),
+                    group: Some(info.group.into()),
                     version: Some(version.into()),
                     kind: Some(info.kind.clone()),
                 }),
@@ -172,7 +174,7 @@ fn aggregated_version(version: &'static str, resources: &[ResourceInfo]) -> APIV
                     .then(|| APISubresourceDiscovery {
                         subresource: Some("status".into()),
                         response_kind: Some(GroupVersionKind {
-                            group: Some(GROUP.into()),
+                            group: Some(info.group.into()),
                             version: Some(version.into()),
                             kind: Some(info.kind.clone()),
                         }),
@@ -187,9 +189,9 @@ fn aggregated_version(version: &'static str, resources: &[ResourceInfo]) -> APIV
 }
 
 /// The APIResourceList of `version` (`resources` are at it).
-fn resource_list(version: &str, resources: &[ResourceInfo]) -> APIResourceList {
+fn resource_list(name: &str, version: &str, resources: &[ResourceInfo]) -> APIResourceList {
     APIResourceList {
-        group_version: format!("{GROUP}/{version}"),
+        group_version: format!("{name}/{version}"),
         resources: resources
             .iter()
             .flat_map(|info| {
@@ -209,9 +211,9 @@ fn resource_list(version: &str, resources: &[ResourceInfo]) -> APIResourceList {
 }
 
 impl DiscoveryDocuments {
-    /// The documents for `resources`, in that order.
-    pub fn new(resources: &[ResourceInfo]) -> Self {
-        let aggregated = aggregated(resources);
+    /// The documents for `resources` of the API group `name`, in that order.
+    pub fn new(name: &'static str, resources: &[ResourceInfo]) -> Self {
+        let aggregated = aggregated(name, resources);
         let versions = served_versions(resources);
         Self {
             api_versions: Document::new(&APIVersions {
@@ -219,13 +221,14 @@ impl DiscoveryDocuments {
                 server_address_by_client_cidrs: Vec::new(),
             }),
             group_list: Document::new(&APIGroupList {
-                groups: vec![group(&versions)],
+                groups: vec![group(name, &versions)],
             }),
-            group: Document::new(&group(&versions)),
+            group: Document::new(&group(name, &versions)),
+            name,
             resource_lists: versions
                 .iter()
                 .map(|version| {
-                    let list = resource_list(version, &at_version(resources, version));
+                    let list = resource_list(name, version, &at_version(resources, version));
                     (*version, Document::new(&list))
                 })
                 .collect(),
@@ -319,13 +322,11 @@ async fn get_resource_list(
 
 /// `/api`, `/apis`, `/apis/<group>` and `/apis/<group>/<version>`, answered from `docs`.
 pub fn router(docs: Arc<DiscoveryDocuments>) -> Router {
+    let name = docs.name;
     Router::new()
         .route("/api", get(api))
         .route("/apis", get(apis))
-        .route(&format!("/apis/{GROUP}"), get(api_group))
-        .route(
-            &format!("/apis/{GROUP}/{{version}}"),
-            get(get_resource_list),
-        )
+        .route(&format!("/apis/{name}"), get(api_group))
+        .route(&format!("/apis/{name}/{{version}}"), get(get_resource_list))
         .with_state(docs)
 }

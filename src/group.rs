@@ -1,33 +1,45 @@
-//! The one place kinds are installed: `ApiGroup::new().serve::<Llama>(store)` gives the kind
-//! its REST endpoints, its discovery entry and OpenAPI paths, its metrics label, its
+//! The one place kinds are installed: `ApiGroup::new(group).serve::<Llama>(store)` gives the
+//! kind its REST endpoints, its discovery entry and OpenAPI paths, its metrics label, its
 //! `apiserver_storage_objects` series and its store's readiness checks. What the kind is comes
 //! from its own file ([`ServedResource`]); what it may do (read-only or not) from its store.
-//! [`register`] lists the kinds farm-apiserver serves, one line each.
+//! The server's own list of kinds, one line each, is its user's (`server::Config::kinds`).
 
 use std::sync::Arc;
 
 use crate::{
     health::Check,
     resource::{ResourceInfo, ServedResource, VersionOf},
-    resources::{FarmPod, farmpod, llama},
     rest::{Endpoints, RestContext, fields::KindVersions},
     store::{Converted, StorageFactory, Store},
 };
 
 type Install = Box<dyn FnOnce(Endpoints, RestContext) -> anyhow::Result<Endpoints> + Send>;
 
-/// The kinds `farm.example.com` serves, each with its store, in discovery order.
-#[derive(Default)]
+/// The kinds one API group serves, each with its store, in discovery order.
 pub struct ApiGroup {
+    name: &'static str,
+    /// Kinds of another group, refused by [`Self::endpoints`].
+    strangers: Vec<String>,
     resources: Vec<ResourceInfo>,
     installs: Vec<Install>,
     checks: Vec<Check>,
 }
 
 impl ApiGroup {
-    /// No kinds yet.
-    pub fn new() -> Self {
-        Self::default()
+    /// The group `name` (`farm.example.com`), with no kinds yet.
+    pub fn new(name: &'static str) -> Self {
+        Self {
+            name,
+            strangers: Vec::new(),
+            resources: Vec::new(),
+            installs: Vec::new(),
+            checks: Vec::new(),
+        }
+    }
+
+    /// The group's name.
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// Serves `K` from `store`: every verb the store supports (get, list and watch from any
@@ -93,6 +105,10 @@ impl ApiGroup {
             storage_version,
             ..ResourceInfo::of::<K>(store.writable().is_some())
         };
+        if info.group != self.name {
+            self.strangers
+                .push(format!("{} ({}.{})", info.kind, info.plural, info.group));
+        }
         self.resources.push(info.clone());
         self.checks.extend(store.clone().readiness_checks());
         self.installs.push(Box::new(move |endpoints, ctx| {
@@ -111,92 +127,22 @@ impl ApiGroup {
         &self.checks
     }
 
-    /// The kinds' REST endpoints, sharing `ctx`; fails on the first kind whose schema does not
-    /// convert for field management (see [`Endpoints::with`]).
+    /// The kinds' REST endpoints, sharing `ctx`; fails on a kind of another group, and on the
+    /// first kind whose schema does not convert for field management (see [`Endpoints::with`]).
     pub fn endpoints(self, ctx: &RestContext) -> anyhow::Result<(Vec<ResourceInfo>, Endpoints)> {
+        if !self.strangers.is_empty() {
+            anyhow::bail!(
+                "the API group {} cannot serve kinds of another group: {}",
+                self.name,
+                self.strangers.join(", ")
+            );
+        }
         let endpoints = self
             .installs
             .into_iter()
-            .try_fold(Endpoints::default(), |endpoints, install| {
+            .try_fold(Endpoints::new(self.name), |endpoints, install| {
                 install(endpoints, ctx.clone())
             })?;
         Ok((self.resources, endpoints))
-    }
-}
-
-/// The kinds farm-apiserver serves, added to `group` in discovery order, one line each: a
-/// writable kind's store comes from `storage` (memory or etcd, as `--storage` says), FarmPods
-/// from the Pod watch cache. The binary and the tests' servers serve what this lists
-/// ([`crate::server::Config::kinds`]); a new kind is its file in `src/resources/` and its line
-/// here.
-pub fn register(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
-    group
-        .serve_versions::<llama::v1::Llama, llama::v1alpha::Llama>(storage)
-        .serve_versions_from::<FarmPod, farmpod::v1alpha::FarmPod>(storage.pods())
-}
-
-#[cfg(test)]
-mod tests {
-    use kube::Resource;
-
-    use super::*;
-    use crate::{
-        resource::{GROUP, VERSION},
-        store::PodCache,
-    };
-
-    #[tokio::test]
-    async fn verbs_follow_the_store() {
-        let storage = StorageFactory::memory(PodCache::without_cluster());
-        let group = register(ApiGroup::new(), &storage);
-        let [llamas_v1, llamas_v1alpha, farmpods_v1, farmpods] = group.resources() else {
-            panic!("Llamas and FarmPods at two versions each")
-        };
-        for llamas in [llamas_v1, llamas_v1alpha] {
-            assert!(llamas.writable && llamas.verbs.contains(&"create"));
-            assert_eq!(llamas.storage_version, "v1");
-        }
-        assert_eq!(
-            (llamas_v1.version, llamas_v1alpha.version),
-            ("v1", "v1alpha")
-        );
-        for farmpods in [farmpods_v1, farmpods] {
-            assert!(!farmpods.writable);
-            assert_eq!(farmpods.verbs, ["get", "list", "watch"]);
-            assert_eq!(farmpods.storage_version, "v1", "the Pod cache's");
-        }
-        // The stores' readiness comes with them: the Pod cache's two checks.
-        let checks: Vec<_> = group.readiness_checks().iter().map(|c| c.name).collect();
-        assert_eq!(checks, ["farmpod-cache-synced", "farmpod-watch"]);
-    }
-
-    #[tokio::test]
-    async fn the_storage_version_is_the_one_the_factory_stores_at() {
-        let storage = StorageFactory::memory(PodCache::without_cluster()).storing_at("v1alpha");
-        let group = register(ApiGroup::new(), &storage);
-        let versions: Vec<_> = group
-            .resources()
-            .iter()
-            .map(|info| (info.version, info.storage_version))
-            .collect();
-        assert_eq!(
-            versions,
-            [
-                ("v1", "v1alpha"),
-                ("v1alpha", "v1alpha"),
-                ("v1", "v1"),
-                ("v1alpha", "v1")
-            ]
-        );
-    }
-
-    #[test]
-    fn every_kind_is_in_the_served_group() {
-        assert_eq!(llama::v1::Llama::group(&()), GROUP);
-        assert_eq!(llama::v1::Llama::version(&()), "v1");
-        assert_eq!(llama::v1alpha::Llama::version(&()), VERSION);
-        assert_eq!(FarmPod::group(&()), GROUP);
-        assert_eq!(FarmPod::version(&()), "v1");
-        assert_eq!(farmpod::v1alpha::FarmPod::version(&()), VERSION);
     }
 }

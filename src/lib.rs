@@ -1,6 +1,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-//! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com/v1alpha`.
+//! farm-apiserver: a Kubernetes aggregated API server for `farm.example.com`.
 //!
 //! A request goes: [`tls`] (handshake, client certificate) → [`server::app`] (probes go
 //! straight to [`health`]; everything else through the edge: [`request_info`], [`auth`]
@@ -12,7 +12,7 @@
 //! [`error`] turns every failure into a `meta/v1 Status`.
 //!
 //! Start-up is one function, [`server::build`], called by the binary ([`config::Args::run`])
-//! and by the tests' servers alike: the kinds are [`group::register`]'s, each on the store
+//! and by the tests' servers alike: the kinds are [`resources::register`]'s, each on the store
 //! [`store::StorageFactory`] makes for it.
 //!
 //! The `_sync` (and `_now`) convention: a method so named answers without waiting when all it

@@ -13,13 +13,6 @@ use crate::{
     error::{FieldError, Subject},
 };
 
-/// The API group served, as the APIServices name it.
-pub const GROUP: &str = "farm.example.com";
-/// The first version of [`GROUP`], served since the first release.
-pub const VERSION: &str = "v1alpha";
-/// `<group>/<version>` of [`VERSION`].
-pub const GROUP_VERSION: &str = "farm.example.com/v1alpha";
-
 /// Verbs a writable kind supports, in kube-apiserver's order.
 pub const READ_WRITE_VERBS: &[&str] = &[
     "create",
@@ -142,6 +135,11 @@ pub trait ServedResource:
         serde_json::from_slice(json)
     }
 
+    /// The API group this type is in, e.g. `farm.example.com`.
+    fn group_name() -> &'static str {
+        leak(Self::group(&()))
+    }
+
     /// The version this type is, e.g. `v1alpha`.
     fn version_name() -> &'static str {
         leak(Self::version(&()))
@@ -221,6 +219,8 @@ impl<K: ServedResource> VersionOf<K> for K {
 /// The static facts of a kind, for discovery, OpenAPI and metrics (which are not generic).
 #[derive(Debug, Clone)]
 pub struct ResourceInfo {
+    /// The API group, e.g. `farm.example.com`.
+    pub group: &'static str,
     /// The version served, e.g. `v1alpha`.
     pub version: &'static str,
     /// The version its objects are stored at (for discovery's `storageVersionHash`).
@@ -262,6 +262,7 @@ impl ResourceInfo {
     /// `K` served from a store that takes writes or not.
     pub fn of<K: ServedResource>(writable: bool) -> Self {
         Self {
+            group: K::group_name(),
             version: K::version_name(),
             storage_version: K::version_name(),
             plural: leak(K::plural(&())),
@@ -286,6 +287,11 @@ impl ResourceInfo {
             },
         }
     }
+}
+
+/// The API group of `resources` (one group's kinds; `""` for none).
+pub fn group_of(resources: &[ResourceInfo]) -> &'static str {
+    resources.first().map_or("", |info| info.group)
 }
 
 /// The versions `resources` are served at, the preferred (kube's version priority: GA, then

@@ -161,7 +161,7 @@ impl<'a> Attributes<'a> {
     ) -> Self {
         Attributes {
             operation,
-            group: crate::resource::GROUP,
+            group: K::group_name(),
             version: K::version_name(),
             resource: K::plural(&()),
             kind: K::kind(&()),

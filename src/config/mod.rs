@@ -14,7 +14,7 @@ use crate::{
     rest::RestSettings,
     server::{self, InflightLimits, ReviewCache, ShutdownTiming},
     store::{
-        PodCache, StorageFactory,
+        StorageFactory,
         etcd::{EtcdClient, EtcdConfig},
     },
     tls::{self, ServingFiles},
@@ -29,7 +29,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// farm-apiserver: the Kubernetes aggregated API server for farm.example.com/v1alpha.
+/// farm-apiserver: the Kubernetes aggregated API server for farm.example.com.
 ///
 /// With no arguments it serves https://127.0.0.1:8443 with Llamas in memory, creates a
 /// development CA and serving certificate under certs/, and writes certs/kubeconfig, so that
@@ -456,13 +456,13 @@ mod tests {
     async fn the_storage_follows_the_flags() {
         use clap::Parser;
 
-        use crate::{resources::llama::v1::Llama, store::Store};
+        use crate::resources::{FarmPod, llama::v1::Llama};
         let objects = |flags: &[&str]| {
             let args = Args::try_parse_from(["farm-apiserver"].iter().chain(flags)).unwrap();
             let storage = args.storage(None).unwrap();
             async move {
                 let llamas = storage.store::<Llama>().stats().await.unwrap().objects;
-                let pods = storage.pods().stats().await.unwrap().objects;
+                let pods = storage.view::<FarmPod>().stats().await.unwrap().objects;
                 (llamas, pods)
             }
         };
@@ -474,7 +474,7 @@ mod tests {
 
     #[test]
     fn the_api_service_name_is_version_dot_group() {
-        use crate::resource::{GROUP, VERSION};
+        use crate::resources::{GROUP, VERSION};
         assert_eq!(crate::tls::API_SERVICES[1], format!("{VERSION}.{GROUP}"));
         assert_eq!(crate::tls::API_SERVICES[0], format!("v1.{GROUP}"));
     }

@@ -188,22 +188,13 @@ impl Args {
     /// `--no-sample-data` and `--synthetic-llamas` say), and the FarmPods: synthetic, the Pods
     /// of `cluster`, or none (503).
     pub fn storage(&self, cluster: Option<&kube::Client>) -> anyhow::Result<StorageFactory> {
-        let pods = match (self.synthetic_pods, cluster) {
-            (Some(count), _) => PodCache::synthetic(count),
-            (None, Some(client)) => {
-                PodCache::start(client.clone(), self.farmpod_namespaces.clone())
-            }
-            (None, None) => {
-                tracing::info!(
-                    "no cluster configured: FarmPods answer 503, Llamas are served, only the dev identity is authorized"
-                );
-                PodCache::without_cluster()
-            }
+        use crate::resources::{
+            farmpod,
+            llama::{self, v1, v1alpha},
         };
-        use crate::resources::llama::{self, v1, v1alpha};
         let storage = match self.storage {
             // Seeded at both versions: only the stored one's store is made.
-            Storage::Memory => StorageFactory::memory(pods)
+            Storage::Memory => StorageFactory::memory()
                 .seed(llama::seed::<v1::Llama>(
                     !self.no_sample_data,
                     self.synthetic_llamas,
@@ -216,7 +207,22 @@ impl Args {
                 let client =
                     EtcdClient::new(self.etcd_config()?).map_err(|e| anyhow::anyhow!("{e}"))?;
                 tracing::info!(servers = ?self.etcd_servers, prefix = %self.etcd_prefix, "objects are stored in etcd");
-                StorageFactory::etcd(client, &self.etcd_prefix, pods)
+                StorageFactory::etcd(client, &self.etcd_prefix)
+            }
+        };
+        let storage = match (self.synthetic_pods, cluster) {
+            (Some(count), _) => {
+                storage.provide::<farmpod::FarmPod>(farmpod::synthetic_view(count));
+                storage
+            }
+            (None, Some(client)) => {
+                storage.viewing(client.clone(), self.farmpod_namespaces.clone())
+            }
+            (None, None) => {
+                tracing::info!(
+                    "no cluster configured: FarmPods answer 503, Llamas are served, only the dev identity is authorized"
+                );
+                storage
             }
         };
         Ok(storage.storing_at(&self.storage_version))
@@ -225,7 +231,7 @@ impl Args {
     /// Runs the command, or serves until SIGTERM/SIGINT: logging, the listener, certificates,
     /// the cluster (when there is one) for FarmPods, TokenReview, SubjectAccessReview and
     /// admission, the storage, then [`server::build`] with the binary's kinds
-    /// ([`crate::group::register`]). `on_serving` is called when the listener accepts and again
+    /// ([`crate::resources::register`]). `on_serving` is called when the listener accepts and again
     /// once the server is first ready (see [`server::Server::serve`]): the binary gives the
     /// allocator's spare memory back to the OS there.
     /// Returns when the server has stopped.
@@ -269,7 +275,7 @@ impl Args {
             cluster,
             follow_auth_configmap: true,
             storage,
-            kinds: crate::group::register,
+            kinds: crate::resources::register,
             rest,
             disable_admission_plugins: self.disable_admission_plugins.clone(),
             audit: auditor.clone(),

@@ -30,7 +30,7 @@ use crate::{
     conditional,
     error::{Error, Result},
     negotiate,
-    resource::{GROUP, ResourceInfo, at_version, served_versions},
+    resource::{ResourceInfo, at_version, group_of, served_versions},
 };
 
 const META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1";
@@ -94,7 +94,7 @@ pub fn v2(resources: &[ResourceInfo]) -> Value {
     })
 }
 
-/// The OpenAPI v3 document of farm.example.com/`version` (`resources` are at it).
+/// The OpenAPI v3 document of the group version `version` (`resources` are at it).
 pub fn v3_group_version(version: &str, resources: &[ResourceInfo]) -> Value {
     json!({
         "openapi": "3.0.0",
@@ -104,9 +104,9 @@ pub fn v3_group_version(version: &str, resources: &[ResourceInfo]) -> Value {
     })
 }
 
-/// The key under `/openapi/v3` of a group version: `apis/farm.example.com/<version>`.
-pub fn v3_key(version: &str) -> String {
-    format!("apis/{GROUP}/{version}")
+/// The key under `/openapi/v3` of a group version: `apis/<group>/<version>`.
+pub fn v3_key(group: &str, version: &str) -> String {
+    format!("apis/{group}/{version}")
 }
 
 fn pretty(value: &Value) -> bytes::Bytes {
@@ -138,6 +138,8 @@ pub struct OpenApiDocuments {
     /// What `/openapi/v3/apis/<group>/<version>` serves, per version (the preferred first).
     pub v3: Vec<V3Document>,
     v3_root: bytes::Bytes,
+    /// The API group the documents describe.
+    group: &'static str,
 }
 
 impl OpenApiDocuments {
@@ -167,7 +169,7 @@ impl OpenApiDocuments {
         let root: Map<String, Value> = v3
             .iter()
             .map(|doc| {
-                let key = v3_key(doc.version);
+                let key = v3_key(group_of(resources), doc.version);
                 let url = format!("/openapi/v3/{key}?hash={}", doc.hash);
                 (key, json!({ "serverRelativeURL": url }))
             })
@@ -176,6 +178,7 @@ impl OpenApiDocuments {
             .unwrap_or_default()
             .into();
         Self {
+            group: group_of(resources),
             v2,
             v2_etag: etag(v2_hash),
             v2_protobuf,
@@ -266,7 +269,11 @@ async fn get_v3_group_version(
     if let Some(hash) = &hash
         && hash != &doc.hash
     {
-        let location = format!("/openapi/v3/{}?hash={}", v3_key(doc.version), doc.hash);
+        let location = format!(
+            "/openapi/v3/{}?hash={}",
+            v3_key(docs.group, doc.version),
+            doc.hash
+        );
         let mut response = StatusCode::MOVED_PERMANENTLY.into_response();
         if let Ok(v) = HeaderValue::from_str(&location) {
             response.headers_mut().insert(header::LOCATION, v);
@@ -298,7 +305,7 @@ pub fn router(docs: Arc<OpenApiDocuments>) -> Router {
         .route("/openapi/v2", get(get_v2))
         .route("/openapi/v3", get(get_v3_root))
         .route(
-            &format!("/openapi/v3/apis/{GROUP}/{{version}}"),
+            &format!("/openapi/v3/apis/{}/{{version}}", docs.group),
             get(get_v3_group_version),
         )
         .with_state(docs)

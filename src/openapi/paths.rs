@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{Flavor, META, schemas::schema_prefix};
-use crate::resource::{GROUP, ResourceInfo};
+use crate::resource::{ResourceInfo, group_of};
 
 struct Param {
     name: &'static str,
@@ -119,6 +119,7 @@ struct Op<'a> {
     id: String,
     description: String,
     action: &'static str,
+    group: &'a str,
     kind: &'a str,
     params: Vec<Value>,
     body: Option<(&'static [&'static str], String)>,
@@ -130,9 +131,9 @@ fn operation(flavor: Flavor, op: Op<'_>) -> Value {
     let mut out = json!({
         "operationId": op.id,
         "description": op.description,
-        "tags": [format!("{}_{}", operation_id_part(GROUP, false), op.version)],
+        "tags": [format!("{}_{}", operation_id_part(op.group, false), op.version)],
         "x-kubernetes-action": op.action,
-        "x-kubernetes-group-version-kind": { "group": GROUP, "version": op.version, "kind": op.kind },
+        "x-kubernetes-group-version-kind": { "group": op.group, "version": op.version, "kind": op.kind },
         "responses": op.responses.into_iter().map(|(c, r)| (c.to_owned(), r)).chain([("401".to_owned(), json!({ "description": "Unauthorized" }))]).collect::<Map<_, _>>(),
     });
     if let Some((content_types, schema)) = op.body {
@@ -301,11 +302,12 @@ pub(super) fn paths(
     version: &str,
     resources: &[ResourceInfo],
 ) -> Map<String, Value> {
-    let prefix = schema_prefix(version);
-    let base = format!("/apis/{GROUP}/{version}");
+    let group = group_of(resources);
+    let prefix = schema_prefix(group, version);
+    let base = format!("/apis/{group}/{version}");
     let gv = format!(
         "{}{}",
-        operation_id_part(GROUP, true),
+        operation_id_part(group, true),
         operation_id_part(version, true)
     );
     let mut paths = Map::new();
@@ -355,6 +357,7 @@ pub(super) fn paths(
             operation(
                 flavor,
                 Op {
+                    group,
                     version,
                     id: words(op.id),
                     description: words(op.description),

@@ -6,18 +6,18 @@ use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
 use super::{Flavor, META};
-use crate::resource::{GROUP, ResourceInfo};
+use crate::resource::{ResourceInfo, group_of};
 
 /// `com.example.farm.v1alpha`: kube-openapi names a group version's schemas by the reversed
 /// group and the version.
-pub(crate) fn schema_prefix(version: &str) -> String {
-    let mut parts: Vec<&str> = GROUP.split('.').collect();
+pub(crate) fn schema_prefix(group: &str, version: &str) -> String {
+    let mut parts: Vec<&str> = group.split('.').collect();
     parts.reverse();
     format!("{}.{version}", parts.join("."))
 }
 
-fn gvk(kind: &str, version: &str) -> Value {
-    json!([{ "group": GROUP, "kind": kind, "version": version }])
+fn gvk(group: &str, kind: &str, version: &str) -> Value {
+    json!([{ "group": group, "kind": kind, "version": version }])
 }
 
 /// One kind's schema: a `$ref` to it, and the components it refers to (what field
@@ -25,7 +25,7 @@ fn gvk(kind: &str, version: &str) -> Value {
 pub(crate) fn kind_schema(info: &ResourceInfo) -> (Value, Map<String, Value>) {
     let components = schemas(info.version, std::slice::from_ref(info));
     let root = json!({
-        "$ref": format!("#/components/schemas/{}.{}", schema_prefix(info.version), info.kind)
+        "$ref": format!("#/components/schemas/{}.{}", schema_prefix(info.group, info.version), info.kind)
     });
     (root, components)
 }
@@ -33,7 +33,7 @@ pub(crate) fn kind_schema(info: &ResourceInfo) -> (Value, Map<String, Value>) {
 /// All schemas of the group version `version` (`resources` are at it), v3-style refs.
 pub(crate) fn schemas(version: &str, resources: &[ResourceInfo]) -> Map<String, Value> {
     let mut generator = SchemaSettings::openapi3().into_generator();
-    let prefix = schema_prefix(version);
+    let prefix = schema_prefix(group_of(resources), version);
     let mut own = Map::new();
     generator.subschema_for::<ObjectMeta>();
     generator.subschema_for::<ListMeta>();
@@ -66,7 +66,7 @@ pub(crate) fn schemas(version: &str, resources: &[ResourceInfo]) -> Map<String, 
                 "type": "object",
                 "required": ["spec"],
                 "properties": properties,
-                "x-kubernetes-group-version-kind": gvk(&info.kind, version),
+                "x-kubernetes-group-version-kind": gvk(info.group, &info.kind, version),
             }),
         );
         own.insert(
@@ -89,7 +89,7 @@ pub(crate) fn schemas(version: &str, resources: &[ResourceInfo]) -> Map<String, 
                         "description": "Standard list metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"
                     }
                 },
-                "x-kubernetes-group-version-kind": gvk(&format!("{}List", info.kind), version),
+                "x-kubernetes-group-version-kind": gvk(info.group, &format!("{}List", info.kind), version),
             }),
         );
     }

@@ -10,9 +10,12 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use std::sync::Arc;
+
 use crate::{
     columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::ServedResource,
+    store::{ClusterSource, View, ViewCache},
 };
 
 /// Name prefix of every FarmPod.
@@ -183,6 +186,20 @@ impl FarmPod {
             }),
         }
     }
+}
+
+impl View for FarmPod {
+    type Of = Pod;
+
+    fn project(pod: &Pod) -> Self {
+        Self::from_pod(pod)
+    }
+}
+
+/// `count` synthetic FarmPods ([`FarmPod::synthetic`]) as the FarmPod view, synced and with no
+/// cluster: for benchmarks and tests.
+pub fn synthetic_view(count: usize) -> Arc<ViewCache<FarmPod>> {
+    ClusterSource::fixed((0..count).map(|i| FarmPod::synthetic(i, i as u64 + 1)))
 }
 
 impl ServedResource for FarmPod {
@@ -404,5 +421,190 @@ mod tests {
             jiff::Timestamp::now(),
         ));
         assert_eq!(FarmPod::from_pod(&p).status.unwrap().reason, "Terminating");
+    }
+}
+
+#[cfg(test)]
+mod view_tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+
+    use super::*;
+    use crate::{
+        negotiate::MetaVersion,
+        selector::{Filter, LabelSelector},
+        store::{
+            CacheState, ClusterSource, ListRequest, Store, ViewCache, WatchItem, WatchRequest,
+            WatchStart,
+        },
+        table::{self, IncludeObject},
+    };
+
+    fn pod(ns: &str, name: &str, rv: u64, containers: usize, app: &str) -> serde_json::Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "uid": format!("u-{name}"),
+                "resourceVersion": rv.to_string(), "labels": {"app": app},
+                "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": (0..containers).map(|i| json!({"name": format!("c{i}")})).collect::<Vec<_>>()},
+            "status": {"phase": "Running"}
+        })
+    }
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// Answers the watcher's LIST, then its first WATCH with `events`; later requests hang.
+    async fn serve_upstream(
+        mut handle: Handle,
+        list: serde_json::Value,
+        events: Vec<serde_json::Value>,
+    ) {
+        let (request, send) = handle.next_request().await.expect("list request");
+        assert_eq!(request.uri().path(), "/api/v1/pods");
+        assert!(!request.uri().query().unwrap_or("").contains("watch=true"));
+        send.send_response(Response::new(Body::from(
+            serde_json::to_vec(&list).unwrap(),
+        )));
+        let (request, send) = handle.next_request().await.expect("watch request");
+        assert!(request.uri().query().unwrap_or("").contains("watch=true"));
+        let lines: Vec<u8> = events
+            .iter()
+            .flat_map(|e| {
+                let mut line = serde_json::to_vec(e).unwrap();
+                line.push(b'\n');
+                line
+            })
+            .collect();
+        send.send_response(Response::new(Body::from(lines)));
+        // Keep the next watch open forever.
+        let _pending = handle.next_request().await;
+        std::future::pending::<()>().await;
+    }
+
+    async fn synced(cache: &Arc<ViewCache<FarmPod>>, expected_rv: u64) {
+        for _ in 0..200 {
+            if matches!(cache.state(), CacheState::Synced { .. })
+                && cache
+                    .stats_sync()
+                    .is_some_and(|s| s.resource_version >= expected_rv)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "cache did not sync: {:?} {:?}",
+            cache.state(),
+            cache.stats_sync()
+        );
+    }
+
+    #[tokio::test]
+    async fn list_and_watch_events_become_farmpods() {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let list = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"},
+            "items": [pod("shop", "web-1", 5, 2, "web"), pod("shop", "db-1", 6, 1, "db"), pod("farm", "barn", 7, 3, "web")]});
+        let events = vec![
+            json!({"type": "ADDED", "object": pod("shop", "web-2", 11, 4, "web")}),
+            json!({"type": "MODIFIED", "object": pod("shop", "db-1", 12, 2, "db")}),
+            json!({"type": "DELETED", "object": pod("farm", "barn", 13, 3, "web")}),
+        ];
+        tokio::spawn(serve_upstream(handle, list, events));
+        let cache = ClusterSource::<FarmPod>::start(client, Vec::new());
+        assert!(
+            cache.check_ready().is_err(),
+            "not ready before the first sync"
+        );
+        synced(&cache, 13).await;
+        cache.check_ready().unwrap();
+
+        let page = cache.list(&ListRequest::default()).await.unwrap();
+        let names: Vec<(String, u32)> = page
+            .items
+            .iter()
+            .map(|p| (p.metadata.name.clone().unwrap(), p.spec.containers))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("farm-db-1".into(), 2),
+                ("farm-web-1".into(), 2),
+                ("farm-web-2".into(), 4)
+            ]
+        );
+
+        let web = cache
+            .list(&ListRequest {
+                filter: Filter {
+                    labels: LabelSelector::parse("app=web").unwrap(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(web.items.len(), 2);
+
+        let rows = table::table(
+            page.items.iter().map(|p| p.get()),
+            Default::default(),
+            IncludeObject::None,
+            MetaVersion::V1,
+            true,
+        );
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json["rows"][0]["cells"][0], "farm-db-1");
+        assert_eq!(json["rows"][0]["cells"][1], 2);
+        assert_eq!(json["rows"][0]["cells"][3], "Running");
+
+        // A watch from the list's start sees the three changes in order.
+        let mut watch = cache
+            .watch(WatchRequest {
+                namespace: None,
+                filter: Filter::default(),
+                start: WatchStart::After(page.info.resource_version - 3),
+            })
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        while seen.len() < 3 {
+            if let Some(WatchItem::Event(e)) = watch.next().await {
+                seen.push(format!(
+                    "{} {}",
+                    e.type_.as_str(),
+                    e.object.metadata.name.clone().unwrap()
+                ));
+            }
+        }
+        assert_eq!(
+            seen,
+            [
+                "ADDED farm-web-2",
+                "MODIFIED farm-db-1",
+                "DELETED farm-barn"
+            ]
+        );
+
+        // Read-only: the cache takes no writes.
+        assert!(cache.writable().is_none());
+    }
+
+    #[test]
+    fn synthetic_cache_is_ready_without_a_cluster() {
+        let cache = synthetic_view(100);
+        cache.check_ready().unwrap();
+        assert_eq!(cache.stats_sync().unwrap().objects, 100);
+        assert_eq!(
+            ClusterSource::<FarmPod>::without_cluster()
+                .check_ready()
+                .unwrap_err()
+                .code(),
+            503
+        );
     }
 }

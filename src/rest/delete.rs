@@ -123,7 +123,7 @@ fn deleted_status<K: ServedResource>(
     format!(
         r#"{{"kind":"Status","apiVersion":"v1","metadata":{{}},"status":"Success","details":{{"name":{},"group":{},"kind":{},"uid":{}}}}}"#,
         string(meta.name.as_deref().unwrap_or("")),
-        string(crate::resource::GROUP),
+        string(K::group_name()),
         string(&K::plural(&())),
         string(meta.uid.as_deref().unwrap_or("")),
     )

@@ -39,7 +39,7 @@ impl FieldManagers {
         versions: Option<Arc<dyn fieldmanager::Versions>>,
     ) -> std::result::Result<Self, fieldmanager::Error> {
         let schema = schema_of(info)?;
-        let api_version = format!("{}/{}", crate::resource::GROUP, info.version);
+        let api_version = format!("{}/{}", info.group, info.version);
         let manager = |subresource: &str| {
             let manager = FieldManager::new(schema.clone(), &api_version, &info.kind, subresource);
             let manager = match &versions {

@@ -30,8 +30,9 @@ use crate::{
 ///
 /// These are the hot paths, so they are matched here rather than as axum routes with path
 /// parameters (see PERFORMANCE.md).
-#[derive(Default)]
 pub struct Endpoints {
+    /// The API group, the first segment after `/apis/`.
+    group: &'static str,
     kinds: Vec<RoutedKind>,
     /// The versions served: a path's version is matched against these, and a kind's is its
     /// index here (no text compared per kind).
@@ -56,6 +57,7 @@ struct RoutedKind {
 /// cluster-scoped kind's objects are in the namespace "".
 pub struct Target<'a> {
     endpoint: &'a Arc<dyn Endpoint>,
+    group: &'static str,
     version: &'static str,
     plural: &'static str,
     namespace: Option<&'a str>,
@@ -101,6 +103,15 @@ pub(crate) trait Endpoint: Send + Sync {
 }
 
 impl Endpoints {
+    /// No kinds yet, in the API group `group`.
+    pub fn new(group: &'static str) -> Self {
+        Self {
+            group,
+            kinds: Vec::new(),
+            versions: Vec::new(),
+        }
+    }
+
     /// Serves `K` from `store`. Fails when the kind's schema does not convert for field
     /// management (server-side apply), naming the kind: at start-up rather than at its first
     /// write.
@@ -121,7 +132,7 @@ impl Endpoints {
                 "kind {} ({}.{}): its schema does not convert for field management: {e}",
                 info.kind,
                 info.plural,
-                crate::resource::GROUP
+                info.group
             )
         })?;
         let equivalents = versions.map(|v| -> Arc<dyn crate::admission::Equivalents> { v });
@@ -155,7 +166,7 @@ impl Endpoints {
     pub fn find<'a>(&'a self, path: &'a str) -> Option<Target<'a>> {
         let rest = path
             .strip_prefix("/apis/")?
-            .strip_prefix(crate::resource::GROUP)?
+            .strip_prefix(self.group)?
             .strip_prefix('/')?;
         let (version, rest) = self.versions.iter().enumerate().find_map(|(index, v)| {
             let rest = rest.strip_prefix(v)?.strip_prefix('/')?;
@@ -196,6 +207,7 @@ impl Endpoints {
         }
         Some(Target {
             endpoint: &kind.endpoint,
+            group: self.group,
             version: kind.version,
             plural: kind.plural,
             namespace,
@@ -210,7 +222,7 @@ impl Endpoints {
         let mut counts = Vec::with_capacity(self.kinds.len());
         for kind in self.kinds.iter().filter(|k| k.stored) {
             if let Some(stats) = kind.endpoint.stats_sync() {
-                counts.push((format!("{}.{}", kind.plural, crate::resource::GROUP), stats));
+                counts.push((format!("{}.{}", kind.plural, self.group), stats));
             }
         }
         counts
@@ -254,7 +266,7 @@ impl<'a> Target<'a> {
             method,
             path,
             query,
-            crate::resource::GROUP,
+            self.group,
             self.version,
             self.namespace.unwrap_or(""),
             self.plural,

@@ -20,7 +20,7 @@ use crate::{
     audit::Auditor,
     auth::source::{self, StaticSources},
     connection,
-    group::{self, ApiGroup},
+    group::ApiGroup,
     namespaces::Namespaces,
     rest::RestSettings,
     store::StorageFactory,
@@ -82,11 +82,12 @@ pub struct Config {
     /// With a cluster, follow its `kube-system/extension-apiserver-authentication` ConfigMap
     /// (the flags still win); the binary always does.
     pub follow_auth_configmap: bool,
-    /// Where the kinds' objects live (memory or etcd, and the Pod cache).
+    /// Where the kinds' objects live (memory or etcd, and the views' caches).
     pub storage: StorageFactory,
-    /// The kinds served, in discovery order: [`group::register`], the binary's; a test can
-    /// serve more (`|group, storage| group::register(group, storage).serve::<Barn>(...)`).
-    pub kinds: fn(ApiGroup, &StorageFactory) -> ApiGroup,
+    /// The API group served, its kinds in discovery order, each on its store from `storage`
+    /// (the binary's `resources::register`; a test can serve more:
+    /// `|storage| register(storage).serve::<Barn>(storage.store())`).
+    pub kinds: fn(&StorageFactory) -> ApiGroup,
     /// Watch and request timeouts, the bookmark interval, garbage collection's finalizers.
     pub rest: RestSettings,
     /// Admission plugins turned off (`--disable-admission-plugins`); without a cluster there
@@ -101,13 +102,14 @@ pub struct Config {
 }
 
 impl Config {
-    /// A standalone server of the binary's kinds on `listener` with the certificate in
-    /// `serving`, its objects in `storage`, and kube-apiserver's defaults elsewhere: nobody
-    /// is trusted until `auth_sources` says so.
+    /// A standalone server of `kinds` on `listener` with the certificate in `serving`, its
+    /// objects in `storage`, and kube-apiserver's defaults elsewhere: nobody is trusted until
+    /// `auth_sources` says so.
     pub fn new(
         listener: std::net::TcpListener,
         serving: ServingFiles,
         storage: StorageFactory,
+        kinds: fn(&StorageFactory) -> ApiGroup,
     ) -> Self {
         Self {
             listener,
@@ -118,7 +120,7 @@ impl Config {
             cluster: None,
             follow_auth_configmap: true,
             storage,
-            kinds: group::register,
+            kinds,
             rest: RestSettings::default(),
             disable_admission_plugins: Vec::new(),
             audit: None,
@@ -236,7 +238,7 @@ pub async fn build(config: Config) -> anyhow::Result<Server> {
         _ => Admission::default(),
     };
     let (state, shutdown) = AppState::new(
-        kinds(ApiGroup::new(), &storage),
+        kinds(&storage),
         StateOptions {
             rest,
             auth,

@@ -183,6 +183,7 @@ impl AppState {
         for check in group.readiness_checks() {
             health.add_readiness_check(check.clone());
         }
+        let name = group.name();
         let (resources, endpoints) = group.endpoints(&rest)?;
         let inflight = Arc::new(inflight::Inflight::new(options.inflight, &metrics));
         let state = Self {
@@ -190,7 +191,7 @@ impl AppState {
             auth: options.auth,
             metrics,
             health: health.clone(),
-            discovery: Arc::new(DiscoveryDocuments::new(&resources)),
+            discovery: Arc::new(DiscoveryDocuments::new(name, &resources)),
             openapi: Arc::new(OpenApiDocuments::new(&resources)),
             rest,
             audit: options.audit,

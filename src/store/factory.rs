@@ -1,7 +1,7 @@
-//! Where the served kinds' objects live, decided once (from `--storage` and the `--etcd-*`
-//! flags, or by a test): every writable kind in this process's memory or every one in etcd,
-//! and FarmPods in the Pod watch cache. A kind asks for its store by type
-//! ([`StorageFactory::store`]), so adding one names no storage of its own.
+//! Where the served kinds' objects live, decided once (from the flags, or by a test): every
+//! writable kind in this process's memory or every one in etcd, and each view of the cluster's
+//! objects in its watch cache. A kind asks for its store by type ([`StorageFactory::store`],
+//! [`StorageFactory::view`]), so adding one names no storage of its own.
 
 use std::{
     any::{Any, TypeId},
@@ -9,7 +9,11 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use super::{EtcdStore, MemoryStore, PodCache, Store, etcd::EtcdClient};
+use super::{
+    EtcdStore, MemoryStore, Store,
+    etcd::EtcdClient,
+    view::{ClusterSource, View},
+};
 use crate::resource::ServedResource;
 
 /// Makes the store of any served kind `K`: one per kind, however often it is asked for.
@@ -23,8 +27,9 @@ struct Inner {
     backend: Backend,
     /// The version a kind served at several is stored at (when it has it).
     storage_version: Mutex<String>,
-    /// The FarmPod cache: a read-only source of its own, whatever the backend.
-    pods: Arc<PodCache>,
+    /// The cluster views are of (None: standalone, views answer 503), and the namespaces they
+    /// watch (`[]`: all).
+    cluster: Mutex<Option<(kube::Client, Vec<String>)>>,
     /// Each kind's first objects in memory (`Box<dyn Iterator<Item = K>>`), until its store is
     /// made.
     seeds: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
@@ -45,12 +50,12 @@ enum Backend {
 type Seed<K> = Box<dyn Iterator<Item = K> + Send>;
 
 impl StorageFactory {
-    fn new(backend: Backend, pods: Arc<PodCache>) -> Self {
+    fn new(backend: Backend) -> Self {
         Self {
             inner: Arc::new(Inner {
                 backend,
                 storage_version: Mutex::new("v1".into()),
-                pods,
+                cluster: Mutex::default(),
                 seeds: Mutex::default(),
                 made: Mutex::default(),
             }),
@@ -58,20 +63,28 @@ impl StorageFactory {
     }
 
     /// Every kind in this process's memory (lost on restart): the embedded default.
-    pub fn memory(pods: Arc<PodCache>) -> Self {
-        Self::new(Backend::Memory, pods)
+    pub fn memory() -> Self {
+        Self::new(Backend::Memory)
     }
 
     /// Every kind in the etcd `client` reaches, under `prefix` (`/farm.example.com/`): one
     /// key per object, `<prefix><plural>/<namespace>/<name>`, shared by every replica.
-    pub fn etcd(client: Arc<EtcdClient>, prefix: impl Into<String>, pods: Arc<PodCache>) -> Self {
-        Self::new(
-            Backend::Etcd {
-                client,
-                prefix: prefix.into(),
-            },
-            pods,
-        )
+    pub fn etcd(client: Arc<EtcdClient>, prefix: impl Into<String>) -> Self {
+        Self::new(Backend::Etcd {
+            client,
+            prefix: prefix.into(),
+        })
+    }
+
+    /// Views ([`Self::view`]) watch `client`'s cluster, in `namespaces` (`[]`: all). Set
+    /// before any store is made; without it views answer 503.
+    pub fn viewing(self, client: kube::Client, namespaces: Vec<String>) -> Self {
+        *self
+            .inner
+            .cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((client, namespaces));
+        self
     }
 
     /// Kinds served at several versions are stored at `version` (`--storage-version`) when
@@ -163,9 +176,33 @@ impl StorageFactory {
         store
     }
 
-    /// The FarmPod cache (read-only; 503 until synced, and without a cluster).
-    pub fn pods(&self) -> Arc<PodCache> {
-        self.inner.pods.clone()
+    /// The view `K`'s store, read-only: the one [`Self::provide`]d for it, else its watch
+    /// cache over the cluster's objects (503 until synced, and always without a cluster),
+    /// made on the first call.
+    pub fn view<K: View>(&self) -> Arc<dyn Store<K>> {
+        let mut made = self
+            .inner
+            .made
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(store) = made
+            .get(&TypeId::of::<K>())
+            .and_then(|s| s.downcast_ref::<Arc<dyn Store<K>>>())
+        {
+            return store.clone();
+        }
+        let cluster = self
+            .inner
+            .cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let store: Arc<dyn Store<K>> = match cluster {
+            Some((client, namespaces)) => ClusterSource::<K>::start(client, namespaces),
+            None => ClusterSource::<K>::without_cluster(),
+        };
+        made.insert(TypeId::of::<K>(), Box::new(store.clone()));
+        store
     }
 }
 
@@ -174,13 +211,15 @@ mod tests {
     use super::*;
     use crate::{
         resource::ObjectKey,
-        resources::llama::{self, v1::Llama},
+        resources::{
+            FarmPod,
+            llama::{self, v1::Llama},
+        },
     };
 
     #[tokio::test]
     async fn one_memory_store_per_kind_seeded_once() {
-        let storage = StorageFactory::memory(PodCache::without_cluster())
-            .seed([llama::sample(), llama::synthetic(1)]);
+        let storage = StorageFactory::memory().seed([llama::sample(), llama::synthetic(1)]);
         let llamas = storage.store::<Llama>();
         assert!(Arc::ptr_eq(&llamas, &storage.clone().store::<Llama>()));
         assert_eq!(llamas.stats().await.unwrap().objects, 2);
@@ -190,12 +229,12 @@ mod tests {
         };
         assert!(llamas.get(&dolly).await.is_ok());
         assert!(llamas.writable().is_some());
-        assert!(storage.pods().writable().is_none());
+        assert!(storage.view::<FarmPod>().writable().is_none());
     }
 
     #[tokio::test]
     async fn without_a_seed_a_store_starts_empty() {
-        let storage = StorageFactory::memory(PodCache::without_cluster());
+        let storage = StorageFactory::memory();
         assert_eq!(storage.store::<Llama>().stats().await.unwrap().objects, 0);
     }
 }

@@ -12,7 +12,7 @@ pub mod converted;
 pub mod etcd;
 pub mod factory;
 pub mod memory;
-pub mod pod_cache;
+pub mod view;
 pub mod watch_cache;
 
 use std::{
@@ -38,7 +38,7 @@ pub use converted::Converted;
 pub use etcd::EtcdStore;
 pub use factory::StorageFactory;
 pub use memory::MemoryStore;
-pub use pod_cache::PodCache;
+pub use view::{ClusterSource, View, ViewCache};
 pub use watch_cache::{CacheState, WatchCache};
 
 /// A watch event's `type`, as kube-apiserver sends it (BOOKMARK and ERROR are not store

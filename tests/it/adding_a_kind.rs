@@ -1,5 +1,5 @@
 //! Adding a kind to the binary is its file plus one line: Barn's file (`barn.rs`) and the line
-//! below, which `group::register` would take, give a server built by the binary's start-up
+//! below, which `resources::register` would take, give a server built by the binary's start-up
 //! (`server::build`, as `config::Args::run` calls it) a fourth kind on the storage the flags
 //! chose: created and read back over the real TLS listener, kept in memory or in etcd, listed by
 //! kubectl, its readiness in `/readyz`.
@@ -11,16 +11,16 @@ use crate::{
 };
 
 use farm_apiserver::{
-    group::{self, ApiGroup},
+    group::ApiGroup,
     resource::ObjectKey,
-    resources::Llama,
-    store::{PodCache, StorageFactory},
+    resources::{self, Llama},
+    store::StorageFactory,
 };
 use kube::api::{Api, ObjectMeta, PostParams};
 
-/// The binary's kinds and Barn: the one line a kind adds to `group::register`.
-fn with_barns(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
-    group::register(group, storage).serve::<Barn>(storage.store())
+/// The binary's kinds and Barn: the one line a kind adds to `resources::register`.
+fn with_barns(storage: &StorageFactory) -> ApiGroup {
+    resources::register(storage).serve::<Barn>(storage.store())
 }
 
 async fn a_kind_in_its_file_plus_one_line_is_served_on_the_chosen_storage(storage: TestStorage) {
@@ -77,12 +77,7 @@ async fn a_kind_in_its_file_plus_one_line_is_served_on_the_chosen_storage(storag
     let served = server.storage.store::<Barn>().get(&key).await.unwrap();
     assert_eq!(served.metadata.uid, created.metadata.uid);
     if let Some(etcd) = &server.etcd {
-        let elsewhere = StorageFactory::etcd(
-            etcd.client(),
-            "/farm.example.com/",
-            PodCache::without_cluster(),
-        )
-        .store::<Barn>();
+        let elsewhere = StorageFactory::etcd(etcd.client(), "/farm.example.com/").store::<Barn>();
         let mut found = elsewhere.get(&key).await;
         for _ in 0..500 {
             if found.is_ok() {

@@ -21,7 +21,7 @@ fn gunzip(bytes: &[u8]) -> Vec<u8> {
 
 async fn server() -> TestServer {
     TestServer::start_with(Options {
-        farmpods: Some(farm_apiserver::store::PodCache::synthetic(3000)),
+        farmpods: Some(farm_apiserver::resources::farmpod::synthetic_view(3000)),
         ..Default::default()
     })
     .await

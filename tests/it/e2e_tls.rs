@@ -185,7 +185,8 @@ async fn too_old_resource_version_is_410_error_event() {
         ..Default::default()
     });
     let (options, peer) = common::oneshot_identity();
-    let group = farm_apiserver::group::ApiGroup::new().serve::<Llama>(std::sync::Arc::new(store));
+    let group = farm_apiserver::group::ApiGroup::new(farm_apiserver::resources::GROUP)
+        .serve::<Llama>(std::sync::Arc::new(store));
     let (state, _shutdown) = farm_apiserver::server::AppState::new(group, options).unwrap();
     let app = farm_apiserver::server::app(state.clone());
     for i in 0..5 {

@@ -11,7 +11,7 @@ use common::{
     fake_kube::{FakeKube, pod},
     kubectl, run,
 };
-use farm_apiserver::{resources::FarmPod, store::PodCache};
+use farm_apiserver::{resources::FarmPod, store::ClusterSource};
 use futures::{StreamExt, TryStreamExt};
 use kube::{
     Api,
@@ -29,7 +29,7 @@ async fn wait_until<F: Fn() -> bool>(what: &str, f: F) {
 }
 
 async fn ready_server(fake: &Arc<FakeKube>) -> TestServer {
-    let cache = PodCache::start(fake.client().await, Vec::new());
+    let cache = ClusterSource::<FarmPod>::start(fake.client().await, Vec::new());
     let server = TestServer::start_with(Options {
         farmpods: Some(cache.clone()),
         ..Default::default()
@@ -245,7 +245,7 @@ async fn not_ready_until_synced_then_last_good_view_through_upstream_failures() 
     let fake = FakeKube::start().await;
     fake.add(pod("shop", "web-1", &[], 1));
     fake.fail_next(2);
-    let cache = PodCache::start(fake.client().await, Vec::new());
+    let cache = ClusterSource::<FarmPod>::start(fake.client().await, Vec::new());
     let server = TestServer::start_with(Options {
         farmpods: Some(cache.clone()),
         ..Default::default()
@@ -451,7 +451,7 @@ async fn dropping_the_cache_ends_its_watch() {
     use farm_apiserver::store::CacheState;
     let fake = FakeKube::start().await;
     let before = fake.open_watches();
-    let cache = PodCache::start(fake.client().await, Vec::new());
+    let cache = ClusterSource::<FarmPod>::start(fake.client().await, Vec::new());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !matches!(cache.state(), CacheState::Synced { .. }) || fake.open_watches() <= before {
         assert!(tokio::time::Instant::now() < deadline, "never watched");

@@ -234,7 +234,8 @@ impl WritableStore<Llama> for Panicky {
 #[tokio::test]
 async fn a_panicking_handler_is_a_500_and_the_server_serves_on() {
     let (options, peer) = oneshot_identity();
-    let group = ApiGroup::new().serve::<Llama>(Arc::new(Panicky(MemoryStore::default())));
+    let group = ApiGroup::new(farm_apiserver::resources::GROUP)
+        .serve::<Llama>(Arc::new(Panicky(MemoryStore::default())));
     let (state, _shutdown) = AppState::new(group, options).unwrap();
     let app = App {
         router: server::app(state.clone()),
@@ -281,7 +282,8 @@ async fn a_panicking_handler_is_audited() {
         "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n",
         &path,
     ));
-    let group = ApiGroup::new().serve::<Llama>(Arc::new(Panicky(MemoryStore::default())));
+    let group = ApiGroup::new(farm_apiserver::resources::GROUP)
+        .serve::<Llama>(Arc::new(Panicky(MemoryStore::default())));
     let (state, _shutdown) = AppState::new(group, options).unwrap();
     let app = App {
         router: server::app(state.clone()),
@@ -561,7 +563,7 @@ async fn a_stop_closes_idle_connections_at_once_and_busy_ones_at_the_grace() {
 async fn a_client_that_stops_reading_is_cut_off() {
     let server = TestServer::start_with(Options {
         limits: short_limits(),
-        farmpods: Some(farm_apiserver::store::PodCache::synthetic(20_000)),
+        farmpods: Some(farm_apiserver::resources::farmpod::synthetic_view(20_000)),
         ..Default::default()
     })
     .await;

@@ -4,16 +4,12 @@
 
 use std::path::Path;
 
-use farm_apiserver::{
-    group::{self, ApiGroup},
-    openapi::OpenApiDocuments,
-    store::{PodCache, StorageFactory},
-};
+use farm_apiserver::{openapi::OpenApiDocuments, resources, store::StorageFactory};
 
-/// The binary's kinds ([`group::register`]): a kind added there shows in the snapshots.
+/// The binary's kinds ([`resources::register`]): a kind added there shows in the snapshots.
 fn documents() -> OpenApiDocuments {
-    let storage = StorageFactory::memory(PodCache::without_cluster());
-    OpenApiDocuments::new(group::register(ApiGroup::new(), &storage).resources())
+    let storage = StorageFactory::memory();
+    OpenApiDocuments::new(resources::register(&storage).resources())
 }
 
 fn check(path: &str, generated: &[u8]) {

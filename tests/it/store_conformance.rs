@@ -27,9 +27,9 @@ use farm_apiserver::{
     resources::{FarmPod, Llama},
     selector::{FieldSelector, Filter, LabelSelector},
     store::{
-        EtcdStore, EventType, ListCursor, ListPage, ListRequest, MemoryStore, Object, PageInfo,
-        PodCache, Preconditions, ReadAt, Store, StoreStats, WatchItem, WatchRequest, WatchStart,
-        WatchStream, WritableStore, memory::MemoryStoreConfig,
+        ClusterSource, EtcdStore, EventType, ListCursor, ListPage, ListRequest, MemoryStore,
+        Object, PageInfo, Preconditions, ReadAt, Store, StoreStats, ViewCache, WatchItem,
+        WatchRequest, WatchStart, WatchStream, WritableStore, memory::MemoryStoreConfig,
     },
 };
 use futures::StreamExt;
@@ -221,7 +221,7 @@ impl Harness for MemoryHarness {
 /// The FarmPod watch cache, fed by its Pod watch on a fake kube-apiserver.
 struct CacheHarness {
     fake: Arc<FakeKube>,
-    cache: Arc<PodCache>,
+    cache: Arc<ViewCache<FarmPod>>,
 }
 
 /// A synced cache over the Pods `seeds` names (a FarmPod `ns/farm-<name>` each).
@@ -231,7 +231,7 @@ async fn pod_cache(seeds: &[Seed]) -> CacheHarness {
     for seed in seeds {
         fake.add(fake_kube::pod(seed.ns, seed.name, seed.labels, 1));
     }
-    let cache = PodCache::start(fake.client().await, Vec::new());
+    let cache = ClusterSource::<FarmPod>::start(fake.client().await, Vec::new());
     let harness = CacheHarness { fake, cache };
     let deadline = Instant::now() + WAIT;
     loop {
@@ -269,9 +269,9 @@ impl CacheHarness {
 
 impl Harness for CacheHarness {
     type K = FarmPod;
-    type S = PodCache;
+    type S = ViewCache<FarmPod>;
 
-    fn store(&self) -> &PodCache {
+    fn store(&self) -> &ViewCache<FarmPod> {
         &self.cache
     }
 
@@ -1864,7 +1864,11 @@ async fn pod_cache_cursor_agrees_with_list() {
 async fn pod_cache_is_read_only() {
     let h = pod_cache(&fixture()).await;
     assert!(h.store().writable().is_none());
-    assert!(PodCache::synthetic(3).writable().is_none());
+    assert!(
+        farm_apiserver::resources::farmpod::synthetic_view(3)
+            .writable()
+            .is_none()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

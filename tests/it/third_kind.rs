@@ -94,7 +94,7 @@ const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 /// A server of Barns and Pastures only: one line each.
 fn app() -> App {
     let (options, peer) = common::oneshot_identity();
-    let group = ApiGroup::new()
+    let group = ApiGroup::new(farm_apiserver::resources::GROUP)
         .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
         .serve::<Pasture>(Arc::new(MemoryStore::<Pasture>::default()));
     let (state, _shutdown) = AppState::new(group, options).unwrap();
@@ -110,7 +110,7 @@ fn app() -> App {
 fn routed_request_info_of_status_and_cluster_scoped_kinds() {
     use farm_apiserver::request_info::RequestInfo;
     let (options, _) = common::oneshot_identity();
-    let group = ApiGroup::new()
+    let group = ApiGroup::new(farm_apiserver::resources::GROUP)
         .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
         .serve::<Pasture>(Arc::new(MemoryStore::<Pasture>::default()));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -144,7 +144,7 @@ fn routed_request_info_of_status_and_cluster_scoped_kinds() {
 #[test]
 fn a_kind_whose_schema_does_not_convert_fails_at_start_up() {
     let (options, _) = common::oneshot_identity();
-    let group = ApiGroup::new()
+    let group = ApiGroup::new(farm_apiserver::resources::GROUP)
         .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))
         .serve::<Silo>(Arc::new(MemoryStore::<Silo>::default()));
     let runtime = tokio::runtime::Builder::new_current_thread()

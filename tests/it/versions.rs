@@ -513,8 +513,8 @@ fn the_sample_is_dolly_at_both_versions() {
 async fn a_kind_of_the_tests_at_two_versions() {
     use crate::barn::{self, Barn, BarnStatus};
     use farm_apiserver::{group::ApiGroup, store::StorageFactory};
-    fn kinds(group: ApiGroup, storage: &StorageFactory) -> ApiGroup {
-        farm_apiserver::group::register(group, storage)
+    fn kinds(storage: &StorageFactory) -> ApiGroup {
+        farm_apiserver::resources::register(storage)
             .serve_versions::<barn::v1beta1::Barn, Barn>(&storage.clone().storing_at("v1alpha"))
     }
     let server = TestServer::start_with(Options {

@@ -26,11 +26,11 @@ use bytes::Bytes;
 use farm_apiserver::{
     auth::PeerCertificates,
     auth::source::{self, StaticSources},
-    group::{self, ApiGroup},
-    resources::Llama,
+    group::ApiGroup,
+    resources::{self, FarmPod, Llama},
     rest::RestSettings,
     server::{self, AppState, AuthOptions, Shutdown, StateOptions},
-    store::{PodCache, StorageFactory, Store},
+    store::{ClusterSource, StorageFactory, Store, ViewCache},
     tls::{self, DevCa, ServingFiles, ServingTls, load_certs},
 };
 use http_body_util::{BodyExt, Full};
@@ -107,7 +107,7 @@ pub struct Options {
     pub sample_data: bool,
     pub bookmark_interval: Duration,
     /// The FarmPod cache; default: no cluster.
-    pub farmpods: Option<Arc<PodCache>>,
+    pub farmpods: Option<Arc<ViewCache<FarmPod>>>,
     /// Front-proxy CA PEM and allowed CNs (`--requestheader-*` flags).
     pub requestheader: Option<(String, Vec<String>)>,
     /// The cluster for SubjectAccessReview / TokenReview / the auth ConfigMap.
@@ -133,7 +133,7 @@ pub struct Options {
     /// The bounds on requests in flight.
     pub inflight: farm_apiserver::server::InflightLimits,
     /// The kinds served: the binary's by default.
-    pub kinds: fn(ApiGroup, &StorageFactory) -> ApiGroup,
+    pub kinds: fn(&StorageFactory) -> ApiGroup,
     /// `--storage-version` (default `v1`).
     pub storage_version: &'static str,
 }
@@ -156,7 +156,7 @@ impl Default for Options {
             webhooks: false,
             audit: None,
             inflight: Default::default(),
-            kinds: group::register,
+            kinds: resources::register,
             storage_version: "v1",
         }
     }
@@ -187,7 +187,9 @@ impl TestServer {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let ca = tls::ensure_dev_certificates(dir.path(), &tls::local_url(addr)).expect("certs");
-        let pods = options.farmpods.unwrap_or_else(PodCache::without_cluster);
+        let pods = options
+            .farmpods
+            .unwrap_or_else(ClusterSource::without_cluster);
         let (storage, etcd) = storage_on(options.storage, pods, options.sample_data)
             .await
             .expect("etcd (start_on checks)");
@@ -229,6 +231,7 @@ impl TestServer {
                 listener,
                 ServingFiles::development(dir.path()),
                 storage.clone(),
+                options.kinds,
             )
         };
         // The binary's start-up, then spawned until the test server drops.

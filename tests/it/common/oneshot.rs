@@ -9,10 +9,9 @@ use std::sync::Arc;
 
 use farm_apiserver::{
     auth::PeerCertificates,
-    group::{self, ApiGroup},
-    resources::Llama,
+    resources::{self, Llama},
     server::{self, AppState},
-    store::{PodCache, Store},
+    store::{ClusterSource, Store},
 };
 use http_body_util::BodyExt;
 use serde_json::Value;
@@ -46,9 +45,9 @@ pub async fn app_on_with(
 ) -> Option<(App, Option<super::etcd::Etcd>)> {
     let (mut options, peer) = identity();
     options.rest.garbage_collection = gc;
-    let (storage, etcd) = super::storage_on(storage, PodCache::without_cluster(), true).await?;
-    let (state, _shutdown) =
-        AppState::new(group::register(ApiGroup::new(), &storage), options).unwrap();
+    let (storage, etcd) =
+        super::storage_on(storage, ClusterSource::without_cluster(), true).await?;
+    let (state, _shutdown) = AppState::new(resources::register(&storage), options).unwrap();
     let app = App {
         router: server::app(state),
         peer,
@@ -63,10 +62,9 @@ pub async fn app_on_with(
 /// The app (in memory, with dolly), and its Llama store.
 pub fn app_with_state() -> (App, Arc<dyn Store<Llama>>) {
     let (options, peer) = identity();
-    let storage = super::storage::memory(PodCache::without_cluster(), true);
+    let storage = super::storage::memory(ClusterSource::without_cluster(), true);
     // Dropping the shutdown handle ends nothing: watches stay open.
-    let (state, _shutdown) =
-        AppState::new(group::register(ApiGroup::new(), &storage), options).unwrap();
+    let (state, _shutdown) = AppState::new(resources::register(&storage), options).unwrap();
     (
         App {
             router: server::app(state),

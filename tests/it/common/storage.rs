@@ -4,11 +4,10 @@
 use std::{sync::Arc, time::Duration};
 
 use farm_apiserver::{
-    group::{self, ApiGroup},
     resource::VersionOf,
-    resources::{Llama, llama},
+    resources::{self, FarmPod, Llama, llama},
     server::{AppState, Shutdown, StateOptions},
-    store::{PodCache, StorageFactory, Store},
+    store::{ClusterSource, StorageFactory, Store, ViewCache},
 };
 
 use super::etcd;
@@ -52,14 +51,15 @@ macro_rules! on_both_storages {
 /// one of the test's own, kept running while held; None (SKIPPED printed) when there is none.
 pub async fn storage_on(
     storage: TestStorage,
-    pods: Arc<PodCache>,
+    pods: Arc<ViewCache<FarmPod>>,
     sample: bool,
 ) -> Option<(StorageFactory, Option<etcd::Etcd>)> {
     Some(match storage {
         TestStorage::Memory => (memory(pods, sample), None),
         TestStorage::Etcd => {
             let etcd = etcd::Etcd::start().await?;
-            let factory = StorageFactory::etcd(etcd.client(), "/farm.example.com/", pods);
+            let factory = StorageFactory::etcd(etcd.client(), "/farm.example.com/");
+            factory.provide::<FarmPod>(pods);
             (factory, Some(etcd))
         }
     })
@@ -89,15 +89,17 @@ pub async fn seed_etcd<F: std::future::Future<Output = bool>>(
 }
 
 /// A standalone server's state in memory, its Llamas starting with dolly when `sample`, as
-/// `oneshot` tests use it: the binary's kinds ([`group::register`]) with `options`.
+/// `oneshot` tests use it: the binary's kinds ([`resources::register`]) with `options`.
 pub fn memory_state(sample: bool, options: StateOptions) -> (AppState, Shutdown) {
-    let storage = memory(PodCache::without_cluster(), sample);
-    AppState::new(group::register(ApiGroup::new(), &storage), options).unwrap()
+    let storage = memory(ClusterSource::without_cluster(), sample);
+    AppState::new(resources::register(&storage), options).unwrap()
 }
 
 /// Every kind in memory, FarmPods from `pods`; Llamas start with dolly when `sample`.
-pub fn memory(pods: Arc<PodCache>, sample: bool) -> StorageFactory {
-    StorageFactory::memory(pods)
+pub fn memory(pods: Arc<ViewCache<FarmPod>>, sample: bool) -> StorageFactory {
+    let storage = StorageFactory::memory()
         .seed(llama::seed::<llama::v1::Llama>(sample, 0))
-        .seed(llama::seed::<Llama>(sample, 0))
+        .seed(llama::seed::<Llama>(sample, 0));
+    storage.provide::<FarmPod>(pods);
+    storage
 }
