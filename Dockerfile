@@ -14,7 +14,9 @@ ARG TARGETPLATFORM
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
-# The apply engine, a workspace crate the server depends on.
+# The machinery (aggregated-apiserver) and the apply engine, workspace crates the server
+# depends on.
+COPY aggregated-apiserver ./aggregated-apiserver
 COPY fieldmanager ./fieldmanager
 # bench/ and etcd-proto/ (the etcd client's code generator) are workspace members: their
 # manifests must be there even though they are not built. build.rs links with

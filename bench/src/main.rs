@@ -31,11 +31,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aggregated_apiserver::tls::{self, DevCa};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};
 use client::{Conn, Proto, Target, percentile};
-use farm_apiserver::tls::{self, DevCa};
 use serde::Serialize;
 use serde_json::json;
 
@@ -205,8 +205,11 @@ impl Pki {
 async fn setup_pki(fake_addr: SocketAddr) -> Result<Pki> {
     let dir = tempfile::tempdir()?;
     // The server's dev certs, made up front so the server reuses them and the ceiling shares them.
-    let server_ca =
-        tls::ensure_dev_certificates(&dir.path().join("server"), "https://127.0.0.1:1")?;
+    let server_ca = tls::ensure_dev_certificates(
+        &dir.path().join("server"),
+        "https://127.0.0.1:1",
+        &farm_apiserver::certs::DEV,
+    )?;
     let proxy_ca = DevCa::load_or_create(&dir.path().join("proxy"))?;
     let proxy = proxy_ca.issue_client("front-proxy-client", &[])?;
     let kubeconfig = dir.path().join("fake.kubeconfig");

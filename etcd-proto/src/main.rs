@@ -1,4 +1,4 @@
-//! Generates the etcd client's gRPC code, `src/store/etcd/proto/{etcdserverpb,mvccpb}.rs`, from
+//! Generates the etcd client's gRPC code, `aggregated-apiserver/src/store/etcd/proto/{etcdserverpb,mvccpb}.rs`, from
 //! the protos in `proto/` (a subset of etcd's v3 API): protox parses them (no `protoc`) and
 //! tonic-prost-build writes prost messages and tonic clients, without servers and without
 //! tonic's transport helpers. The generated files are checked in, so no build of farm-apiserver
@@ -30,7 +30,7 @@ fn root() -> PathBuf {
 
 /// Where the generated files are checked in.
 fn target() -> PathBuf {
-    root().join("src/store/etcd/proto")
+    root().join("aggregated-apiserver/src/store/etcd/proto")
 }
 
 /// The generated files: (file name, contents).

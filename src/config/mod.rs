@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-use crate::{
+use aggregated_apiserver::{
     auth::source::StaticSources,
     rest::RestSettings,
     server::{self, InflightLimits, ReviewCache, ShutdownTiming},
@@ -18,6 +18,17 @@ use crate::{
         etcd::{EtcdClient, EtcdConfig},
     },
     tls::{self, ServingFiles},
+};
+
+/// Who farm-apiserver says it is: OpenAPI's title, `/version` (the commit from `FARM_GIT_COMMIT`
+/// at build time), its traces' service and its own metrics (`farm_apiserver_…`).
+pub const IDENTITY: server::Identity = server::Identity {
+    name: "farm-apiserver",
+    version: env!("CARGO_PKG_VERSION"),
+    git_commit: match option_env!("FARM_GIT_COMMIT") {
+        Some(commit) => commit,
+        None => "",
+    },
 };
 
 /// How log lines are written (`--log-format`).
@@ -239,8 +250,8 @@ pub struct Args {
 
     /// When the audit buffer is full: `blocking` makes the request wait for room, `batch`
     /// drops the event (counted in `apiserver_audit_error_total` and logged).
-    #[arg(long, env = "FARM_AUDIT_LOG_MODE", value_enum, default_value_t = crate::audit::Mode::Blocking)]
-    pub audit_log_mode: crate::audit::Mode,
+    #[arg(long, env = "FARM_AUDIT_LOG_MODE", value_enum, default_value_t = aggregated_apiserver::audit::Mode::Blocking)]
+    pub audit_log_mode: aggregated_apiserver::audit::Mode,
 
     /// Events the audit log's buffer holds before the mode decides.
     #[arg(
@@ -257,8 +268,8 @@ pub struct Args {
 
     /// `batch`: events are sent in batches, and a full buffer drops them (counted and
     /// logged); `blocking`: a request is answered once its events have been sent.
-    #[arg(long, env = "FARM_AUDIT_WEBHOOK_MODE", value_enum, default_value_t = crate::audit::Mode::Batch)]
-    pub audit_webhook_mode: crate::audit::Mode,
+    #[arg(long, env = "FARM_AUDIT_WEBHOOK_MODE", value_enum, default_value_t = aggregated_apiserver::audit::Mode::Batch)]
+    pub audit_webhook_mode: aggregated_apiserver::audit::Mode,
 
     /// Events the webhook's buffer holds.
     #[arg(
@@ -340,14 +351,14 @@ pub struct CertsArgs {
 }
 
 impl CertsArgs {
-    /// Writes the files (see [`tls::write_install_certificates`]) and says what to do next.
+    /// Writes the files (see [`crate::certs::write_install_certificates`]) and says what to do next.
     pub fn run(&self) -> anyhow::Result<()> {
-        tls::write_install_certificates(&self.out, &self.service, &self.namespace)
+        crate::certs::write_install_certificates(&self.out, &self.service, &self.namespace)
             .with_context(|| format!("writing certificates to {}", self.out.display()))?;
         println!(
             "wrote {dir}/{{ca.crt,ca.key,tls.crt,tls.key,{patch}}}: a serving certificate for {svc}.{ns}.svc and the APIService caBundle; next: kubectl apply -k manifests/",
             dir = self.out.display(),
-            patch = tls::CA_BUNDLE_PATCH,
+            patch = crate::certs::CA_BUNDLE_PATCH,
             svc = self.service,
             ns = self.namespace,
         );
@@ -475,7 +486,7 @@ mod tests {
     #[test]
     fn the_api_service_name_is_version_dot_group() {
         use crate::resources::{GROUP, VERSION};
-        assert_eq!(crate::tls::API_SERVICES[1], format!("{VERSION}.{GROUP}"));
-        assert_eq!(crate::tls::API_SERVICES[0], format!("v1.{GROUP}"));
+        assert_eq!(crate::certs::API_SERVICES[1], format!("{VERSION}.{GROUP}"));
+        assert_eq!(crate::certs::API_SERVICES[0], format!("v1.{GROUP}"));
     }
 }

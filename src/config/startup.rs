@@ -1,12 +1,14 @@
 //! What the flags start: logging, tracing, the audit backends, the cluster client, the
-//! serving certificate, the storage, and then the server ([`crate::server::build`]).
+//! serving certificate, the storage, and then the server ([`aggregated_apiserver::server::build`]).
 
 use super::*;
 
 impl Args {
     /// The audit backends the flags ask for (the log, the webhook, or both): none without a
     /// policy and a backend.
-    pub async fn auditor(&self) -> anyhow::Result<Option<Arc<crate::audit::Auditor>>> {
+    pub async fn auditor(
+        &self,
+    ) -> anyhow::Result<Option<Arc<aggregated_apiserver::audit::Auditor>>> {
         let backend = self.audit_log_path.is_some() || self.audit_webhook_config_file.is_some();
         let (Some(policy), true) = (&self.audit_policy_file, backend) else {
             if backend {
@@ -16,13 +18,13 @@ impl Args {
         };
         let text = std::fs::read_to_string(policy)
             .with_context(|| format!("reading the audit policy {}", policy.display()))?;
-        let policy = crate::audit::Policy::parse(&text)
+        let policy = aggregated_apiserver::audit::Policy::parse(&text)
             .map_err(|e| anyhow::anyhow!("audit policy {}: {e}", policy.display()))?;
         let metrics = Arc::default();
         let mut backends = Vec::new();
         if let Some(path) = &self.audit_log_path {
-            let sink = crate::audit::log::start(
-                crate::audit::log::LogOptions {
+            let sink = aggregated_apiserver::audit::log::start(
+                aggregated_apiserver::audit::log::LogOptions {
                     path: path.clone(),
                     max_age_days: self.audit_log_maxage,
                     max_backups: self.audit_log_maxbackup,
@@ -35,7 +37,7 @@ impl Args {
             backends.push((sink, self.audit_log_mode, "log"));
         }
         if let Some(path) = &self.audit_webhook_config_file {
-            let options = crate::audit::webhook::WebhookOptions {
+            let options = aggregated_apiserver::audit::webhook::WebhookOptions {
                 buffer_size: self.audit_webhook_batch_buffer_size,
                 max_size: self.audit_webhook_batch_max_size.max(1),
                 max_wait: self.audit_webhook_batch_max_wait,
@@ -45,13 +47,14 @@ impl Args {
                 )),
                 initial_backoff: self.audit_webhook_initial_backoff,
             };
-            let sink = crate::audit::webhook::start(path, options, Arc::clone(&metrics))
-                .await
-                .with_context(|| format!("the audit webhook {}", path.display()))?;
+            let sink =
+                aggregated_apiserver::audit::webhook::start(path, options, Arc::clone(&metrics))
+                    .await
+                    .with_context(|| format!("the audit webhook {}", path.display()))?;
             tracing::info!(config = %path.display(), "audit webhook on");
             backends.push((sink, self.audit_webhook_mode, "webhook"));
         }
-        Ok(Some(crate::audit::Auditor::with_backends(
+        Ok(Some(aggregated_apiserver::audit::Auditor::with_backends(
             policy, backends, metrics,
         )))
     }
@@ -68,7 +71,7 @@ impl Args {
                     roots = tls::load_certs(&pem)?;
                 }
                 // etcd's CA trusted as Go's clients (etcd's own, kube-apiserver) trust it.
-                let builder = crate::client_tls::client_config(roots)?;
+                let builder = aggregated_apiserver::client_tls::client_config(roots)?;
                 Some(match (cert, key) {
                     (Some(cert), Some(key)) => {
                         let chain = tls::load_certs(
@@ -153,7 +156,7 @@ impl Args {
             return Ok(None);
         };
         tracing::info!(cluster = %config.cluster_url, "using this cluster for FarmPods and authorization");
-        Ok(Some(crate::client_tls::kube_client(config)?))
+        Ok(Some(aggregated_apiserver::client_tls::kube_client(config)?))
     }
 
     fn read(path: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
@@ -174,9 +177,11 @@ impl Args {
             };
             return Ok((files, None));
         }
-        let ca = tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(addr)).with_context(
-            || format!("preparing dev certificates in {}", self.cert_dir.display()),
-        )?;
+        let ca =
+            tls::ensure_dev_certificates(&self.cert_dir, &tls::local_url(addr), &crate::certs::DEV)
+                .with_context(|| {
+                    format!("preparing dev certificates in {}", self.cert_dir.display())
+                })?;
         tracing::info!(
             kubeconfig = %self.cert_dir.join(tls::KUBECONFIG).display(),
             "development certificates ready"
@@ -241,7 +246,7 @@ impl Args {
         }
         let started = std::time::Instant::now();
         self.init_logging()?;
-        crate::recovery::install_hook();
+        aggregated_apiserver::recovery::install_hook();
         let auth_sources = StaticSources {
             requestheader_ca: Self::read(&self.requestheader_client_ca_file)?,
             requestheader_allowed_names: self.requestheader_allowed_names.clone(),
@@ -283,11 +288,12 @@ impl Args {
                 read_only: self.max_requests_inflight,
                 mutating: self.max_mutating_requests_inflight,
             },
-            limits: crate::connection::Limits {
+            limits: aggregated_apiserver::connection::Limits {
                 header_read: seconds(self.header_read_timeout),
                 idle: seconds(self.idle_timeout),
                 write_stall: seconds(self.write_timeout),
             },
+            identity: IDENTITY,
         };
         let timing = ShutdownTiming {
             delay: Duration::from_secs(self.shutdown_delay),
@@ -320,9 +326,10 @@ impl Args {
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the tracing configuration {}", path.display()))?;
-        let config = crate::telemetry::TracingConfiguration::parse(&text)
+        let config = aggregated_apiserver::telemetry::TracingConfiguration::parse(&text)
             .map_err(|e| anyhow::anyhow!("tracing configuration {}: {e}", path.display()))?;
-        let provider = crate::telemetry::start(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let provider = aggregated_apiserver::telemetry::start(&config, IDENTITY.name)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(
             endpoint = config.endpoint.as_deref().unwrap_or("localhost:4317"),
             sampling_rate_per_million = config.sampling_rate_per_million.unwrap_or(0),

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use std::sync::Arc;
 
-use crate::{
+use aggregated_apiserver::{
     columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::ServedResource,
     store::{ClusterSource, View, ViewCache},
@@ -162,7 +162,7 @@ impl FarmPod {
                     ]
                     .into(),
                 ),
-                creation_timestamp: Some(crate::resource::now()),
+                creation_timestamp: Some(aggregated_apiserver::resource::now()),
                 resource_version: Some(resource_version.to_string()),
                 uid: Some(uuid::Uuid::new_v5(&UID_NAMESPACE, i.to_string().as_bytes()).to_string()),
                 generation: Some(1),
@@ -276,7 +276,7 @@ pub mod v1alpha {
     use serde::{Deserialize, Serialize};
 
     use super::*;
-    use crate::resource::VersionOf;
+    use aggregated_apiserver::resource::VersionOf;
 
     /// FarmPodSpec is what a FarmPod shows of its Pod's spec.
     #[derive(
@@ -434,14 +434,12 @@ mod view_tests {
     use serde_json::json;
 
     use super::*;
-    use crate::{
-        negotiate::MetaVersion,
+    use aggregated_apiserver::{
         selector::{Filter, LabelSelector},
         store::{
             CacheState, ClusterSource, ListRequest, Store, ViewCache, WatchItem, WatchRequest,
             WatchStart,
         },
-        table::{self, IncludeObject},
     };
 
     fn pod(ns: &str, name: &str, rv: u64, containers: usize, app: &str) -> serde_json::Value {
@@ -550,17 +548,10 @@ mod view_tests {
             .unwrap();
         assert_eq!(web.items.len(), 2);
 
-        let rows = table::table(
-            page.items.iter().map(|p| p.get()),
-            Default::default(),
-            IncludeObject::None,
-            MetaVersion::V1,
-            true,
-        );
-        let json = serde_json::to_value(&rows).unwrap();
-        assert_eq!(json["rows"][0]["cells"][0], "farm-db-1");
-        assert_eq!(json["rows"][0]["cells"][1], 2);
-        assert_eq!(json["rows"][0]["cells"][3], "Running");
+        // The Table's cells after the name: containers, ready, status.
+        let cells = page.items[0].get().cells(jiff::Timestamp::now());
+        assert_eq!(cells[0], 2);
+        assert_eq!(cells[2], "Running");
 
         // A watch from the list's start sees the three changes in order.
         let mut watch = cache

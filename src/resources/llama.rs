@@ -8,7 +8,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
-use crate::{
+use aggregated_apiserver::{
     columns::{AGE_COLUMN, ColumnDefinition, age},
     error::FieldError,
     resource::{ServedResource, VersionOf},
@@ -29,14 +29,14 @@ fn positive(field: &str, value: f64) -> Option<FieldError> {
     } else {
         Some(FieldError::invalid(
             field,
-            crate::json_patch::go_float(value),
+            aggregated_apiserver::json_patch::go_float(value),
             &format!("{field} in body should be greater than 0"),
         ))
     }
 }
 
 fn number(value: f64) -> Value {
-    crate::resource::float64_value(value)
+    aggregated_apiserver::resource::float64_value(value)
 }
 
 /// The Table columns of both versions: the same figures under the same names.
@@ -74,11 +74,11 @@ pub mod v1alpha {
     )]
     pub struct LlamaSpec {
         /// Weight of the llama in kilograms. Must be a finite number greater than 0.
-        #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[serde(serialize_with = "aggregated_apiserver::resource::serialize_float64")]
         #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub weight: f64,
         /// Height of the llama at the shoulder, in metres. Must be a finite number greater than 0.
-        #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[serde(serialize_with = "aggregated_apiserver::resource::serialize_float64")]
         #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub height: f64,
     }
@@ -114,7 +114,7 @@ pub mod v1alpha {
         }
 
         fn decode_stored(json: &[u8]) -> serde_json::Result<Self> {
-            crate::resource::decode_either::<Self, super::v1::Llama>(json)
+            aggregated_apiserver::resource::decode_either::<Self, super::v1::Llama>(json)
         }
     }
 }
@@ -142,11 +142,11 @@ pub mod v1 {
     #[serde(rename_all = "camelCase")]
     pub struct LlamaSpec {
         /// Weight of the llama in kilograms. Must be a finite number greater than 0.
-        #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[serde(serialize_with = "aggregated_apiserver::resource::serialize_float64")]
         #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub weight_kg: f64,
         /// Height of the llama at the shoulder, in metres. Must be a finite number greater than 0.
-        #[serde(serialize_with = "crate::resource::serialize_float64")]
+        #[serde(serialize_with = "aggregated_apiserver::resource::serialize_float64")]
         #[schemars(extend("minimum" = 0, "exclusiveMinimum" = true))]
         pub height_metres: f64,
         /// What the farm calls the llama (at most 63 characters).
@@ -204,7 +204,7 @@ pub mod v1 {
         }
 
         fn decode_stored(json: &[u8]) -> serde_json::Result<Self> {
-            crate::resource::decode_either::<Self, super::v1alpha::Llama>(json)
+            aggregated_apiserver::resource::decode_either::<Self, super::v1alpha::Llama>(json)
         }
     }
 }
@@ -286,7 +286,7 @@ pub fn sample() -> v1::Llama {
             namespace: Some("default".into()),
             uid: Some(uuid::Uuid::new_v4().to_string()),
             generation: Some(1),
-            creation_timestamp: Some(crate::resource::now()),
+            creation_timestamp: Some(aggregated_apiserver::resource::now()),
             ..Default::default()
         },
         spec: v1::LlamaSpec {

@@ -10,12 +10,8 @@ use crate::{
     on_both_storages,
 };
 
-use farm_apiserver::{
-    group::ApiGroup,
-    resource::ObjectKey,
-    resources::{self, Llama},
-    store::StorageFactory,
-};
+use aggregated_apiserver::{group::ApiGroup, resource::ObjectKey, store::StorageFactory};
+use farm_apiserver::resources::{self, Llama};
 use kube::api::{Api, ObjectMeta, PostParams};
 
 /// The binary's kinds and Barn: the one line a kind adds to `resources::register`.

@@ -293,7 +293,7 @@ async fn a_validating_webhook_sees_writes_and_refuses_them(storage: TestStorage)
     );
     assert_eq!(
         request["userInfo"]["username"],
-        farm_apiserver::tls::DEV_USER
+        farm_apiserver::certs::DEV_USER
     );
     assert!(
         request["userInfo"]["groups"]

@@ -7,8 +7,8 @@ use crate::common;
 
 use std::{path::Path, sync::Arc, time::Duration};
 
+use aggregated_apiserver::audit::{Auditor, Mode, Policy, log};
 use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
-use farm_apiserver::audit::{Auditor, Mode, Policy, log};
 use serde_json::{Value, json};
 
 const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";

@@ -3,7 +3,7 @@
 //! and a selectable field. `third_kind` serves it with `ApiGroup::serve`; `adding_a_kind` adds
 //! it to the binary's kinds with one line.
 
-use farm_apiserver::{
+use aggregated_apiserver::{
     columns::{AGE_COLUMN, ColumnDefinition, age},
     error::FieldError,
     resource::ServedResource,
@@ -102,7 +102,7 @@ impl ServedResource for Barn {
 /// there; the colour, the selectable field, keeps its name (selectors are evaluated on the
 /// stored version). Served beside v1alpha with `ApiGroup::serve_versions` (`versions.rs`).
 pub mod v1beta1 {
-    use farm_apiserver::resource::VersionOf;
+    use aggregated_apiserver::resource::VersionOf;
 
     use super::*;
 

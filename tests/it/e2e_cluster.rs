@@ -27,7 +27,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use farm_apiserver::tls::API_SERVICES;
+use farm_apiserver::certs::API_SERVICES;
 
 /// The tests through a real cluster (here and in `e2e_node`) install the same APIService and
 /// namespace: one at a time.

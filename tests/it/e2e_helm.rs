@@ -72,7 +72,7 @@ impl Helm<'_> {
 impl Drop for Helm<'_> {
     fn drop(&mut self) {
         let _ = self.run(&["uninstall", RELEASE, "--wait", "--timeout=120s"]);
-        for api_service in farm_apiserver::tls::API_SERVICES {
+        for api_service in farm_apiserver::certs::API_SERVICES {
             let _ = self.cluster.run(
                 &["delete", "apiservice", api_service, "--ignore-not-found"],
                 None,
@@ -139,7 +139,7 @@ fn ca_bundle(cluster: &Cluster) -> String {
         &[
             "get",
             "apiservice",
-            farm_apiserver::tls::API_SERVICES[0],
+            farm_apiserver::certs::API_SERVICES[0],
             "-o",
             "jsonpath={.spec.caBundle}",
         ],
@@ -170,7 +170,7 @@ fn left_behind(cluster: &Cluster) -> Vec<String> {
         let (_, out, _) = cluster.run(&args, None);
         left.extend(out.lines().map(str::to_owned));
     }
-    for api_service in farm_apiserver::tls::API_SERVICES {
+    for api_service in farm_apiserver::certs::API_SERVICES {
         let (found, _, _) = cluster.run(&["get", "apiservice", api_service], None);
         if found {
             left.push(format!("apiservice/{api_service}"));

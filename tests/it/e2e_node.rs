@@ -20,7 +20,7 @@ use crate::common::install;
 use crate::e2e_cluster::{Applied, Cluster, Installed, Nodes, ONE_AT_A_TIME, suite};
 
 /// The preferred version's APIService: the one whose availability the rollout is judged by.
-const API_SERVICE: &str = farm_apiserver::tls::API_SERVICES[0];
+const API_SERVICE: &str = farm_apiserver::certs::API_SERVICES[0];
 
 pub(crate) const NS: &str = "farm-system";
 const SELECTOR: &str = "app.kubernetes.io/name=farm-apiserver";
@@ -280,7 +280,7 @@ async fn installed_on_a_real_node() {
 
     step("cleaning up: the APIServices first");
     drop(applied);
-    for api_service in farm_apiserver::tls::API_SERVICES {
+    for api_service in farm_apiserver::certs::API_SERVICES {
         let (_, out, _) = cluster.run(&["get", "apiservice", api_service], None);
         assert!(out.is_empty(), "APIService removed: {out}");
     }

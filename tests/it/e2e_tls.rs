@@ -5,8 +5,8 @@ use crate::common;
 
 use std::{process::Stdio, time::Duration};
 
+use aggregated_apiserver::resource::VersionOf;
 use common::{Alpn, TestServer, TestStorage, kubectl, run};
-use farm_apiserver::resource::VersionOf;
 use farm_apiserver::resources::{Llama, LlamaSpec};
 use futures::{StreamExt, TryStreamExt};
 use kube::{
@@ -177,7 +177,7 @@ async fn watch_resumes_without_gap_bookmarks_and_expires() {
 
 #[tokio::test]
 async fn too_old_resource_version_is_410_error_event() {
-    use farm_apiserver::store::{MemoryStore, memory::MemoryStoreConfig};
+    use aggregated_apiserver::store::{MemoryStore, memory::MemoryStoreConfig};
     // A tiny event window so "too old" is reachable.
     common::install_crypto();
     let store = MemoryStore::<Llama>::new(MemoryStoreConfig {
@@ -185,10 +185,10 @@ async fn too_old_resource_version_is_410_error_event() {
         ..Default::default()
     });
     let (options, peer) = common::oneshot_identity();
-    let group = farm_apiserver::group::ApiGroup::new(farm_apiserver::resources::GROUP)
+    let group = aggregated_apiserver::group::ApiGroup::new(farm_apiserver::resources::GROUP)
         .serve::<Llama>(std::sync::Arc::new(store));
-    let (state, _shutdown) = farm_apiserver::server::AppState::new(group, options).unwrap();
-    let app = farm_apiserver::server::app(state.clone());
+    let (state, _shutdown) = aggregated_apiserver::server::AppState::new(group, options).unwrap();
+    let app = aggregated_apiserver::server::app(state.clone());
     for i in 0..5 {
         let body = json!({"apiVersion": "farm.example.com/v1alpha", "kind": "Llama", "metadata": {"name": format!("o{i}")}, "spec": {"weight": 1, "height": 1}});
         let request =
@@ -264,7 +264,7 @@ async fn behind_the_aggregator() -> (
 ) {
     let fake = common::fake_kube::FakeKube::start().await;
     let proxy_dir = tempfile::tempdir().unwrap();
-    let proxy_ca = farm_apiserver::tls::DevCa::load_or_create(proxy_dir.path()).unwrap();
+    let proxy_ca = aggregated_apiserver::tls::DevCa::load_or_create(proxy_dir.path()).unwrap();
     let server = TestServer::start_with(common::Options {
         requestheader: Some((proxy_ca.cert_pem.clone(), vec!["front-proxy-client".into()])),
         cluster: Some(fake.client().await),

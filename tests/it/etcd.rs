@@ -573,7 +573,7 @@ async fn compacted_history_is_410_and_the_cache_relists_past_a_compaction() {
     let put = writer
         .txn(
             key,
-            farm_apiserver::store::etcd::client::Compare::Absent,
+            aggregated_apiserver::store::etcd::client::Compare::Absent,
             Some(value.as_bytes()),
         )
         .await
@@ -752,11 +752,12 @@ async fn dropping_an_etcd_store_ends_its_tasks() {
         return;
     };
     let before = etcd_watchers(&etcd).await;
-    let store = farm_apiserver::store::etcd::EtcdStore::<farm_apiserver::resources::Llama>::start(
-        etcd.client(),
-        "/farm.example.com/",
-    );
-    use farm_apiserver::store::Store;
+    let store =
+        aggregated_apiserver::store::etcd::EtcdStore::<farm_apiserver::resources::Llama>::start(
+            etcd.client(),
+            "/farm.example.com/",
+        );
+    use aggregated_apiserver::store::Store;
     let deadline = Instant::now() + Duration::from_secs(10);
     while store.check_ready().is_err() || etcd_watchers(&etcd).await <= before {
         assert!(Instant::now() < deadline, "the store never watched");
@@ -780,7 +781,7 @@ async fn dropping_an_etcd_store_ends_its_tasks() {
 /// again by the check before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consistent_reads_share_checks_and_wake_only_when_answered() {
-    use farm_apiserver::{resource::ObjectKey, store::Store};
+    use aggregated_apiserver::{resource::ObjectKey, store::Store};
     use std::sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -788,10 +789,11 @@ async fn consistent_reads_share_checks_and_wake_only_when_answered() {
     let Some(etcd) = Etcd::start().await else {
         return;
     };
-    let store = farm_apiserver::store::etcd::EtcdStore::<farm_apiserver::resources::Llama>::start(
-        etcd.client(),
-        "/farm.example.com/",
-    );
+    let store =
+        aggregated_apiserver::store::etcd::EtcdStore::<farm_apiserver::resources::Llama>::start(
+            etcd.client(),
+            "/farm.example.com/",
+        );
     let deadline = Instant::now() + Duration::from_secs(10);
     while store.check_ready().is_err() {
         assert!(Instant::now() < deadline, "the store never synced");
@@ -826,13 +828,13 @@ async fn consistent_reads_share_checks_and_wake_only_when_answered() {
     etcd.resume();
     let found = first.await.unwrap();
     assert!(
-        matches!(found, Err(farm_apiserver::error::Error::NotFound(_))),
+        matches!(found, Err(aggregated_apiserver::error::Error::NotFound(_))),
         "{found:?}"
     );
     for read in waiting {
         let found = read.await.unwrap();
         assert!(
-            matches!(found, Err(farm_apiserver::error::Error::NotFound(_))),
+            matches!(found, Err(aggregated_apiserver::error::Error::NotFound(_))),
             "{found:?}"
         );
     }

@@ -6,12 +6,13 @@ use crate::common;
 
 use std::{sync::Arc, time::Duration};
 
+use aggregated_apiserver::store::ClusterSource;
 use common::{
     Alpn, Options, TestServer,
     fake_kube::{FakeKube, pod},
     kubectl, run,
 };
-use farm_apiserver::{resources::FarmPod, store::ClusterSource};
+use farm_apiserver::resources::FarmPod;
 use futures::{StreamExt, TryStreamExt};
 use kube::{
     Api,
@@ -38,7 +39,7 @@ async fn ready_server(fake: &Arc<FakeKube>) -> TestServer {
     wait_until("the FarmPod cache to sync", || {
         matches!(
             cache.state(),
-            farm_apiserver::store::CacheState::Synced { .. }
+            aggregated_apiserver::store::CacheState::Synced { .. }
         )
     })
     .await;
@@ -448,7 +449,7 @@ async fn kubectl_get_farmpods() {
 /// dropped, its Pod watch is closed (the fake kube-apiserver sees its watch go).
 #[tokio::test]
 async fn dropping_the_cache_ends_its_watch() {
-    use farm_apiserver::store::CacheState;
+    use aggregated_apiserver::store::CacheState;
     let fake = FakeKube::start().await;
     let before = fake.open_watches();
     let cache = ClusterSource::<FarmPod>::start(fake.client().await, Vec::new());

@@ -6,21 +6,21 @@ use crate::common;
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use axum::http::StatusCode;
-use common::{oneshot::*, oneshot_identity};
-use farm_apiserver::{
+use aggregated_apiserver::{
     Result,
     group::ApiGroup,
     recovery,
     resource::ObjectKey,
-    resources::Llama,
     server::{self, AppState},
     store::{
         ListRequest, MemoryStore, Object, PageInfo, Preconditions, Store, StoreStats, WatchRequest,
         WatchStream, WritableStore,
     },
 };
+use async_trait::async_trait;
+use axum::http::StatusCode;
+use common::{oneshot::*, oneshot_identity};
+use farm_apiserver::resources::Llama;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
@@ -356,8 +356,8 @@ use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn short_limits() -> farm_apiserver::connection::Limits {
-    farm_apiserver::connection::Limits {
+fn short_limits() -> aggregated_apiserver::connection::Limits {
+    aggregated_apiserver::connection::Limits {
         header_read: Duration::from_millis(800),
         idle: Duration::from_millis(1200),
         write_stall: Duration::from_millis(800),
@@ -1293,8 +1293,8 @@ fn h2_frame_types(mut bytes: &[u8]) -> Vec<u8> {
 }
 
 /// What a client that speaks HTTP/2 frame by frame meets: the bounds with these limits.
-fn h2_limits() -> farm_apiserver::connection::Limits {
-    farm_apiserver::connection::Limits {
+fn h2_limits() -> aggregated_apiserver::connection::Limits {
+    aggregated_apiserver::connection::Limits {
         header_read: Duration::from_millis(800),
         idle: Duration::from_millis(3000),
         write_stall: Duration::from_millis(800),

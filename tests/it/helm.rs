@@ -37,7 +37,7 @@ fn helm_or_skip() -> Option<PathBuf> {
 
 /// A CA certificate in PEM, for tls.mode=existingSecret.
 fn some_ca(dir: &Path) -> PathBuf {
-    farm_apiserver::tls::DevCa::load_or_create(dir).unwrap();
+    aggregated_apiserver::tls::DevCa::load_or_create(dir).unwrap();
     dir.join("ca.crt")
 }
 
@@ -184,7 +184,7 @@ fn lint_and_template_in_every_mode() {
                 assert_eq!(tls_secret, "my-serving-certificate");
                 assert!(!objects.iter().any(|o| o["kind"] == "Secret"), "{mode}");
                 let ca = std::fs::read(dir.path().join("ca.crt")).unwrap();
-                for name in farm_apiserver::tls::API_SERVICES {
+                for name in farm_apiserver::certs::API_SERVICES {
                     assert_eq!(
                         b64(find(&objects, "APIService", name)["spec"]["caBundle"]
                             .as_str()
@@ -198,7 +198,7 @@ fn lint_and_template_in_every_mode() {
                 assert_eq!(tls_secret, "farm-apiserver-tls");
                 let certificate = find(&objects, "Certificate", "farm-apiserver-tls");
                 assert_eq!(certificate["spec"]["secretName"], tls_secret);
-                for name in farm_apiserver::tls::API_SERVICES {
+                for name in farm_apiserver::certs::API_SERVICES {
                     let api = find(&objects, "APIService", name);
                     assert!(api["spec"]["caBundle"].is_null(), "cainjector writes it");
                     assert_eq!(
@@ -260,7 +260,7 @@ fn self_signed_certificate_is_what_the_aggregator_verifies() {
     assert_eq!(secret["type"], "kubernetes.io/tls");
     let data = |key: &str| b64(secret["data"][key].as_str().unwrap());
     let ca_pem = data("ca.crt");
-    for name in farm_apiserver::tls::API_SERVICES {
+    for name in farm_apiserver::certs::API_SERVICES {
         let api = find(&objects, "APIService", name);
         assert_eq!(b64(api["spec"]["caBundle"].as_str().unwrap()), ca_pem);
         assert!(api["spec"]["insecureSkipTLSVerify"].is_null());
@@ -288,7 +288,7 @@ fn self_signed_certificate_is_what_the_aggregator_verifies() {
         "{names:?}"
     );
     crate::common::install_crypto();
-    farm_apiserver::tls::server_config(&data("tls.crt"), &data("tls.key"), &[])
+    aggregated_apiserver::tls::server_config(&data("tls.crt"), &data("tls.key"), &[])
         .expect("the server loads the certificate and its key");
     // helm template cannot look the Secret up: each render makes a new CA (upgrades keep the
     // one in the cluster; the lab test shows it).
@@ -310,7 +310,7 @@ fn names_follow_the_release_and_namespace() {
     let name = "farm-farm-apiserver";
     let service = find(&objects, "Service", name);
     assert_eq!(service["metadata"]["namespace"], "pasture");
-    for api in farm_apiserver::tls::API_SERVICES {
+    for api in farm_apiserver::certs::API_SERVICES {
         let spec = &find(&objects, "APIService", api)["spec"];
         assert_eq!(spec["service"]["name"], name);
         assert_eq!(spec["service"]["namespace"], "pasture");

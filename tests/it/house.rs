@@ -1,5 +1,6 @@
-//! The house rules a test can hold: the library's source files stay short enough to read
-//! whole (#29: no file over 700 lines), generated code aside.
+//! The house rules a test can hold: the source files stay short enough to read whole (#29: no
+//! file over 700 lines), generated code aside; the library names no kind of farm-apiserver's
+//! (#51).
 
 use std::path::{Path, PathBuf};
 
@@ -30,7 +31,7 @@ fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
 fn no_source_file_is_over_700_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for dir in ["src", "fieldmanager/src"] {
+    for dir in ["src", "aggregated-apiserver/src", "fieldmanager/src"] {
         rust_files(&root.join(dir), &mut files);
     }
     assert!(files.len() > 50, "found only {} source files", files.len());
@@ -47,4 +48,45 @@ fn no_source_file_is_over_700_lines() {
         .collect();
     long.sort();
     assert!(long.is_empty(), "over {MAX_LINES} lines: {long:?}");
+}
+
+/// aggregated-apiserver serves whatever kinds it is given: its sources (tests included) never
+/// name farm-apiserver's kinds, group or crate. Its own tests serve kinds of `zoo.example.com`.
+#[test]
+fn the_library_names_no_kind_of_farm_apiserver() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("aggregated-apiserver/src"), &mut files);
+    assert!(files.len() > 50, "found only {} source files", files.len());
+    let words = [
+        "llama",
+        "farmpod",
+        "farm.example.com",
+        "farm_apiserver",
+        "farm-apiserver",
+    ];
+    let mut named: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).expect("source file");
+            let name = path
+                .strip_prefix(root)
+                .unwrap_or(path)
+                .display()
+                .to_string();
+            text.lines()
+                .enumerate()
+                .filter(|(_, line)| {
+                    let line = line.to_ascii_lowercase();
+                    words.iter().any(|word| line.contains(word))
+                })
+                .map(|(i, line)| format!("{name}:{}: {}", i + 1, line.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    named.sort();
+    assert!(
+        named.is_empty(),
+        "the library names farm-apiserver's: {named:#?}"
+    );
 }

@@ -6,9 +6,9 @@ use crate::common;
 
 use std::time::Duration;
 
+use aggregated_apiserver::resource::VersionOf;
+use aggregated_apiserver::server::InflightLimits;
 use common::{Alpn, Options, TestServer, fake_kube::FakeKube};
-use farm_apiserver::resource::VersionOf;
-use farm_apiserver::server::InflightLimits;
 use serde_json::json;
 
 const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";

@@ -9,14 +9,12 @@ use crate::common;
 
 use std::{path::Path, process::Command};
 
+use aggregated_apiserver::server;
 use axum::{body::Body, http::Request};
 use base64::Engine;
 use clap::Parser;
 use common::install::{self, Rendered};
-use farm_apiserver::{
-    config::{Args, LogFormat},
-    server,
-};
+use farm_apiserver::config::{Args, LogFormat};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 use x509_parser::{extensions::GeneralName, pem::parse_x509_pem};
@@ -310,10 +308,10 @@ fn the_default_install_trusts_the_server_through_its_ca_bundle() {
         .filter(|o| o["kind"] == "APIService")
         .map(|o| o["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(served, farm_apiserver::tls::API_SERVICES);
+    assert_eq!(served, farm_apiserver::certs::API_SERVICES);
     for (name, version, priority) in [
-        (farm_apiserver::tls::API_SERVICES[0], "v1", 200),
-        (farm_apiserver::tls::API_SERVICES[1], "v1alpha", 100),
+        (farm_apiserver::certs::API_SERVICES[0], "v1", 200),
+        (farm_apiserver::certs::API_SERVICES[1], "v1alpha", 100),
     ] {
         let spec = &find(objects, "APIService", name)["spec"];
         assert_eq!(spec["group"], "farm.example.com");
@@ -373,7 +371,11 @@ fn the_default_install_trusts_the_server_through_its_ca_bundle() {
         .collect();
     let service = find(objects, "Service", "farm-apiserver");
     let service_name = service["metadata"]["name"].as_str().unwrap();
-    let spec = &find(objects, "APIService", farm_apiserver::tls::API_SERVICES[0])["spec"];
+    let spec = &find(
+        objects,
+        "APIService",
+        farm_apiserver::certs::API_SERVICES[0],
+    )["spec"];
     assert_eq!(spec["service"]["name"], service_name);
     assert_eq!(
         spec["service"]["namespace"],
@@ -506,7 +508,7 @@ async fn the_deployment_runs_the_server_as_the_service_and_api_service_expect() 
             "the Deployment selects its pods"
         );
     }
-    for name in farm_apiserver::tls::API_SERVICES {
+    for name in farm_apiserver::certs::API_SERVICES {
         let api_service = find(objects, "APIService", name);
         assert_eq!(api_service["spec"]["service"]["port"], port["port"]);
         assert_eq!(
@@ -1104,11 +1106,13 @@ components:
     );
     let key = policy_file.file_name().unwrap().to_str().unwrap();
     let text = config_map["data"][key].as_str().expect("the policy's key");
-    let policy = farm_apiserver::audit::Policy::parse(text).expect("a policy the server loads");
+    let policy =
+        aggregated_apiserver::audit::Policy::parse(text).expect("a policy the server loads");
     // Discovery is not written; a Llama write is, with its objects.
-    let info = |method, path| farm_apiserver::request_info::RequestInfo::parse(&method, path, None);
-    let user = farm_apiserver::auth::UserInfo::default();
-    use farm_apiserver::audit::Level;
+    let info =
+        |method, path| aggregated_apiserver::request_info::RequestInfo::parse(&method, path, None);
+    let user = aggregated_apiserver::auth::UserInfo::default();
+    use aggregated_apiserver::audit::Level;
     use hyper::Method;
     assert_eq!(
         policy

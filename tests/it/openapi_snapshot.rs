@@ -4,12 +4,16 @@
 
 use std::path::Path;
 
-use farm_apiserver::{openapi::OpenApiDocuments, resources, store::StorageFactory};
+use aggregated_apiserver::{openapi::OpenApiDocuments, store::StorageFactory};
+use farm_apiserver::resources;
 
 /// The binary's kinds ([`resources::register`]): a kind added there shows in the snapshots.
 fn documents() -> OpenApiDocuments {
     let storage = StorageFactory::memory();
-    OpenApiDocuments::new(resources::register(&storage).resources())
+    OpenApiDocuments::new(
+        &farm_apiserver::config::IDENTITY,
+        resources::register(&storage).resources(),
+    )
 }
 
 fn check(path: &str, generated: &[u8]) {

@@ -5,12 +5,12 @@
 
 use crate::common;
 
-use common::oneshot::*;
-use farm_apiserver::{
+use aggregated_apiserver::{
     selector::{FieldSelector, LabelSelector},
     store::memory::ContinueToken,
     validation,
 };
+use common::oneshot::*;
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -321,8 +321,8 @@ fn path_soup() -> impl Strategy<Value = String> {
 }
 
 /// The served kinds' endpoints, built once for the property below.
-fn endpoints() -> &'static farm_apiserver::rest::Endpoints {
-    static ENDPOINTS: std::sync::OnceLock<std::sync::Arc<farm_apiserver::rest::Endpoints>> =
+fn endpoints() -> &'static aggregated_apiserver::rest::Endpoints {
+    static ENDPOINTS: std::sync::OnceLock<std::sync::Arc<aggregated_apiserver::rest::Endpoints>> =
         std::sync::OnceLock::new();
     ENDPOINTS.get_or_init(|| {
         let (options, _) = common::oneshot_identity();
@@ -345,7 +345,7 @@ proptest! {
         method in prop_oneof![Just("GET"), Just("POST"), Just("PUT"), Just("PATCH"), Just("DELETE"), Just("HEAD")],
         query in prop_oneof![Just(None), Just(Some("watch=true")), Just(Some("watch=1&limit=2")), Just(Some("watch=false"))],
     ) {
-        use farm_apiserver::request_info::RequestInfo;
+        use aggregated_apiserver::request_info::RequestInfo;
         let method = axum::http::Method::from_bytes(method.as_bytes()).unwrap();
         if let Some(target) = endpoints().find(&path) {
             prop_assert_eq!(
@@ -360,7 +360,7 @@ proptest! {
 /// one; the others are not.
 #[test]
 fn routing_finds_the_resource_endpoints() {
-    use farm_apiserver::request_info::RequestInfo;
+    use aggregated_apiserver::request_info::RequestInfo;
     let base = "/apis/farm.example.com/v1alpha";
     for (path, routed) in [
         (format!("{base}/llamas"), true),

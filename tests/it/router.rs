@@ -3,9 +3,9 @@
 
 use crate::common;
 
+use aggregated_apiserver::server;
 use axum::http::StatusCode;
 use common::{TestStorage, oneshot::*, oneshot_identity as identity};
-use farm_apiserver::server;
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -795,7 +795,7 @@ async fn a_continue_token_whose_snapshot_is_gone_is_410_expired() {
         create(&app, "default", &llama(&format!("c{i}"), 1.0, 1.0)).await;
     }
     // A well-formed token for a resourceVersion no snapshot is kept for.
-    let token = farm_apiserver::store::memory::ContinueToken {
+    let token = aggregated_apiserver::store::memory::ContinueToken {
         v: "meta.k8s.io/v1".into(),
         rv: 2,
         start: ("default".into(), "c0".into()),

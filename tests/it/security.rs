@@ -7,11 +7,11 @@ use crate::common;
 
 use std::{sync::Arc, time::Duration};
 
+use aggregated_apiserver::tls::DevCa;
 use common::{
     Alpn, Options, RawClient, TestServer,
     fake_kube::{FakeKube, auth_configmap},
 };
-use farm_apiserver::tls::DevCa;
 use serde_json::Value;
 
 const LLAMAS: &str = "/apis/farm.example.com/v1alpha/namespaces/default/llamas";
@@ -593,7 +593,7 @@ async fn serving_certificate_rotates_live() {
     // A Secret update: new cert and key land in the files.
     let (cert, key) = server
         .dev_ca()
-        .issue_serving(farm_apiserver::tls::DEV_SANS)
+        .issue_serving(farm_apiserver::certs::DEV_SANS)
         .unwrap();
     std::fs::write(server.dir.path().join("tls.key"), key).unwrap();
     std::fs::write(server.dir.path().join("tls.crt"), cert).unwrap();

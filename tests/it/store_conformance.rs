@@ -20,11 +20,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use fake_kube::FakeKube;
-use farm_apiserver::{
+use aggregated_apiserver::{
     error::Error,
     resource::{ObjectKey, ServedResource},
-    resources::{FarmPod, Llama},
     selector::{FieldSelector, Filter, LabelSelector},
     store::{
         ClusterSource, EtcdStore, EventType, ListCursor, ListPage, ListRequest, MemoryStore,
@@ -32,6 +30,8 @@ use farm_apiserver::{
         WatchRequest, WatchStart, WatchStream, WritableStore, memory::MemoryStoreConfig,
     },
 };
+use fake_kube::FakeKube;
+use farm_apiserver::resources::{FarmPod, Llama};
 use futures::StreamExt;
 
 /// How long a store may take to answer (a watch item, a cache to show a change) before the
@@ -226,7 +226,7 @@ struct CacheHarness {
 
 /// A synced cache over the Pods `seeds` names (a FarmPod `ns/farm-<name>` each).
 async fn pod_cache(seeds: &[Seed]) -> CacheHarness {
-    farm_apiserver::tls::install_default_provider();
+    aggregated_apiserver::tls::install_default_provider();
     let fake = FakeKube::start().await;
     for seed in seeds {
         fake.add(fake_kube::pod(seed.ns, seed.name, seed.labels, 1));

@@ -8,14 +8,14 @@ use crate::{barn::Barn, common};
 
 use std::sync::Arc;
 
-use common::oneshot::{App, Reply, call, get};
-use farm_apiserver::{
+use aggregated_apiserver::{
     columns::{AGE_COLUMN, ColumnDefinition, age},
     group::ApiGroup,
     resource::ServedResource,
     server::{self, AppState},
     store::MemoryStore,
 };
+use common::oneshot::{App, Reply, call, get};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -108,7 +108,7 @@ fn app() -> App {
 /// what kube-apiserver's RequestInfo parsing gives (the edge builds it from the route).
 #[test]
 fn routed_request_info_of_status_and_cluster_scoped_kinds() {
-    use farm_apiserver::request_info::RequestInfo;
+    use aggregated_apiserver::request_info::RequestInfo;
     let (options, _) = common::oneshot_identity();
     let group = ApiGroup::new(farm_apiserver::resources::GROUP)
         .serve::<Barn>(Arc::new(MemoryStore::<Barn>::default()))

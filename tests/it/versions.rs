@@ -6,10 +6,8 @@
 
 use std::time::Duration;
 
-use farm_apiserver::{
-    resource::VersionOf,
-    resources::llama::{self, NICKNAME_ANNOTATION, v1, v1alpha},
-};
+use aggregated_apiserver::resource::VersionOf;
+use farm_apiserver::resources::llama::{self, NICKNAME_ANNOTATION, v1, v1alpha};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{
     Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent,
@@ -512,7 +510,7 @@ fn the_sample_is_dolly_at_both_versions() {
 #[tokio::test]
 async fn a_kind_of_the_tests_at_two_versions() {
     use crate::barn::{self, Barn, BarnStatus};
-    use farm_apiserver::{group::ApiGroup, store::StorageFactory};
+    use aggregated_apiserver::{group::ApiGroup, store::StorageFactory};
     fn kinds(storage: &StorageFactory) -> ApiGroup {
         farm_apiserver::resources::register(storage)
             .serve_versions::<barn::v1beta1::Barn, Barn>(&storage.clone().storing_at("v1alpha"))

@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use farm_apiserver::store::etcd::{EtcdClient, EtcdConfig};
+use aggregated_apiserver::store::etcd::{EtcdClient, EtcdConfig};
 
 /// The etcd binary, or None (and a printed reason) when there is none.
 pub fn binary() -> Option<PathBuf> {
@@ -123,10 +123,10 @@ impl Etcd {
             let files = self.tls_files();
             let read = |p: &PathBuf| std::fs::read(p).expect("etcd pki");
             let mut roots = rustls::RootCertStore::empty();
-            for cert in farm_apiserver::tls::load_certs(&read(&files.ca)).expect("ca") {
+            for cert in aggregated_apiserver::tls::load_certs(&read(&files.ca)).expect("ca") {
                 roots.add(cert).expect("ca");
             }
-            let chain = farm_apiserver::tls::load_certs(&read(&files.cert)).expect("cert");
+            let chain = aggregated_apiserver::tls::load_certs(&read(&files.cert)).expect("cert");
             let key = <rustls_pki_types::PrivateKeyDer as rustls_pki_types::pem::PemObject>::from_pem_slice(
                 &read(&files.key),
             )

@@ -22,17 +22,17 @@ use std::{
     time::Duration,
 };
 
-use bytes::Bytes;
-use farm_apiserver::{
+use aggregated_apiserver::{
     auth::PeerCertificates,
     auth::source::{self, StaticSources},
     group::ApiGroup,
-    resources::{self, FarmPod, Llama},
     rest::RestSettings,
     server::{self, AppState, AuthOptions, Shutdown, StateOptions},
     store::{ClusterSource, StorageFactory, Store, ViewCache},
     tls::{self, DevCa, ServingFiles, ServingTls, load_certs},
 };
+use bytes::Bytes;
+use farm_apiserver::resources::{self, FarmPod, Llama};
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response};
 use rustls::{ClientConfig, RootCertStore};
@@ -43,7 +43,7 @@ use tokio_rustls::TlsConnector;
 /// For `oneshot` tests: state trusting a fresh dev CA, and the admin's certificate chain from
 /// it, which requests carry as if they came through the TLS listener.
 pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
-    farm_apiserver::tls::install_default_provider();
+    aggregated_apiserver::tls::install_default_provider();
     let dir = tempfile::tempdir().unwrap();
     let ca = DevCa::load_or_create(dir.path()).unwrap();
     let (cert, _key) = ca
@@ -62,6 +62,7 @@ pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
             ..Default::default()
         }
         .build(),
+        identity: farm_apiserver::config::IDENTITY,
         ..StateOptions::default()
     };
     (
@@ -71,7 +72,7 @@ pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
 }
 
 pub fn install_crypto() {
-    farm_apiserver::tls::install_default_provider();
+    aggregated_apiserver::tls::install_default_provider();
 }
 
 /// A farm-apiserver started as the binary starts one ([`server::build`]), on a loopback port,
@@ -117,7 +118,7 @@ pub struct Options {
     /// Trust the dev CA as a client CA (as the server does when it made its own certs).
     pub trust_dev_ca: bool,
     /// The connections' bounds (timeouts).
-    pub limits: farm_apiserver::connection::Limits,
+    pub limits: aggregated_apiserver::connection::Limits,
     /// What a request other than a watch may take.
     pub request_timeout: Duration,
     /// Where Llamas live.
@@ -129,9 +130,9 @@ pub struct Options {
     /// Call the admission webhooks `cluster` configures.
     pub webhooks: bool,
     /// The audit log.
-    pub audit: Option<Arc<farm_apiserver::audit::Auditor>>,
+    pub audit: Option<Arc<aggregated_apiserver::audit::Auditor>>,
     /// The bounds on requests in flight.
-    pub inflight: farm_apiserver::server::InflightLimits,
+    pub inflight: aggregated_apiserver::server::InflightLimits,
     /// The kinds served: the binary's by default.
     pub kinds: fn(&StorageFactory) -> ApiGroup,
     /// `--storage-version` (default `v1`).
@@ -186,7 +187,12 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let ca = tls::ensure_dev_certificates(dir.path(), &tls::local_url(addr)).expect("certs");
+        let ca = tls::ensure_dev_certificates(
+            dir.path(),
+            &tls::local_url(addr),
+            &farm_apiserver::certs::DEV,
+        )
+        .expect("certs");
         let pods = options
             .farmpods
             .unwrap_or_else(ClusterSource::without_cluster);
@@ -227,6 +233,7 @@ impl TestServer {
             audit: options.audit,
             inflight: options.inflight,
             limits: options.limits,
+            identity: farm_apiserver::config::IDENTITY,
             ..server::Config::new(
                 listener,
                 ServingFiles::development(dir.path()),
@@ -314,7 +321,7 @@ impl TestServer {
     /// The dev kubeconfig's identity: farm-dev-admin, system:masters.
     pub fn admin_identity(&self) -> (String, String) {
         self.dev_ca()
-            .issue_client(tls::DEV_USER, &[tls::DEV_GROUP])
+            .issue_client(farm_apiserver::certs::DEV_USER, &[tls::DEV_GROUP])
             .expect("client cert")
     }
 }

@@ -7,12 +7,12 @@ use axum::{
 };
 use std::sync::Arc;
 
-use farm_apiserver::{
+use aggregated_apiserver::{
     auth::PeerCertificates,
-    resources::{self, Llama},
     server::{self, AppState},
     store::{ClusterSource, Store},
 };
+use farm_apiserver::resources::{self, Llama};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;

@@ -79,7 +79,7 @@ impl Running {
             let Ok(log) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
-            if log["message"] == "serving farm.example.com" {
+            if log["message"] == "serving" {
                 break log["addr"]
                     .as_str()
                     .expect("addr")
@@ -99,7 +99,7 @@ impl Running {
     /// development CA in `certs` (its `--cert-dir`).
     pub fn admin(&self, certs: &std::path::Path, alpn: super::Alpn) -> super::RawClient {
         let ca = std::fs::read_to_string(certs.join("ca.crt")).expect("ca.crt");
-        let admin = farm_apiserver::tls::DevCa::load_or_create(certs)
+        let admin = aggregated_apiserver::tls::DevCa::load_or_create(certs)
             .expect("dev ca")
             .issue_client("farm-dev-admin", &["system:masters"])
             .expect("client cert");

@@ -3,12 +3,12 @@
 
 use std::{sync::Arc, time::Duration};
 
-use farm_apiserver::{
+use aggregated_apiserver::{
     resource::VersionOf,
-    resources::{self, FarmPod, Llama, llama},
     server::{AppState, Shutdown, StateOptions},
     store::{ClusterSource, StorageFactory, Store, ViewCache},
 };
+use farm_apiserver::resources::{self, FarmPod, Llama, llama};
 
 use super::etcd;
 
