@@ -19,8 +19,10 @@
 mod barn;
 mod common;
 mod compression;
+mod placard;
 
 mod adding_a_kind;
+mod adding_a_view;
 mod admission;
 mod apply;
 mod audit;

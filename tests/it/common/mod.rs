@@ -200,6 +200,12 @@ impl TestServer {
             .await
             .expect("etcd (start_on checks)");
         let storage = storage.storing_at(options.storage_version);
+        // Views of the cluster's objects watch the test's cluster, as the binary's do (FarmPods
+        // stay the ones given above).
+        let storage = match &options.cluster {
+            Some(cluster) => storage.viewing(cluster.clone(), Vec::new()),
+            None => storage,
+        };
         let mut disabled = Vec::new();
         if !options.namespace_lifecycle {
             disabled.push("NamespaceLifecycle");
