@@ -17,7 +17,8 @@ pub const VERSION: &str = "v1alpha";
 /// The kinds farm-apiserver serves, in discovery order, one line each: a writable kind's store
 /// comes from `storage` (memory or etcd, as `--storage` says), a view's from its watch cache of
 /// the cluster's objects. The binary and the tests' servers serve what this lists
-/// ([`aggregated_apiserver::server::Config::kinds`]); a new kind is its file here and its line below.
+/// ([`aggregated_apiserver::server::Config::kinds`]); a new kind is its file here and its line
+/// below.
 pub fn register(storage: &StorageFactory) -> ApiGroup {
     ApiGroup::new(GROUP)
         .serve_versions::<llama::v1::Llama, llama::v1alpha::Llama>(storage)

@@ -48,7 +48,7 @@ impl Cluster {
     pub(crate) fn from_env() -> Option<Self> {
         let Some(kubeconfig) = std::env::var_os("FARM_E2E_KUBECONFIG") else {
             eprintln!(
-                "SKIPPED: FARM_E2E_KUBECONFIG is not set; it names a cluster whose kube-apiserver runs on this host (see README: 'Against a real kube-apiserver')"
+                "SKIPPED: FARM_E2E_KUBECONFIG is not set; it names a cluster whose kube-apiserver runs on this host (see docs/install.md: 'Against a real kube-apiserver')"
             );
             return None;
         };

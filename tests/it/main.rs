@@ -30,6 +30,7 @@ mod binary;
 mod bodies;
 mod deletion;
 mod differential;
+mod docs;
 mod e2e_cluster;
 mod e2e_helm;
 mod e2e_node;

@@ -2,7 +2,7 @@
 //! built into kubectl, offline), checked against the server they deploy: the caBundle is the CA
 //! the certs subcommand wrote and nothing is trusted insecurely, the Deployment's arguments parse
 //! with the real flags and its probes, ports, Secret and ServiceAccount line up with the Service,
-//! the APIService and the RBAC, `.mirrord/mirrord.json` and README's mirrord line target the
+//! the APIService and the RBAC, `.mirrord/mirrord.json` and docs/storage.md's mirrord line target the
 //! Deployment, and the cert-manager overlay and the components render and do what they say.
 
 use crate::common;
@@ -627,12 +627,12 @@ fn mirrord_targets_the_deployment_and_readme_runs_it_with_the_mounted_certificat
         assert!(fs == "read" || fs == "write", "{fs}");
     }
 
-    // README's mirrord command: the same flags as the Deployment, for the pod's files.
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    // docs/storage.md's mirrord command: the same flags as the Deployment, for the pod's files.
+    let readme = std::fs::read_to_string(root.join("docs/storage.md")).unwrap();
     let command = readme
         .split("```")
         .find(|block| block.contains("mirrord exec"))
-        .expect("README has a mirrord exec command")
+        .expect("docs/storage.md has a mirrord exec command")
         .replace("\\\n", " ");
     let command = command
         .lines()
@@ -641,14 +641,14 @@ fn mirrord_targets_the_deployment_and_readme_runs_it_with_the_mounted_certificat
     let words: Vec<&str> = command.split_whitespace().collect();
     assert!(
         command.contains(".mirrord/mirrord.json"),
-        "README's mirrord line uses the config: {command}"
+        "the docs' mirrord line uses the config: {command}"
     );
     let after = |flag: &str| {
         words
             .iter()
             .position(|w| *w == flag)
             .and_then(|i| words.get(i + 1).copied())
-            .unwrap_or_else(|| panic!("{flag} missing from README's mirrord line: {command}"))
+            .unwrap_or_else(|| panic!("{flag} missing from the docs' mirrord line: {command}"))
     };
     assert_eq!(after("--tls-cert-file"), cert.to_str().unwrap());
     assert_eq!(after("--tls-private-key-file"), key.to_str().unwrap());
