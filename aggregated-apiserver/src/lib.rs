@@ -36,6 +36,7 @@ pub mod discovery;
 pub mod error;
 pub mod group;
 pub mod health;
+pub mod identity;
 pub mod json_patch;
 pub mod list_body;
 pub mod list_buffer;

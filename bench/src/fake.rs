@@ -34,7 +34,7 @@ pub struct Fake {
     /// they listed: the watches never tell them more).
     admission: Mutex<Vec<Value>>,
     /// The Pods it lists (none unless set).
-    pub pods: crate::pods::PodSet,
+    pub pods: Arc<crate::pods::PodSet>,
 }
 
 impl Default for Fake {
@@ -177,7 +177,10 @@ pub async fn start() -> anyhow::Result<(SocketAddr, Arc<Fake>)> {
         )
         .route("/api/v1/namespaces/kube-system/configmaps", get(configmaps))
         .route("/api/v1/namespaces", get(namespaces))
-        .route("/api/v1/pods", get(crate::pods::list_or_watch))
+        .route(
+            "/api/v1/pods",
+            get(crate::pods::list_or_watch).with_state(fake.pods.clone()),
+        )
         .route("/api/v1/namespaces/{name}", get(get_namespace))
         .route(
             "/apis/admissionregistration.k8s.io/v1/{resource}",

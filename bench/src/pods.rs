@@ -192,7 +192,7 @@ fn query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 /// `/api/v1/pods`: a page of the list (`limit`, `continue` as an offset), or a watch that
 /// stays open with nothing to say.
 pub async fn list_or_watch(
-    State(fake): State<std::sync::Arc<crate::fake::Fake>>,
+    State(pods): State<std::sync::Arc<PodSet>>,
     RawQuery(query): RawQuery,
 ) -> Response {
     let query = query.unwrap_or_default();
@@ -200,7 +200,7 @@ pub async fn list_or_watch(
         let since: u64 = query_value(&query, "resourceVersion")
             .and_then(|rv| rv.parse().ok())
             .unwrap_or(0);
-        let compacted = fake.pods.compacted.load(Ordering::SeqCst);
+        let compacted = pods.compacted.load(Ordering::SeqCst);
         if since < compacted {
             let expired = json!({"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
                 "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
@@ -212,8 +212,7 @@ pub async fn list_or_watch(
                 .into_response();
         }
         // Open until the Pods are compacted; nothing changes meanwhile.
-        let fake = fake.clone();
-        let cut = async move { fake.pods.cut.notified().await };
+        let cut = async move { pods.cut.notified().await };
         let ends = futures::stream::once(cut)
             .filter_map(|()| async { None::<Result<Bytes, std::io::Error>> });
         return (
@@ -222,7 +221,8 @@ pub async fn list_or_watch(
         )
             .into_response();
     }
-    let pods = fake.pods.pods.lock().map(|p| p.clone()).unwrap_or_default();
+    let set = pods;
+    let pods = set.pods.lock().map(|p| p.clone()).unwrap_or_default();
     let start: usize = query_value(&query, "continue")
         .and_then(|c| c.parse().ok())
         .unwrap_or(0)
@@ -232,7 +232,7 @@ pub async fn list_or_watch(
         .filter(|l| *l > 0)
         .unwrap_or(usize::MAX);
     let end = start.saturating_add(limit).min(pods.len());
-    let rv = fake.pods.version(pods.len());
+    let rv = set.version(pods.len());
     let more = end < pods.len();
     let metadata = if more {
         json!({"resourceVersion": rv.to_string(), "continue": end.to_string(),
@@ -252,7 +252,7 @@ pub async fn list_or_watch(
         body.extend_from_slice(pod);
     }
     body.extend_from_slice(b"]}");
-    if !more && let Ok(mut last) = fake.pods.last_page.lock() {
+    if !more && let Ok(mut last) = set.last_page.lock() {
         *last = Some(Instant::now());
     }
     (

@@ -29,9 +29,9 @@ use self::{
 use crate::{
     conditional,
     error::{Error, Result},
+    identity::Identity,
     negotiate,
     resource::{ResourceInfo, at_version, group_of, served_versions},
-    server::Identity,
 };
 
 const META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1";

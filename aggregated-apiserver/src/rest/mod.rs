@@ -37,7 +37,8 @@ use crate::{
     store::{Store, WritableStore},
 };
 
-pub use route::{Answer, Endpoints, Route, Target};
+pub use response::ItemResponse;
+pub use route::{Endpoints, Route, Target};
 
 /// kube-apiserver's `--max-request-body-bytes` default for JSON bodies (3 MiB).
 pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;

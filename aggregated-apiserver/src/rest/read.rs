@@ -13,8 +13,8 @@ use rand::Rng;
 
 use super::KindApi;
 use super::options::{Query, WatchFrom, parse_bool, parse_query};
+use super::response::ItemResponse;
 use super::response::{json_response, object_response};
-use super::route::Answer;
 use crate::{
     error::Result,
     list_body::{ListWriter, StreamedList},
@@ -238,7 +238,7 @@ pub(crate) fn get_item_sync<K: ServedResource>(
     name: &str,
     query: Option<&str>,
     headers: &HeaderMap,
-) -> Option<Answer> {
+) -> Option<ItemResponse> {
     let (output, include) = if query.is_none_or(str::is_empty) {
         // Most GETs carry no query: nothing to parse (get_item_options' checks otherwise).
         let checked = negotiate::output(headers).and_then(|output| {
@@ -247,13 +247,13 @@ pub(crate) fn get_item_sync<K: ServedResource>(
         });
         match checked {
             Ok(output) => (output, IncludeObject::Metadata),
-            Err(error) => return Some(Answer::Now(error.into_response())),
+            Err(error) => return Some(ItemResponse::Ready(error.into_response())),
         }
     } else {
         match get_item_options(api, query, headers) {
             Ok(options) if options.watch => return None,
             Ok(options) => (options.output, options.include),
-            Err(error) => return Some(Answer::Now(error.into_response())),
+            Err(error) => return Some(ItemResponse::Ready(error.into_response())),
         }
     };
     let respond = move |object: Result<Object<K>>| {
@@ -262,11 +262,11 @@ pub(crate) fn get_item_sync<K: ServedResource>(
             .into_response()
     };
     match api.store.get_sync(namespace, name) {
-        Some(object) => Some(Answer::Now(respond(object))),
+        Some(object) => Some(ItemResponse::Ready(respond(object))),
         None => {
             let store = api.store.clone();
             let key = ObjectKey::new(namespace.to_owned(), name.to_owned());
-            Some(Answer::Later(Box::pin(async move {
+            Some(ItemResponse::Reading(Box::pin(async move {
                 respond(store.get(&key).await)
             })))
         }

@@ -18,6 +18,16 @@ use crate::{
     table::{self, IncludeObject, PartialObjectMetadata},
 };
 
+/// A GET of one object answered by [`super::Target::call_sync`]: at once, or once the store has
+/// read it (a consistent read from a watch cache, which first catches up with its source). The
+/// future borrows nothing; the edge bounds it by the request timeout.
+pub enum ItemResponse {
+    /// The response.
+    Ready(Response),
+    /// The response once the store has read the object.
+    Reading(futures::future::BoxFuture<'static, Response>),
+}
+
 /// Headers a response's map has room for (see `json_response`): twelve, the usable room of
 /// sixteen slots.
 const RESPONSE_HEADER_ROOM: usize = 12;

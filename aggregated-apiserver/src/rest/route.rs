@@ -11,6 +11,7 @@ use axum::{
 
 use super::delete::{delete, delete_collection};
 use super::read::{get_item, get_item_sync, list_all, list_namespaced};
+use super::response::ItemResponse;
 use super::strategy::Subresource;
 use super::write::{create, patch, update};
 use super::{KindApi, KindApiInner, RestContext};
@@ -66,16 +67,6 @@ pub struct Target<'a> {
     part: Subresource,
 }
 
-/// A GET of one object answered by [`Target::call_sync`]: at once, or once the store has read
-/// it (a consistent read from a watch cache, which first catches up with its source). The
-/// future borrows nothing; the edge bounds it by the request timeout.
-pub enum Answer {
-    /// The response.
-    Now(Response),
-    /// The response once the store has read the object.
-    Later(futures::future::BoxFuture<'static, Response>),
-}
-
 /// One kind's REST verbs behind a path.
 pub(crate) trait Endpoint: Send + Sync {
     fn call(
@@ -95,7 +86,7 @@ pub(crate) trait Endpoint: Send + Sync {
         name: &str,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Option<Answer>;
+    ) -> Option<ItemResponse>;
 
     /// The store's figures as it holds them now, for `apiserver_storage_objects`
     /// ([`Store::stats_sync`]).
@@ -298,14 +289,14 @@ impl<'a> Target<'a> {
         }
     }
 
-    /// The answer to a GET of one object, without the general path ([`Answer`]); None when it
-    /// has to go through [`Route::call`].
+    /// The response to a GET of one object, without the general path ([`ItemResponse`]); None
+    /// when it has to go through [`Route::call`].
     pub fn call_sync(
         &self,
         method: &Method,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Option<Answer> {
+    ) -> Option<ItemResponse> {
         let (Some(namespace), Some(name)) = (self.namespace, self.name) else {
             return None;
         };
@@ -316,7 +307,7 @@ impl<'a> Target<'a> {
             (Ok(namespace), Ok(name)) => self
                 .endpoint
                 .get_response_sync(&namespace, &name, query, headers),
-            (Err(error), _) | (_, Err(error)) => Some(Answer::Now(error.into_response())),
+            (Err(error), _) | (_, Err(error)) => Some(ItemResponse::Ready(error.into_response())),
         }
     }
 }
@@ -350,7 +341,7 @@ impl<K: ServedResource> Endpoint for KindApi<K> {
         name: &str,
         query: Option<&str>,
         headers: &HeaderMap,
-    ) -> Option<Answer> {
+    ) -> Option<ItemResponse> {
         get_item_sync(self, namespace, name, query, headers)
     }
 

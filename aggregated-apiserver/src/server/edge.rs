@@ -65,7 +65,7 @@ pub(super) enum Handled {
     Pending(Box<Pending>),
 }
 
-/// A GET answered from the store's own read ([`rest::Answer::Later`]): all the edge still
+/// A GET answered from the store's own read ([`rest::ItemResponse::Reading`]): all the edge still
 /// owes it is the request timeout, its place in flight, its audit ID (under a policy that
 /// writes nothing of it), its metrics and its log line.
 pub(super) struct Later {
@@ -252,12 +252,12 @@ impl Edge {
                     }
                 };
                 let mut response = match answered {
-                    Some(rest::Answer::Now(response)) => {
+                    Some(rest::ItemResponse::Ready(response)) => {
                         drop(slot);
                         response
                     }
                     // The audit policy's events are written on the way that waits.
-                    Some(rest::Answer::Later(answer)) if audited.is_none() => {
+                    Some(rest::ItemResponse::Reading(answer)) if audited.is_none() => {
                         return Handled::Later(Box::new(Later {
                             started,
                             answer,
@@ -269,7 +269,7 @@ impl Edge {
                             log: RequestLog::of(&info),
                         }));
                     }
-                    Some(rest::Answer::Later(_)) | None => {
+                    Some(rest::ItemResponse::Reading(_)) | None => {
                         drop(slot);
                         return Handled::Pending(pending(
                             AuthStep::Checked(Ok(user)),
