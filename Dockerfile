@@ -12,15 +12,14 @@
 FROM rust:1-bookworm AS builder
 ARG TARGETPLATFORM
 WORKDIR /src
-COPY Cargo.toml Cargo.lock build.rs ./
+COPY Cargo.toml Cargo.lock build.rs symbol.order ./
 COPY src ./src
 # The machinery (aggregated-apiserver) and the apply engine, workspace crates the server
 # depends on.
 COPY aggregated-apiserver ./aggregated-apiserver
 COPY fieldmanager ./fieldmanager
 # bench/ and etcd-proto/ (the etcd client's code generator) are workspace members: their
-# manifests must be there even though they are not built. build.rs links with
-# bench/symbol.order.
+# manifests must be there even though they are not built. build.rs links with symbol.order.
 COPY bench ./bench
 COPY etcd-proto ./etcd-proto
 # The dist profile (fat LTO) is what bench/run measures. The target/ cache is one per platform:

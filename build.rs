@@ -1,6 +1,6 @@
 //! Link options for the server binary on x86_64 Linux with Rust's default linker there (LLD),
 //! where both are known to be accepted; elsewhere the binary links as Cargo would.
-//! - `--symbol-ordering-file=bench/symbol.order`: the functions start-up and requests run,
+//! - `--symbol-ordering-file=symbol.order`: the functions start-up and requests run,
 //!   laid out together (see bench/symbol-order): an idle server maps a few MB of code, not
 //!   most of its 17 MB. Symbols the file names and the binary lacks are skipped.
 //! - `-z pack-relative-relocs` (RELR): the position-independent binary's 33,000 relative
@@ -15,7 +15,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=bench/symbol.order");
+    println!("cargo:rerun-if-changed=symbol.order");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
     let target = std::env::var("TARGET").unwrap_or_default();
     let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
@@ -28,7 +28,7 @@ fn main() {
         return;
     }
     let manifest = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
-    let order = std::path::Path::new(&manifest).join("bench/symbol.order");
+    let order = std::path::Path::new(&manifest).join("symbol.order");
     if order.exists() {
         println!(
             "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",

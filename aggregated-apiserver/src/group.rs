@@ -52,7 +52,7 @@ impl ApiGroup {
     /// Serves a kind at two versions, `A` (the newer) and `B`, from one store at the version
     /// `storage` stores at (`--storage-version`; `A` unless it names `B`'s). The other version
     /// is converted on every read and write ([`Converted`]), and each version's field managers
-    /// see the other's ([`KindVersions`]).
+    /// see the other's (`KindVersions`).
     pub fn serve_versions<A, B>(self, storage: &StorageFactory) -> Self
     where
         A: VersionOf<B>,

@@ -236,10 +236,9 @@ fn target(pki: &Pki, addr: SocketAddr) -> Result<Target> {
     Target::new(addr, &pki.server_ca, &pki.proxy, proxy_headers())
 }
 
-/// How many of bench/symbol.order's functions `server` defines, and how many it lists.
+/// How many of symbol.order's functions `server` defines, and how many it lists.
 fn symbol_order_coverage(server: &std::path::Path) -> Result<(usize, usize)> {
-    let order =
-        std::fs::read_to_string("bench/symbol.order").context("reading bench/symbol.order")?;
+    let order = std::fs::read_to_string("symbol.order").context("reading symbol.order")?;
     let listed: Vec<&str> = order
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
@@ -1365,18 +1364,18 @@ async fn run(args: RunArgs) -> Result<()> {
             "≤ 12",
             Some(idle_rss <= 12.0 * 1048576.0),
         );
-        // Most of the idle RSS is code: how much of bench/symbol.order (start-up's and
+        // Most of the idle RSS is code: how much of symbol.order (start-up's and
         // requests' functions, laid out together) the binary still has by name.
         match symbol_order_coverage(&args.server) {
             Ok((found, listed)) => report.metric(
                 "7-memory",
-                "functions of bench/symbol.order the binary has (bench/symbol-order renews it)",
+                "functions of symbol.order the binary has (bench/symbol-order renews it)",
                 100.0 * found as f64 / listed.max(1) as f64,
                 "%",
                 "≥ 90",
                 Some(found * 10 >= listed * 9),
             ),
-            Err(e) => println!("  bench/symbol.order's coverage not measured: {e:#}"),
+            Err(e) => println!("  symbol.order's coverage not measured: {e:#}"),
         }
         let (full, _) = start_server(
             &args,

@@ -1,5 +1,5 @@
 //! Command line and environment: every flag has a `FARM_…` variable. What they start is in
-//! [`startup`].
+//! `startup`.
 
 mod startup;
 

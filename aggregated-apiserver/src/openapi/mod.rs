@@ -2,8 +2,8 @@
 //! version: `/openapi/v3/apis/zoo.example.com/<version>`) generated from the Rust types with
 //! schemars, shaped as kube-openapi serves them: schemas named
 //! `com.example.zoo.<version>.<Kind>` with `x-kubernetes-group-version-kind`, which is what
-//! `kubectl explain` and the aggregator look for. The kinds' schemas are made in [`mod@schemas`],
-//! their operations in [`mod@paths`]; here the documents and their handlers.
+//! `kubectl explain` and the aggregator look for. The kinds' schemas are made in `schemas`,
+//! their operations in `paths`; here the documents and their handlers.
 
 mod paths;
 mod protobuf;

@@ -172,7 +172,7 @@ pub const YAML_TOO_DEEP: &str = "yaml: exceeded max depth of 10000";
 
 /// Parses a YAML body into a value with serde-saphyr, under its budgets: at most
 /// [`MAX_DEPTH`] levels (go-yaml's bound, refused before parsing for flow collections, as
-/// go-yaml's `max_flow_level`), and at most [`MAX_YAML_VALUES`] values, or 4 per byte sent,
+/// go-yaml's `max_flow_level`), and at most `MAX_YAML_VALUES` values, or 4 per byte sent,
 /// aliases expanded included (go-yaml's "excessive aliasing"). A key given twice keeps its
 /// last value, as a JSON object decoded by Go does.
 pub fn parse_yaml(body: &[u8]) -> std::result::Result<Deep, String> {

@@ -1,7 +1,7 @@
 //! kube-apiserver's GuaranteedUpdate, for every write that starts from the stored object
 //! (update, every patch, apply, delete): an attempt reads the object, the verb transforms it,
-//! and [`write()`] stores the result only if nobody wrote in between (compare-and-swap on the
-//! resourceVersion read). [`retry`] owns when an attempt is tried again; [`write()`] owns what
+//! and `write()` stores the result only if nobody wrote in between (compare-and-swap on the
+//! resourceVersion read). `retry` owns when an attempt is tried again; `write()` owns what
 //! storing a result means: nothing for an unchanged object, a delete for an object being
 //! deleted whose last finalizer the write removed ([`lifecycle`]).
 

@@ -1,20 +1,20 @@
 //! CEL for admission (webhooks' `matchConditions` and the policies): expressions compiled once
-//! per text (their syntax judged by [`syntax`]), over JSON values converted by [`values`], with
+//! per text (their syntax judged by `syntax`), over JSON values converted by `values`, with
 //! the standard library, the strings and lists extensions, Kubernetes' regex and lists
-//! libraries ([`library`]), its quantity, url and authorizer libraries ([`quantity`], [`url`],
-//! [`authz`]), and what MutatingAdmissionPolicy adds: `Object` types to build an apply configuration with (any
+//! libraries (`library`), its quantity, url and authorizer libraries (`quantity`, `url`,
+//! `authz`), and what MutatingAdmissionPolicy adds: `Object` types to build an apply configuration with (any
 //! `Object.<field path>` an expression names), `JSONPatch` and `jsonpatch.escapeKey`.
 //!
 //! kube-apiserver bounds what an expression may cost (an estimate refused when the policy is
 //! loaded, a budget while it runs). The cel crate has neither, so here: an expression with a
-//! comprehension runs charging kube-apiserver's cost limits ([`cost`]: 1,000,000 per
-//! evaluation, 10,000,000 per policy); an expression nesting deeper than [`MAX_NESTING`] is
-//! refused; it is compiled and run on one of [`THREADS`] threads of its own with a large
+//! comprehension runs charging kube-apiserver's cost limits (`cost`: 1,000,000 per
+//! evaluation, 10,000,000 per policy); an expression nesting deeper than `MAX_NESTING` is
+//! refused; it is compiled and run on one of `THREADS` threads of its own with a large
 //! stack, never on an async worker; and a caller waits at most [`BUDGET`], past which the
 //! evaluation is an error that the caller's failure policy judges (and the meter stops it).
 //! What could take memory without end outside a comprehension is bounded with
 //! kube-apiserver's "actual cost limit exceeded": `replace` (8 MiB made per evaluation,
-//! [`library`]) and a policy's variables (8 MiB each, [`within_variable_bound`]).
+//! `library`) and a policy's variables (8 MiB each, [`within_variable_bound`]).
 
 mod authz;
 pub(crate) mod cost;

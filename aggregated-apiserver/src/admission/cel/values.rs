@@ -315,7 +315,7 @@ pub(super) fn to_json(value: &cel::Value) -> Result<Value, String> {
 /// variables built from variables could otherwise double at each step.
 const MAX_VARIABLE_BYTES: usize = 8 << 20;
 
-/// Whether `value` holds at most [`MAX_VARIABLE_BYTES`]; the walk stops at the bound.
+/// Whether `value` holds at most `MAX_VARIABLE_BYTES`; the walk stops at the bound.
 pub fn within_variable_bound(value: &cel::Value) -> bool {
     fn walk(value: &cel::Value, left: &mut usize, depth: usize) -> bool {
         let own = match value {

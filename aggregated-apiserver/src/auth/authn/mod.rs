@@ -1,7 +1,7 @@
 //! Authentication, in k8s.io/apiserver's order: the front proxy's client certificate (then the
 //! user is in `X-Remote-*` headers), a client certificate from the client CA (CN = user,
 //! O = groups), a bearer token (TokenReview, cached), else anonymous. The front proxy's
-//! headers are read in [`front_proxy`], tokens reviewed in [`token`].
+//! headers are read in `front_proxy`, tokens reviewed in `token`.
 
 use std::{
     collections::HashMap,

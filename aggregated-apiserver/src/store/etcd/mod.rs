@@ -153,7 +153,7 @@ fn ready(state: &CacheState) -> Result<()> {
 impl<K: ServedResource> Source<K> for EtcdSource {
     const CONSISTENT_READS: bool = true;
 
-    /// The feed ([`feed`]) and the checks of consistent reads ([`revision_checker`]).
+    /// The feed (`feed`) and the checks of consistent reads (`revision_checker`).
     fn feeds(self: &Arc<Self>, sink: &Sink<K>) -> Vec<BoxFuture<'static, ()>> {
         vec![
             feed(self.clone(), sink.clone()).boxed(),

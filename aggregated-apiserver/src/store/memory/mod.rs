@@ -1,7 +1,7 @@
 //! The in-memory store: a persistent ordered map (so a list snapshot costs O(1) and pages stay
 //! consistent), one monotonic resourceVersion counter, and a bounded event log that watches
 //! resume from. A view of the cluster's objects uses the same engine, with the objects' resourceVersions.
-//! Snapshots and pages are in [`snapshot`], the feed of a watch cache in [`feed`].
+//! Snapshots and pages are in `snapshot`, the feed of a watch cache in `feed`.
 
 mod feed;
 mod snapshot;
