@@ -32,6 +32,7 @@ mod deletion;
 mod differential;
 mod docs;
 mod e2e_cluster;
+mod e2e_example;
 mod e2e_helm;
 mod e2e_node;
 mod e2e_operator;
