@@ -1,6 +1,6 @@
-//! The house rules a test can hold: the source files stay short enough to read whole (#29: no
-//! file over 700 lines), generated code aside; the library names no kind of farm-apiserver's
-//! (#51).
+//! The house rules a test can hold: the source files of every crate, the tests and the
+//! benchmarks stay short enough to read whole (#29, #51: no file over 700 lines), generated code
+//! aside; the library names no kind of farm-apiserver's (#51).
 
 use std::path::{Path, PathBuf};
 
@@ -27,14 +27,27 @@ fn rust_files(dir: &Path, found: &mut Vec<PathBuf>) {
     }
 }
 
+/// The files still over the bound, each to be split (#51): the benchmark harness's `main.rs`
+/// (one 1,090-line `run` of every scenario) and its kube-apiserver scenarios. A file leaves
+/// this list when it is split; none joins it.
+const STILL_LONG: &[&str] = &["bench/src/cluster.rs", "bench/src/main.rs"];
+
 #[test]
 fn no_source_file_is_over_700_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for dir in ["src", "aggregated-apiserver/src", "fieldmanager/src"] {
+    for dir in [
+        "src",
+        "aggregated-apiserver/src",
+        "aggregated-apiserver/examples",
+        "fieldmanager/src",
+        "etcd-proto/src",
+        "tests",
+        "bench/src",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
-    assert!(files.len() > 50, "found only {} source files", files.len());
+    assert!(files.len() > 150, "found only {} source files", files.len());
     let mut long: Vec<String> = files
         .iter()
         .filter_map(|path| {
@@ -42,12 +55,15 @@ fn no_source_file_is_over_700_lines() {
             let lines = text.lines().count();
             (lines > MAX_LINES && !generated(&text)).then(|| {
                 let name = path.strip_prefix(root).unwrap_or(path);
-                format!("{} ({lines} lines)", name.display())
+                name.display().to_string()
             })
         })
         .collect();
     long.sort();
-    assert!(long.is_empty(), "over {MAX_LINES} lines: {long:?}");
+    assert_eq!(
+        long, STILL_LONG,
+        "files over {MAX_LINES} lines (a file split leaves STILL_LONG; none may join it)"
+    );
 }
 
 /// aggregated-apiserver serves whatever kinds it is given: its sources (tests included) never
