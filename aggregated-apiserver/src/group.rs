@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::{
-    health::Check,
+    health::ReadinessCheck,
     resource::{ResourceInfo, ServedResource, VersionOf},
     rest::{Endpoints, RestContext, fields::KindVersions},
     store::{Converted, StorageFactory, Store},
@@ -22,7 +22,7 @@ pub struct ApiGroup {
     strangers: Vec<String>,
     resources: Vec<ResourceInfo>,
     installs: Vec<Install>,
-    checks: Vec<Check>,
+    checks: Vec<ReadinessCheck>,
 }
 
 impl ApiGroup {
@@ -123,7 +123,7 @@ impl ApiGroup {
     }
 
     /// What the kinds' stores add to `/readyz`.
-    pub fn readiness_checks(&self) -> &[Check] {
+    pub fn readiness_checks(&self) -> &[ReadinessCheck] {
         &self.checks
     }
 

@@ -21,7 +21,7 @@ type CheckFn = dyn Fn() -> Result<(), String> + Send + Sync;
 
 /// A named readiness check: Ok, or why not.
 #[derive(Clone)]
-pub struct Check {
+pub struct ReadinessCheck {
     /// As `?verbose` lists it and `/readyz/<name>` asks it.
     pub name: &'static str,
     run: Arc<CheckFn>,
@@ -29,7 +29,7 @@ pub struct Check {
     informational: bool,
 }
 
-impl Check {
+impl ReadinessCheck {
     /// A check that makes `/readyz` fail while it fails.
     pub fn new(
         name: &'static str,
@@ -67,7 +67,7 @@ struct Outcome {
 pub struct Health {
     shutting_down: AtomicBool,
     /// Checks that only readiness cares about (caches synced, ...).
-    readiness: std::sync::RwLock<Vec<Check>>,
+    readiness: std::sync::RwLock<Vec<ReadinessCheck>>,
 }
 
 impl Health {
@@ -88,7 +88,7 @@ impl Health {
 
     /// Adds a check to `/readyz`, run on every readiness request. A check named as one already
     /// there joins it (two kinds in etcd: one `etcd` check that both must pass).
-    pub fn add_readiness_check(&self, check: Check) {
+    pub fn add_readiness_check(&self, check: ReadinessCheck) {
         let Ok(mut checks) = self.readiness.write() else {
             return;
         };
@@ -293,10 +293,12 @@ mod tests {
 
     #[test]
     fn checks_of_one_name_are_one_check_that_all_must_pass() {
-        use super::{Check, Health, Probe};
+        use super::{Health, Probe, ReadinessCheck};
         let health = Health::new();
-        health.add_readiness_check(Check::new("etcd", || Ok(())));
-        health.add_readiness_check(Check::new("etcd", || Err("barns not read yet".into())));
+        health.add_readiness_check(ReadinessCheck::new("etcd", || Ok(())));
+        health.add_readiness_check(ReadinessCheck::new("etcd", || {
+            Err("barns not read yet".into())
+        }));
         let outcomes = health.checks(Probe::Readyz);
         let names: Vec<_> = outcomes.iter().map(|o| o.name).collect();
         assert_eq!(names, ["ping", "shutdown", "etcd"]);
@@ -310,18 +312,20 @@ mod tests {
             atomic::{AtomicBool, Ordering},
         };
 
-        use super::{Check, Health};
+        use super::{Health, ReadinessCheck};
         let health = Health::new();
         let synced = Arc::new(AtomicBool::new(false));
         let flag = synced.clone();
-        health.add_readiness_check(Check::new("informer-sync", move || {
+        health.add_readiness_check(ReadinessCheck::new("informer-sync", move || {
             if flag.load(Ordering::SeqCst) {
                 Ok(())
             } else {
                 Err("not listed yet".into())
             }
         }));
-        health.add_readiness_check(Check::informational("stripes", || Err("degraded".into())));
+        health.add_readiness_check(ReadinessCheck::informational("stripes", || {
+            Err("degraded".into())
+        }));
         assert!(!health.is_ready());
         synced.store(true, Ordering::SeqCst);
         assert!(health.is_ready(), "an informational check does not count");

@@ -438,7 +438,7 @@ impl Admission {
     /// `/readyz`'s `informer-sync` (as k8s.io/apiserver's): not ready until the admission
     /// configurations have been listed, since writes wait for them (and are refused, 403, when
     /// they cannot be read, e.g. without the RBAC in `manifests/`). None with no admission.
-    pub fn readiness_check(&self) -> Option<crate::health::Check> {
+    pub fn readiness_check(&self) -> Option<crate::health::ReadinessCheck> {
         if self.webhooks.is_none() && self.policies.is_none() && self.mutating_policies.is_none() {
             return None;
         }
@@ -447,19 +447,22 @@ impl Admission {
             self.policies.clone(),
             self.mutating_policies.clone(),
         );
-        Some(crate::health::Check::new("informer-sync", move || {
-            let synced = webhooks.as_ref().is_none_or(|w| w.synced())
-                && policies.as_ref().is_none_or(|p| p.synced())
-                && mutating.as_ref().is_none_or(|p| p.synced());
-            if synced {
-                Ok(())
-            } else {
-                Err(
-                    "the admission webhook and policy configurations have not been listed yet"
-                        .into(),
-                )
-            }
-        }))
+        Some(crate::health::ReadinessCheck::new(
+            "informer-sync",
+            move || {
+                let synced = webhooks.as_ref().is_none_or(|w| w.synced())
+                    && policies.as_ref().is_none_or(|p| p.synced())
+                    && mutating.as_ref().is_none_or(|p| p.synced());
+                if synced {
+                    Ok(())
+                } else {
+                    Err(
+                        "the admission webhook and policy configurations have not been listed yet"
+                            .into(),
+                    )
+                }
+            },
+        ))
     }
 
     /// The cluster's ValidatingAdmissionPolicies, when the server applies them.

@@ -189,7 +189,7 @@ enum Body {
 
 /// What an answer's body is.
 #[derive(Clone, Copy)]
-enum Answer {
+enum ResponseBody {
     Object,
     List,
     Status,
@@ -205,7 +205,7 @@ struct Operation {
     action: &'static str,
     query: Query,
     body: Body,
-    answers: &'static [(&'static str, &'static str, Answer)],
+    answers: &'static [(&'static str, &'static str, ResponseBody)],
 }
 
 impl Operation {
@@ -225,7 +225,7 @@ const fn op(
     action: &'static str,
     query: Query,
     body: Body,
-    answers: &'static [(&'static str, &'static str, Answer)],
+    answers: &'static [(&'static str, &'static str, ResponseBody)],
 ) -> Operation {
     Operation {
         place,
@@ -239,15 +239,15 @@ const fn op(
     }
 }
 
-const OK_OBJECT: &[(&str, &str, Answer)] = &[("200", "OK", Answer::Object)];
-const OK_LIST: &[(&str, &str, Answer)] = &[("200", "OK", Answer::List)];
-const CREATED: &[(&str, &str, Answer)] = &[
-    ("200", "OK", Answer::Object),
-    ("201", "Created", Answer::Object),
+const OK_OBJECT: &[(&str, &str, ResponseBody)] = &[("200", "OK", ResponseBody::Object)];
+const OK_LIST: &[(&str, &str, ResponseBody)] = &[("200", "OK", ResponseBody::List)];
+const CREATED: &[(&str, &str, ResponseBody)] = &[
+    ("200", "OK", ResponseBody::Object),
+    ("201", "Created", ResponseBody::Object),
 ];
-const DELETED: &[(&str, &str, Answer)] = &[
-    ("200", "OK", Answer::Object),
-    ("202", "Accepted", Answer::Status),
+const DELETED: &[(&str, &str, ResponseBody)] = &[
+    ("200", "OK", ResponseBody::Object),
+    ("202", "Accepted", ResponseBody::Status),
 ];
 
 /// Every operation of a kind but the list across namespaces. No strategic-merge-patch among
@@ -347,9 +347,9 @@ pub(super) fn paths(
                 .iter()
                 .map(|&(code, description, answer)| {
                     let schema = match answer {
-                        Answer::Object => &object,
-                        Answer::List => &list,
-                        Answer::Status => &status,
+                        ResponseBody::Object => &object,
+                        ResponseBody::List => &list,
+                        ResponseBody::Status => &status,
                     };
                     (code, response(flavor, description, schema))
                 })

@@ -29,7 +29,7 @@ use serde::Serialize;
 
 use crate::{
     error::{Error, Result},
-    health::Check,
+    health::ReadinessCheck,
     resource::{ObjectKey, ServedResource},
     selector::Filter,
 };
@@ -502,7 +502,7 @@ pub trait Store<K: ServedResource>: Send + Sync + 'static {
     }
     /// What the store adds to `/readyz` (a cache's sync, its backend's reach); none by default.
     /// [`crate::group::ApiGroup::serve`] registers them with the kind.
-    fn readiness_checks(self: Arc<Self>) -> Vec<Check> {
+    fn readiness_checks(self: Arc<Self>) -> Vec<ReadinessCheck> {
         Vec::new()
     }
     /// The store's writes, when it takes any: a kind whose store has none is read-only (get,

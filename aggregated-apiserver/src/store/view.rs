@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    health::Check,
+    health::ReadinessCheck,
     resource::ServedResource,
 };
 
@@ -133,20 +133,20 @@ impl<K: View> Source<K> for ClusterSource<K> {
     /// Readiness: not ready until the first sync (`<kind>-cache-synced`). A broken watch after
     /// that keeps the server ready (the last view still serves) and shows in
     /// `/readyz/<kind>-watch`.
-    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<Check> {
+    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<ReadinessCheck> {
         let watch = state.clone();
         let name = K::kind(&()).to_ascii_lowercase();
         let synced: &'static str = Box::leak(format!("{name}-cache-synced").into_boxed_str());
         let watching: &'static str = Box::leak(format!("{name}-watch").into_boxed_str());
         let objects = K::Of::kind(&()).into_owned();
         vec![
-            Check::new(synced, move || match &*state.borrow() {
+            ReadinessCheck::new(synced, move || match &*state.borrow() {
                 CacheState::Syncing { pending } => {
                     Err(format!("{pending} {objects} watch(es) not synced yet"))
                 }
                 _ => Ok(()),
             }),
-            Check::informational(watching, move || match &*watch.borrow() {
+            ReadinessCheck::informational(watching, move || match &*watch.borrow() {
                 CacheState::Synced {
                     degraded: Some(reason),
                 } => Err(format!("serving the last synced view: {reason}")),

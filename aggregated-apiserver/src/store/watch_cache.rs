@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     error::Result,
-    health::Check,
+    health::ReadinessCheck,
     resource::{ObjectKey, ServedResource},
 };
 
@@ -58,7 +58,7 @@ pub trait Source<K: ServedResource>: Send + Sync + Sized + 'static {
     fn check_ready(&self, state: &CacheState) -> Result<()>;
 
     /// What the cache adds to `/readyz`, reading its state from `state`.
-    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<Check>;
+    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<ReadinessCheck>;
 
     /// Brings the cache up to date with the source as of now, before a read of the latest
     /// state (an object, the stats); nothing by default (a read is served from whatever the
@@ -262,7 +262,7 @@ impl<K: ServedResource, S: Source<K>> Store<K> for WatchCache<K, S> {
         self.source.check_ready(&self.sink.state.borrow())
     }
 
-    fn readiness_checks(self: Arc<Self>) -> Vec<Check> {
+    fn readiness_checks(self: Arc<Self>) -> Vec<ReadinessCheck> {
         self.source.readiness_checks(self.sink.state.subscribe())
     }
 

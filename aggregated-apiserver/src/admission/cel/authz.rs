@@ -41,7 +41,7 @@ pub struct Asked {
 
 /// An authorizer's answer: allowed or not, with its reason; an error when it could not say.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Answer {
+pub struct Decision {
     /// Whether the user may.
     pub allowed: bool,
     /// The authorizer's reason.
@@ -53,7 +53,7 @@ pub struct Answer {
 /// Answers checks for a user, synchronously (called on the CEL threads).
 pub trait Checker: Send + Sync {
     /// Whether `user` may do what `asked` names.
-    fn check(&self, user: &UserInfo, asked: &Asked) -> Answer;
+    fn check(&self, user: &UserInfo, asked: &Asked) -> Decision;
 }
 
 /// The stages of a check being built, with kube-apiserver's type names.
@@ -80,20 +80,20 @@ const DECISION: &str = "kubernetes.authorization.Decision";
 
 /// An authorizer, or a check built from one.
 #[derive(Clone)]
-pub struct Check {
+pub struct AccessCheck {
     stage: Stage,
     checker: Arc<dyn Checker>,
     user: Arc<UserInfo>,
     asked: Asked,
 }
 
-impl std::fmt::Debug for Check {
+impl std::fmt::Debug for AccessCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}({:?})", self.stage.name(), self.asked)
     }
 }
 
-impl PartialEq for Check {
+impl PartialEq for AccessCheck {
     fn eq(&self, other: &Self) -> bool {
         self.stage == other.stage
             && self.asked == other.asked
@@ -102,15 +102,15 @@ impl PartialEq for Check {
     }
 }
 
-impl Eq for Check {}
+impl Eq for AccessCheck {}
 
-impl Opaque for Check {
+impl Opaque for AccessCheck {
     fn runtime_type_name(&self) -> &str {
         self.stage.name()
     }
 }
 
-impl Opaque for Answer {
+impl Opaque for Decision {
     fn runtime_type_name(&self) -> &str {
         DECISION
     }
@@ -118,7 +118,7 @@ impl Opaque for Answer {
 
 /// The `authorizer` variable: checks as `user`.
 pub fn authorizer(checker: Arc<dyn Checker>, user: Arc<UserInfo>) -> Value {
-    Value::Opaque(Arc::new(Check {
+    Value::Opaque(Arc::new(AccessCheck {
         stage: Stage::Authorizer,
         checker,
         user,
@@ -129,7 +129,7 @@ pub fn authorizer(checker: Arc<dyn Checker>, user: Arc<UserInfo>) -> Value {
 /// The `authorizer.requestResource` variable: the request's own resource, for a check of
 /// another verb on it.
 pub fn request_resource(checker: Arc<dyn Checker>, user: Arc<UserInfo>, asked: Asked) -> Value {
-    Value::Opaque(Arc::new(Check {
+    Value::Opaque(Arc::new(AccessCheck {
         stage: Stage::Resource,
         checker,
         user,
@@ -243,7 +243,7 @@ fn step<'b, 'v>(
     stage: Stage,
     edit: impl FnOnce(&mut Asked, &str),
 ) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let mut next: Check = opaque(function, args.first())?;
+    let mut next: AccessCheck = opaque(function, args.first())?;
     edit(&mut next.asked, text(function, args.get(1))?);
     next.stage = stage;
     answer(Value::Opaque(Arc::new(next)))
@@ -285,7 +285,7 @@ fn name<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionEr
 /// (`system:serviceaccount:<ns>:<name>`, in `system:serviceaccounts` and
 /// `system:serviceaccounts:<ns>`).
 fn service_account<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let mut next: Check = opaque("serviceAccount", args.first())?;
+    let mut next: AccessCheck = opaque("serviceAccount", args.first())?;
     let namespace = text("serviceAccount", args.get(1))?;
     let name = text("serviceAccount", args.get(2))?;
     next.user = Arc::new(UserInfo {
@@ -302,14 +302,14 @@ fn service_account<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, 
 }
 
 fn check<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    let check: Check = opaque("check", args.first())?;
+    let check: AccessCheck = opaque("check", args.first())?;
     let mut asked = check.asked.clone();
     asked.verb = text("check", args.get(1))?.to_owned();
     let decision = check.checker.check(&check.user, &asked);
     answer(Value::Opaque(Arc::new(decision)))
 }
 
-fn decision(function: &str, args: &[CowVal<'_, '_>]) -> Result<Answer, ExecutionError> {
+fn decision(function: &str, args: &[CowVal<'_, '_>]) -> Result<Decision, ExecutionError> {
     opaque(function, args.first())
 }
 
@@ -335,7 +335,7 @@ fn error<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionE
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use super::{Answer, Asked, Checker, authorizer, request_resource};
+    use super::{Asked, Checker, Decision, authorizer, request_resource};
     use crate::{admission::cel::Expression, auth::user::UserInfo};
 
     /// Allows `get` on anything, and remembers what it was asked and for whom.
@@ -343,12 +343,12 @@ mod tests {
     struct Recorder(Mutex<Vec<(String, Asked)>>);
 
     impl Checker for Recorder {
-        fn check(&self, user: &UserInfo, asked: &Asked) -> Answer {
+        fn check(&self, user: &UserInfo, asked: &Asked) -> Decision {
             self.0
                 .lock()
                 .unwrap()
                 .push((user.name.clone(), asked.clone()));
-            Answer {
+            Decision {
                 allowed: asked.verb == "get",
                 reason: format!("{} may {}", user.name, asked.verb),
                 error: (asked.verb == "broken").then(|| "no answer".into()),

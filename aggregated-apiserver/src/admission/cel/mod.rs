@@ -18,7 +18,7 @@
 
 mod authz;
 pub(crate) mod cost;
-pub use authz::{Answer, Asked, Checker, authorizer, request_resource};
+pub use authz::{Asked, Checker, Decision, authorizer, request_resource};
 pub use cost::RUNTIME_BUDGET;
 mod library;
 mod quantity;

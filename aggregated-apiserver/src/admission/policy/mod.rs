@@ -232,9 +232,9 @@ impl ClusterChecker {
 }
 
 impl cel::Checker for ClusterChecker {
-    fn check(&self, user: &crate::auth::user::UserInfo, asked: &cel::Asked) -> cel::Answer {
+    fn check(&self, user: &crate::auth::user::UserInfo, asked: &cel::Asked) -> cel::Decision {
         use k8s_openapi::api::authorization::v1::{NonResourceAttributes, ResourceAttributes};
-        let failed = |error: String| cel::Answer {
+        let failed = |error: String| cel::Decision {
             error: Some(error),
             ..Default::default()
         };
@@ -270,7 +270,7 @@ impl cel::Checker for ClusterChecker {
             .runtime
             .block_on(async { tokio::time::timeout(CHECK_WAIT, review).await })
         {
-            Ok(Ok((allowed, reason))) => cel::Answer {
+            Ok(Ok((allowed, reason))) => cel::Decision {
                 allowed,
                 reason,
                 error: None,

@@ -34,7 +34,7 @@ pub struct ValidatingPolicies {
 }
 
 /// A validation, compiled.
-struct Check {
+struct Validation {
     expression: Arc<cel::Expression>,
     message_expression: Option<Arc<cel::Expression>>,
     message: Option<String>,
@@ -45,7 +45,7 @@ struct Check {
 /// of them (which say where they may run).
 struct Compiled {
     common: Arc<Common>,
-    checks: Vec<Check>,
+    checks: Vec<Validation>,
     /// `auditAnnotations`: each key and its value's expression.
     audit_annotations: Vec<(String, Arc<cel::Expression>)>,
     /// Every expression, the common ones first.
@@ -69,7 +69,7 @@ impl Compiled {
                 Some(source) => compile(source).await.ok(),
                 None => None,
             };
-            checks.push(Check {
+            checks.push(Validation {
                 expression: compile(&validation.expression).await?,
                 message_expression,
                 message: validation.message.clone(),

@@ -81,7 +81,7 @@ impl tower::Service<hyper_util::client::legacy::connect::dns::Name> for Resolver
 
 /// What a webhook answered, checked.
 #[derive(Debug, Default)]
-pub struct Answer {
+pub struct Verdict {
     /// Whether the write may go on.
     pub allowed: bool,
     /// Why not, as the webhook put it.
@@ -235,7 +235,7 @@ impl Clients {
         review: &Value,
         uid: &str,
         mutating: bool,
-    ) -> Result<Answer, String> {
+    ) -> Result<Verdict, String> {
         let url = url_of(config, timeout)?;
         let service = config
             .url
@@ -327,7 +327,7 @@ fn url_of(config: &WebhookClientConfig, timeout: Duration) -> Result<String, Str
 
 /// `VerifyAdmissionResponse`: an `admission.k8s.io/v1` AdmissionReview answering this request
 /// (`uid`), a patch only from a mutating webhook and only as a JSONPatch.
-fn verify(review: Review, uid: &str, mutating: bool) -> Result<Answer, String> {
+fn verify(review: Review, uid: &str, mutating: bool) -> Result<Verdict, String> {
     if review.api_version != "admission.k8s.io/v1" || review.kind != "AdmissionReview" {
         return Err(format!(
             "expected webhook response of admission.k8s.io/v1, Kind=AdmissionReview, got {}, Kind={}",
@@ -378,7 +378,7 @@ fn verify(review: Review, uid: &str, mutating: bool) -> Result<Answer, String> {
         }
         (_, None, None) => None,
     };
-    Ok(Answer {
+    Ok(Verdict {
         allowed: response.allowed,
         status: response.status,
         patch,
@@ -481,7 +481,7 @@ pub fn request_variable(attributes: &Attributes<'_>) -> Value {
 mod tests {
     use super::*;
 
-    fn answer(body: Value, uid: &str, mutating: bool) -> Result<Answer, String> {
+    fn answer(body: Value, uid: &str, mutating: bool) -> Result<Verdict, String> {
         verify(serde_json::from_value(body).unwrap(), uid, mutating)
     }
 

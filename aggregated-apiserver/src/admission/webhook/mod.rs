@@ -298,7 +298,7 @@ impl Webhooks {
         object: Option<&Value>,
         old: Option<&Value>,
         mutating: bool,
-    ) -> Result<Option<call::Answer>> {
+    ) -> Result<Option<call::Verdict>> {
         if attributes.dry_run && !matches!(hook.side_effects.as_str(), "None" | "NoneOnDryRun") {
             return Err(Error::BadRequest(format!(
                 "admission webhook {:?} does not support dry run",
@@ -498,7 +498,7 @@ impl Webhooks {
         attributes: &Attributes<'_>,
         object: &mut Value,
         apply: &Patcher,
-        answer: call::Answer,
+        answer: call::Verdict,
         warnings: &[String],
         (round, index): (usize, usize),
     ) -> Result<bool> {
@@ -606,7 +606,7 @@ impl Webhooks {
 
 /// A webhook's `auditAnnotations`, each as `<webhook name>/<key>` in the request's audit
 /// record (kube-apiserver's keys).
-fn audit_annotations(webhook: &str, answer: &call::Answer) {
+fn audit_annotations(webhook: &str, answer: &call::Verdict) {
     for (key, value) in &answer.audit_annotations {
         crate::audit::annotate(
             crate::audit::Level::Metadata,

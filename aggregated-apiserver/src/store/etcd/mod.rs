@@ -40,7 +40,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    health::Check,
+    health::ReadinessCheck,
     resource::{ObjectKey, ServedResource},
 };
 
@@ -59,7 +59,7 @@ pub struct EtcdSource {
     /// Bumped whenever the feed applied something, for reads waiting for the cache.
     applied: watch::Sender<u64>,
     /// Consistent reads share etcd checks (see [`EtcdSource::latest`]).
-    checks: Checks,
+    checks: ConsistentReads,
     /// The current watch's request stream, for progress requests.
     progress: Mutex<Option<client::Progress>>,
 }
@@ -68,7 +68,7 @@ pub struct EtcdSource {
 /// next round and waits for its check, which starts after the read joined, so one etcd round
 /// trip serves every read that arrived while the previous one was out, no read waits in a queue
 /// of locks, and a check wakes only the reads it answers.
-struct Checks {
+struct ConsistentReads {
     /// The round reads join; the task takes it (leaving a new one) just before its check.
     next: Mutex<Round>,
     /// Wakes the task.
@@ -125,7 +125,7 @@ impl<K: ServedResource> EtcdStore<K> {
             client,
             prefix: key,
             applied: watch::Sender::new(0),
-            checks: Checks {
+            checks: ConsistentReads {
                 next: Mutex::default(),
                 wanted: Notify::new(),
                 ordered_progress: AtomicBool::new(false),
@@ -167,13 +167,15 @@ impl<K: ServedResource> Source<K> for EtcdSource {
 
     /// Readiness (`etcd`, one check however many kinds etcd keeps): not ready until the
     /// cache holds etcd's objects, nor while etcd is unreachable.
-    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<Check> {
-        vec![Check::new("etcd", move || match &*state.borrow() {
-            CacheState::Synced { .. } => Ok(()),
-            CacheState::NoSource | CacheState::Syncing { .. } => {
-                Err("the cache has not read etcd yet".into())
+    fn readiness_checks(&self, state: watch::Receiver<CacheState>) -> Vec<ReadinessCheck> {
+        vec![ReadinessCheck::new("etcd", move || {
+            match &*state.borrow() {
+                CacheState::Synced { .. } => Ok(()),
+                CacheState::NoSource | CacheState::Syncing { .. } => {
+                    Err("the cache has not read etcd yet".into())
+                }
+                CacheState::Broken(reason) => Err(reason.clone()),
             }
-            CacheState::Broken(reason) => Err(reason.clone()),
         })]
     }
 
@@ -215,7 +217,7 @@ impl EtcdSource {
     }
 
     /// A revision the cache must reach to be current as of this call: from a check that
-    /// started after it (see [`Checks`]).
+    /// started after it (see [`ConsistentReads`]).
     async fn latest(&self) -> Result<i64> {
         let checks = &self.checks;
         let found = lock(&checks.next).found.clone();
@@ -417,7 +419,7 @@ impl EtcdSource {
     }
 }
 
-/// Makes the checks consistent reads wait for ([`Checks`]), one at a time, while reads want
+/// Makes the checks consistent reads wait for ([`ConsistentReads`]), one at a time, while reads want
 /// them.
 async fn revision_checker<K: ServedResource>(source: Arc<EtcdSource>, sink: Sink<K>) {
     let checks = &source.checks;
