@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::{
     health::ReadinessCheck,
     resource::{ResourceInfo, ServedResource, VersionOf},
-    rest::{Endpoints, RestContext, fields::KindVersions},
+    rest::{Endpoints, RestContext, field_managers::KindVersions},
     store::{Converted, StorageFactory, Store},
 };
 
@@ -58,7 +58,7 @@ impl ApiGroup {
         A: VersionOf<B>,
         B: VersionOf<A>,
     {
-        let versions: Option<Arc<dyn crate::rest::fields::Versions>> =
+        let versions: Option<Arc<dyn crate::rest::field_managers::Versions>> =
             match KindVersions::<A, B>::new() {
                 Ok(versions) => Some(Arc::new(versions)),
                 // Reported at start-up, where each version's own schema fails the same way.
@@ -99,7 +99,7 @@ impl ApiGroup {
         mut self,
         store: Arc<dyn Store<K>>,
         storage_version: &'static str,
-        versions: Option<Arc<dyn crate::rest::fields::Versions>>,
+        versions: Option<Arc<dyn crate::rest::field_managers::Versions>>,
     ) -> Self {
         let info = ResourceInfo {
             storage_version,

@@ -13,7 +13,7 @@ pub mod admit;
 pub mod body;
 pub mod decode;
 pub mod delete;
-pub mod fields;
+pub mod field_managers;
 pub mod guaranteed;
 pub mod lifecycle;
 pub mod options;
@@ -93,7 +93,7 @@ pub(crate) struct KindApiInner<K> {
     pub(crate) store: Arc<dyn Store<K>>,
     pub(crate) ctx: RestContext,
     /// The kind's field managers (a kind whose schema does not convert is not served).
-    pub(crate) fields: fields::FieldManagers,
+    pub(crate) fields: field_managers::FieldManagers,
     /// The kind's versions, for admission's `matchPolicy: Equivalent` (None: it has one).
     pub(crate) equivalents: Option<Arc<dyn crate::admission::Equivalents>>,
 }

@@ -112,13 +112,13 @@ impl Endpoints {
         mut self,
         store: Arc<dyn Store<K>>,
         info: ResourceInfo,
-        versions: Option<Arc<dyn super::fields::Versions>>,
+        versions: Option<Arc<dyn super::field_managers::Versions>>,
         ctx: RestContext,
     ) -> anyhow::Result<Self> {
         let managed = versions
             .clone()
             .map(|v| -> Arc<dyn farm_fieldmanager::Versions> { v });
-        let fields = super::fields::FieldManagers::of(&info, managed).map_err(|e| {
+        let fields = super::field_managers::FieldManagers::of(&info, managed).map_err(|e| {
             anyhow::anyhow!(
                 "kind {} ({}.{}): its schema does not convert for field management: {e}",
                 info.kind,

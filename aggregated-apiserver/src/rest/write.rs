@@ -9,7 +9,7 @@ use std::sync::{
 use axum::{body::Bytes, extract::Request, http::StatusCode, response::Response};
 
 use super::decode::{DUPLICATE_OWNERS, DecodedBody, Source, decode_body, decode_object};
-use super::fields::{manager_or_user_agent, parse_apply_body};
+use super::field_managers::{manager_or_user_agent, parse_apply_body};
 use super::options::{FieldValidation, parse_query};
 use super::patch::{PatchType, apply_patch, decode_patched, json_len, patch_type};
 use super::response::{object_response, with_warnings};

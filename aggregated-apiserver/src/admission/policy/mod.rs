@@ -31,8 +31,8 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
+    informer::{self, Reflected},
     namespaces::Namespaces,
-    reflect::{self, Reflected},
 };
 
 /// One kind of policy and its bindings, as the cluster has them now.
@@ -49,8 +49,8 @@ pub(crate) struct Watched<
 impl<P: Reflected, B: Reflected> Watched<P, B> {
     /// Watches `client`'s policies of kind `P` and bindings of kind `B`.
     pub(crate) fn start(client: kube::Client) -> Self {
-        let policies: reflector::Store<P> = reflect::start(client.clone());
-        let bindings: reflector::Store<B> = reflect::start(client);
+        let policies: reflector::Store<P> = informer::start(client.clone());
+        let bindings: reflector::Store<B> = informer::start(client);
         let synced = Arc::new(AtomicBool::new(false));
         {
             let (policies, bindings, synced) = (policies.clone(), bindings.clone(), synced.clone());

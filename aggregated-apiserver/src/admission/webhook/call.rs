@@ -148,7 +148,7 @@ impl Clients {
     async fn resolve(&self, namespace: &str, name: &str, port: i32) -> Result<(), String> {
         let store = self
             .watched
-            .get_or_init(|| crate::reflect::start::<Service>(self.cluster.clone()));
+            .get_or_init(|| crate::informer::start::<Service>(self.cluster.clone()));
         // The first calls wait for the first list (bounded by the webhook's timeout).
         store
             .wait_until_ready()

@@ -21,8 +21,8 @@ use serde_json::Value;
 use super::{AtVersion, Attributes, Environment, Operation, cel, reinvocation::Passes};
 use crate::{
     error::{Error, Result},
+    informer,
     metrics::{RejectionLabels, WebhookLabels},
-    reflect,
 };
 use hook::Hook;
 
@@ -69,9 +69,9 @@ impl Webhooks {
         validating: bool,
     ) -> Arc<Self> {
         let mutating: Option<reflector::Store<MutatingWebhookConfiguration>> =
-            mutating.then(|| reflect::start(client.clone()));
+            mutating.then(|| informer::start(client.clone()));
         let validating: Option<reflector::Store<ValidatingWebhookConfiguration>> =
-            validating.then(|| reflect::start(client.clone()));
+            validating.then(|| informer::start(client.clone()));
         let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
         {
             let (mutating, validating, synced) =
