@@ -92,7 +92,7 @@ pub enum Judged {
     Allowed(RequestConfig),
     /// It is written, or may be, and only the way that can wait writes it (authentication
     /// or authorization failed, or is not known yet).
-    Later,
+    Deferred,
 }
 
 /// What happens when the backend's buffer is full (`--audit-log-mode`).
@@ -188,13 +188,13 @@ impl Auditor {
         let (user, allowed) = match step {
             AuthStep::Checked(Ok(user)) => (user.as_deref(), true),
             AuthStep::Checked(Err((_, user))) => (user.as_deref(), false),
-            _ => return Judged::Later,
+            _ => return Judged::Deferred,
         };
         let config = self.policy.evaluate(user, info);
         match (config.level, allowed) {
             (Level::None, _) => Judged::Unwritten,
             (_, true) => Judged::Allowed(config),
-            (_, false) => Judged::Later,
+            (_, false) => Judged::Deferred,
         }
     }
 

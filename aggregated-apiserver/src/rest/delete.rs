@@ -36,13 +36,13 @@ pub(crate) async fn delete<K: ServedResource>(
     let key = ObjectKey::new(namespace, name);
     match delete_one(&api, writer, &key, &options, dry_run, user.as_deref()).await? {
         // As for custom resources: a success Status naming what went.
-        Deleted::Now(object) => Ok(json_response(
+        Deleted::Gone(object) => Ok(json_response(
             StatusCode::OK,
             deleted_status::<K>(object.meta()),
         )),
         // Held by its finalizers: the object as it is now; 202 only for the legacy
         // `orphanDependents: false`, as kube-apiserver answers.
-        Deleted::Pending(object) => {
+        Deleted::Finalizing(object) => {
             let code = if options.orphan_dependents == Some(false) {
                 StatusCode::ACCEPTED
             } else {

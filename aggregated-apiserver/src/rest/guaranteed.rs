@@ -126,9 +126,9 @@ pub(crate) async fn write<K: ServedResource>(
 /// A delete's attempt: either the object is gone, or it waits for its finalizers.
 pub(crate) enum Deleted<K> {
     /// Deleted; its last state.
-    Now(Object<K>),
+    Gone(Object<K>),
     /// Marked deleting (or already so); as it is stored now.
-    Pending(Object<K>),
+    Finalizing(Object<K>),
 }
 
 /// Deletes `current` (read by the same attempt) as kube-apiserver's store does: with
@@ -150,14 +150,14 @@ pub(crate) async fn delete<K: ServedResource>(
         let deleted = writer
             .delete(&ObjectKey::of(current.meta()), &read, dry_run)
             .await?;
-        return Ok(Deleted::Now(deleted));
+        return Ok(Deleted::Gone(deleted));
     }
     let mut next = current.get().clone();
     let meta = next.meta_mut();
     meta.finalizers = Some(finalizers);
     lifecycle::mark_deleting(meta);
     // A repeated delete of an object being deleted writes nothing.
-    Ok(Deleted::Pending(
+    Ok(Deleted::Finalizing(
         write(writer, next, current, from, dry_run).await?,
     ))
 }

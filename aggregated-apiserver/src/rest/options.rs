@@ -134,7 +134,7 @@ pub(crate) enum WatchFrom {
     /// ADDED events for the current state first.
     InitialState,
     /// Changes after the store's current version (`sendInitialEvents=false` without a version).
-    Now,
+    Latest,
     /// Changes after this version.
     After(u64),
 }
@@ -369,7 +369,7 @@ impl Query {
             resource_version,
         ) {
             (true, true, _) => WatchFrom::InitialState,
-            (true, false, None | Some(0)) => WatchFrom::Now,
+            (true, false, None | Some(0)) => WatchFrom::Latest,
             (true, false, Some(rv)) => WatchFrom::After(rv),
             (false, _, None | Some(0)) => WatchFrom::InitialState,
             (false, _, Some(rv)) => WatchFrom::After(rv),
@@ -578,7 +578,7 @@ mod tests {
             "sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan";
         assert_eq!(from(list).unwrap(), WatchFrom::InitialState);
         let no_initial = "sendInitialEvents=false&resourceVersionMatch=NotOlderThan";
-        assert_eq!(from(no_initial).unwrap(), WatchFrom::Now);
+        assert_eq!(from(no_initial).unwrap(), WatchFrom::Latest);
         assert_eq!(
             from(&format!("{no_initial}&resourceVersion=4")).unwrap(),
             WatchFrom::After(4)

@@ -134,7 +134,7 @@ pub(crate) async fn start_watch<K: ServedResource>(
     }
     let start = match params.from {
         WatchFrom::InitialState => WatchStart::InitialState,
-        WatchFrom::Now => WatchStart::After(current),
+        WatchFrom::Latest => WatchStart::After(current),
         WatchFrom::After(rv) => WatchStart::After(rv),
     };
     let timeout = params.timeout.unwrap_or_else(|| {

@@ -113,7 +113,7 @@ impl App {
         let edge = &self.edge;
         let pending =
             match recovery::catch_sync(|| edge.handle_sync(peer, self.remote, &mut request)) {
-                Some(Handled::Now(response)) => {
+                Some(Handled::Answered(response)) => {
                     // Only a body over the threshold (rare here) looks at Accept-Encoding.
                     let gzip = compression::may_compress(&response)
                         && compression::accepts_gzip(request.headers());
@@ -125,11 +125,11 @@ impl App {
                     }
                     return Either::Left(std::future::ready(Ok(response)));
                 }
-                Some(Handled::Later(later)) => {
+                Some(Handled::Reading(later)) => {
                     let gzip = compression::accepts_gzip(request.headers());
                     rest::response::recycle_headers(std::mem::take(request.headers_mut()));
                     let busy = self.activity.as_ref().map(|a| a.begin());
-                    let answered = edge.clone().answer_later(later);
+                    let answered = edge.clone().answer_when_read(later);
                     return Either::Right(Box::pin(async move {
                         let mut response = answered.await;
                         if gzip {
@@ -139,7 +139,7 @@ impl App {
                         Ok(response)
                     }));
                 }
-                Some(Handled::Pending(pending)) => pending,
+                Some(Handled::Waiting(pending)) => pending,
                 None => {
                     let response = edge.panicked(request.method(), request.uri());
                     return Either::Left(std::future::ready(Ok(response)));

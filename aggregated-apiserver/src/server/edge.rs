@@ -45,7 +45,7 @@ pub(super) struct Edge {
 
 /// What the edge learned of a request before it had to wait, handed to [`Edge::handle`] so
 /// nothing is parsed, routed or checked twice.
-pub(super) struct Pending {
+pub(super) struct Waiting {
     started: Instant,
     /// The request's span, when requests are traced.
     trace: Option<opentelemetry::Context>,
@@ -58,17 +58,17 @@ pub(super) struct Pending {
 /// What [`Edge::handle_sync`] made of a request.
 pub(super) enum Handled {
     /// Answered.
-    Now(Response),
-    /// Checked and admitted, with its answer under way ([`Edge::answer_later`]).
-    Later(Box<Later>),
+    Answered(Response),
+    /// Checked and admitted, with its answer under way ([`Edge::answer_when_read`]).
+    Reading(Box<ReadingGet>),
     /// Everything else ([`Edge::handle`]).
-    Pending(Box<Pending>),
+    Waiting(Box<Waiting>),
 }
 
 /// A GET answered from the store's own read ([`rest::ItemResponse::Reading`]): all the edge still
 /// owes it is the request timeout, its place in flight, its audit ID (under a policy that
 /// writes nothing of it), its metrics and its log line.
-pub(super) struct Later {
+pub(super) struct ReadingGet {
     started: Instant,
     answer: futures::future::BoxFuture<'static, Response>,
     slot: Option<super::inflight::OwnedSlot>,
@@ -139,7 +139,7 @@ impl Edge {
     /// Answers without a future when everything the request needs is in memory (identity from
     /// the certificate and headers, authorization from the cache, the object from the store):
     /// a cached GET, most of the traffic. A GET of one object whose store reads it with a
-    /// future (a consistent read on etcd) waits only for that ([`Handled::Later`]). Everything
+    /// future (a consistent read on etcd) waits only for that ([`Handled::Reading`]). Everything
     /// else goes on to [`Edge::handle`] with what was learned here.
     pub(super) fn handle_sync<B>(
         &self,
@@ -168,7 +168,7 @@ impl Edge {
         };
         // Boxed: the answer at once stays small to return.
         let pending = |auth, target: Option<rest::Target<'_>>, trace| {
-            Box::new(Pending {
+            Box::new(Waiting {
                 started,
                 trace,
                 auth,
@@ -186,13 +186,13 @@ impl Edge {
         // answered here); one the policy leaves out is answered here like any other.
         let audited = match self.audit.as_ref().map(|a| (a, a.judge(&step, &info))) {
             Some((auditor, audit::Judged::Allowed(config))) => Some((auditor, config)),
-            Some((_, audit::Judged::Later)) => {
-                return Handled::Pending(pending(step, target, trace));
+            Some((_, audit::Judged::Deferred)) => {
+                return Handled::Waiting(pending(step, target, trace));
             }
             _ => None,
         };
         if trace.is_some() {
-            return Handled::Pending(pending(step, target, trace));
+            return Handled::Waiting(pending(step, target, trace));
         }
         let (response, user) = match step {
             AuthStep::Checked(Ok(user)) => {
@@ -201,7 +201,7 @@ impl Edge {
                     Ok(slot) => slot,
                     // A refusal the policy audits is written the way of any error: later.
                     Err(_) if audited.is_some() => {
-                        return Handled::Pending(pending(
+                        return Handled::Waiting(pending(
                             AuthStep::Checked(Ok(user)),
                             target,
                             None,
@@ -210,7 +210,7 @@ impl Edge {
                     Err(refused) => {
                         let fields = LogFields::of(&info);
                         let refused = refused.into_response();
-                        return Handled::Now(self.finish(
+                        return Handled::Answered(self.finish(
                             &fields,
                             user.as_deref(),
                             refused,
@@ -258,7 +258,7 @@ impl Edge {
                     }
                     // The audit policy's events are written on the way that waits.
                     Some(rest::ItemResponse::Reading(answer)) if audited.is_none() => {
-                        return Handled::Later(Box::new(Later {
+                        return Handled::Reading(Box::new(ReadingGet {
                             started,
                             answer,
                             slot: slot.into_owned(&self.inflight),
@@ -271,7 +271,7 @@ impl Edge {
                     }
                     Some(rest::ItemResponse::Reading(_)) | None => {
                         drop(slot);
-                        return Handled::Pending(pending(
+                        return Handled::Waiting(pending(
                             AuthStep::Checked(Ok(user)),
                             target,
                             None,
@@ -289,7 +289,7 @@ impl Edge {
                         response.status().as_u16(),
                     );
                     if !written {
-                        return Handled::Pending(pending(
+                        return Handled::Waiting(pending(
                             AuthStep::Checked(Ok(user)),
                             target,
                             None,
@@ -302,7 +302,7 @@ impl Edge {
                 (response, user)
             }
             AuthStep::Checked(Err((error, user))) => (error.into_response(), user),
-            step => return Handled::Pending(pending(step, target, None)),
+            step => return Handled::Waiting(pending(step, target, None)),
         };
         let mut response = response;
         if self.audit.is_some()
@@ -311,13 +311,13 @@ impl Edge {
         {
             response.headers_mut().insert(audit::AUDIT_ID, id);
         }
-        Handled::Now(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
+        Handled::Answered(self.finish(&LogFields::of(&info), user.as_deref(), response, started))
     }
 
     /// A GET [`Edge::handle_sync`] checked and admitted, answered once the store has read the
     /// object, within the request timeout; then as any other: metrics and the log line.
-    pub(super) async fn answer_later(self: Arc<Self>, later: Box<Later>) -> Response {
-        let Later {
+    pub(super) async fn answer_when_read(self: Arc<Self>, later: Box<ReadingGet>) -> Response {
+        let ReadingGet {
             started,
             answer,
             slot,
@@ -346,9 +346,9 @@ impl Edge {
     pub(super) async fn handle(
         self: Arc<Self>,
         request: Request,
-        pending: Box<Pending>,
+        pending: Box<Waiting>,
     ) -> Response {
-        let Pending {
+        let Waiting {
             started,
             trace,
             auth,

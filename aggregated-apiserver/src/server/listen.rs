@@ -139,7 +139,7 @@ impl Running {
 
     /// Stops accepting and closes connections now.
     pub fn stop(&self) {
-        self.connections.stop(Stop::Now);
+        self.connections.stop(Stop::Immediately);
     }
 
     /// Waits until the server has stopped.
@@ -157,7 +157,7 @@ enum Stop {
     /// No new connections; open ones finish what they are doing.
     Graceful,
     /// Every connection closes.
-    Now,
+    Immediately,
 }
 
 /// The connections being served, and what tells them to stop.
@@ -178,7 +178,7 @@ impl Connections {
         match stop {
             Stop::Serving => return,
             Stop::Graceful => self.graceful.store(true, SeqCst),
-            Stop::Now => {
+            Stop::Immediately => {
                 self.graceful.store(true, SeqCst);
                 self.now.store(true, SeqCst);
             }
@@ -223,7 +223,7 @@ impl Registration {
             self.waker = Some(waker.clone());
         }
         if self.connections.now.load(SeqCst) {
-            Stop::Now
+            Stop::Immediately
         } else if self.connections.graceful.load(SeqCst) {
             Stop::Graceful
         } else {
@@ -286,7 +286,7 @@ async fn accept_loop(
         .await
         .is_err()
     {
-        connections.stop(Stop::Now);
+        connections.stop(Stop::Immediately);
         let _ = state.wait_for(closed).await;
     }
     Ok(())
@@ -299,7 +299,7 @@ async fn serve_connection(
 ) {
     let mut accept = accept;
     let handshake = std::future::poll_fn(|cx| match registration.poll_stop(cx.waker()) {
-        Stop::Now => Poll::Ready(None),
+        Stop::Immediately => Poll::Ready(None),
         _ => accept.as_mut().poll(cx).map(Some),
     });
     let handshaken = handshake.await;
@@ -319,7 +319,7 @@ async fn serve_connection(
                 connection.as_mut().graceful_shutdown();
                 draining = true;
             }
-            Stop::Now => return Poll::Ready(()),
+            Stop::Immediately => return Poll::Ready(()),
         }
         connection.as_mut().poll(cx).map(|_| ())
     })
