@@ -78,7 +78,7 @@
 //! ([`group::ApiGroup`]) and its kinds ([`resource::ServedResource`], a view of the cluster's
 //! objects being a [`store::View`]), each on the store [`store::StorageFactory`] makes for it.
 //!
-//! The `_sync` (and `_now`) convention: a method so named answers without waiting when all it
+//! The `_sync` convention: a method so named answers without waiting when all it
 //! needs is in memory, and returns None when only its async counterpart can answer
 //! ([`store::Store::get_sync`], [`auth::Auth::authorize_sync`]). A cached GET through the
 //! aggregator is then answered without a boxed future. [`rest::Target::call_sync`] answers a

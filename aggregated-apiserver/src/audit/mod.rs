@@ -223,7 +223,7 @@ impl Auditor {
             reason,
             (Stage::ResponseComplete, ResponseStatus::code(code)),
         );
-        self.send_lines_now(lines, false)
+        self.send_lines_sync(lines, false)
     }
 
     /// The events of a request [`Auditor::complete_sync`] would have written whose handler
@@ -245,13 +245,13 @@ impl Auditor {
             reason,
             (Stage::Panic, ResponseStatus::panicked()),
         );
-        self.send_lines_now(lines, true);
+        self.send_lines_sync(lines, true);
     }
 
     /// Hands `lines` to every backend at once: true when done (or dropped, counted, by a full
     /// batch backend, or by any full backend when `anyway`); false, nothing sent, when a
     /// blocking backend has no room and not `anyway`.
-    fn send_lines_now(&self, lines: Vec<Vec<u8>>, anyway: bool) -> bool {
+    fn send_lines_sync(&self, lines: Vec<Vec<u8>>, anyway: bool) -> bool {
         if lines.is_empty() {
             return true;
         }
@@ -369,7 +369,7 @@ impl Auditor {
 
     /// Sends one line from where nothing can wait (a drop): when a backend blocks, a task
     /// waits for room; batch backends drop it when their buffer is full.
-    fn send_now(self: &Arc<Self>, line: Vec<u8>) {
+    fn send_sync(self: &Arc<Self>, line: Vec<u8>) {
         if self.backends.iter().any(|b| b.mode == Mode::Blocking)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {

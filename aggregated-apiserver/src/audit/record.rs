@@ -105,9 +105,9 @@ impl Record {
     }
 
     /// [`Record::emit`] without waiting (the end of a watch, from a drop).
-    pub fn emit_now(self: &Arc<Self>, stage: Stage) {
+    pub fn emit_sync(self: &Arc<Self>, stage: Stage) {
         if let Some(line) = self.line(stage) {
-            self.auditor.send_now(line);
+            self.auditor.send_sync(line);
         }
     }
 
@@ -200,7 +200,7 @@ impl http_body::Body for Completing {
 impl Drop for Completing {
     fn drop(&mut self) {
         if let Some(record) = self.record.take() {
-            record.emit_now(Stage::ResponseComplete);
+            record.emit_sync(Stage::ResponseComplete);
         }
     }
 }
@@ -251,7 +251,7 @@ impl Drop for Open {
         if let Ok(mut event) = record.event.lock() {
             event.response_status = Some(status);
         }
-        record.emit_now(stage);
+        record.emit_sync(stage);
     }
 }
 
