@@ -2,13 +2,14 @@
 //! over the store and run against each one.
 //!
 //! - The in-memory store (`MemoryStore<Llama>`): every check, the writes included.
-//! - The read side of the FarmPod watch cache (`PodCache`): every read and watch check, with its
-//!   objects fed through its real Pod watch by a fake kube-apiserver (`common/fake_kube.rs`).
+//! - The read side of the FarmPod view's watch cache (`ViewCache<FarmPod>`): every read and
+//!   watch check, with its objects fed through its real Pod watch by a fake kube-apiserver
+//!   (`common/fake_kube.rs`).
 //!
 //! A check takes a factory that makes the store under test seeded with objects (a [`Harness`]:
 //! the store and the means to change what it holds: its own writes for a store that takes
-//! them, its upstream for a cache). A new store (etcd) joins with a harness of its own and one
-//! `#[tokio::test]` per check at the end of this file.
+//! them, its upstream for a cache). A new store (etcd) joins with a harness of its own and a
+//! `conformance!` line of its checks (`on_etcd.rs`).
 
 use crate::common::fake_kube;
 
