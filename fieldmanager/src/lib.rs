@@ -1,6 +1,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
-//! farm-fieldmanager: server-side apply as kube-apiserver does it.
+//! fieldmanager: server-side apply as kube-apiserver does it.
 //! Kubernetes structured-merge-diff's field management: field ownership
 //! (`metadata.managedFields`), apply merges and apply conflicts, with
 //! kube-apiserver's semantics and messages.

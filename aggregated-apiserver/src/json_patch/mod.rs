@@ -28,7 +28,7 @@ mod pointer;
 #[cfg(test)]
 mod tests;
 
-pub use farm_fieldmanager::{go_float, go_json as go_text};
+pub use fieldmanager::{go_float, go_json as go_text};
 pub use merge::{BAD_MERGE_PATCH, merge};
 
 use pointer::{add, equal, find_object, get, index, remove};

@@ -1,12 +1,12 @@
 //! Field ownership on every write (`metadata.managedFields`) and server-side apply, through
-//! [`farm_fieldmanager`], called where k8s.io/apiserver's handlers call its FieldManager:
+//! [`fieldmanager`], called where k8s.io/apiserver's handlers call its FieldManager:
 //! create, update and non-apply patches record an `Update` entry for their manager; apply
 //! merges the applied configuration and records an `Apply` entry.
 
 use std::sync::Arc;
 
 use axum::http::{HeaderMap, header};
-use farm_fieldmanager::{self as fieldmanager, FieldManager, Schema};
+use fieldmanager::{self, FieldManager, Schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use serde_json::Value;
 

@@ -117,7 +117,7 @@ impl Endpoints {
     ) -> anyhow::Result<Self> {
         let managed = versions
             .clone()
-            .map(|v| -> Arc<dyn farm_fieldmanager::Versions> { v });
+            .map(|v| -> Arc<dyn fieldmanager::Versions> { v });
         let fields = super::field_managers::FieldManagers::of(&info, managed).map_err(|e| {
             anyhow::anyhow!(
                 "kind {} ({}.{}): its schema does not convert for field management: {e}",
