@@ -13,6 +13,7 @@ pub mod admit;
 pub mod body;
 pub mod decode;
 pub mod delete;
+pub mod dispatch;
 pub mod field_managers;
 pub mod guaranteed;
 pub mod lifecycle;
