@@ -106,3 +106,48 @@ fn the_library_names_no_kind_of_farm_apiserver() {
         "the library names farm-apiserver's: {named:#?}"
     );
 }
+
+/// The steps of a write (#51) exist once, in `rest/pipeline.rs`'s `Writing::commit`: no verb
+/// prepares, admits or stores an object itself. Admission prepares a mutated object again,
+/// as the kind's strategy would.
+#[test]
+fn the_write_steps_are_taken_in_one_place() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("aggregated-apiserver/src"), &mut files);
+    let steps = [
+        (
+            "prepare_create(",
+            &["rest/pipeline.rs", "rest/admit.rs"][..],
+        ),
+        ("prepare_update(", &["rest/pipeline.rs", "rest/admit.rs"]),
+        ("admit_create(", &["rest/pipeline.rs"]),
+        ("admit_update(", &["rest/pipeline.rs"]),
+        ("guaranteed::write(", &["rest/pipeline.rs"]),
+    ];
+    let mut found = 0;
+    for (step, allowed) in steps {
+        let mut callers: Vec<String> = Vec::new();
+        for path in &files {
+            let text = std::fs::read_to_string(path).expect("source file");
+            let calls = text.lines().any(|line| {
+                let line = line.trim();
+                line.contains(step) && !line.starts_with("//") && !line.contains("fn ")
+            });
+            if calls {
+                let name = path.strip_prefix(root.join("aggregated-apiserver/src"));
+                callers.push(name.unwrap_or(path).display().to_string());
+            }
+        }
+        found += callers.len();
+        let strays: Vec<&String> = callers
+            .iter()
+            .filter(|caller| !allowed.contains(&caller.as_str()))
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "{step} is called outside the write pipeline, by {strays:?}"
+        );
+    }
+    assert!(found >= 5, "the write steps were not found at all");
+}

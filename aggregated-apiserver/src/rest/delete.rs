@@ -1,8 +1,6 @@
 //! delete and deletecollection: delete options, preconditions, the garbage collector's
 //! finalizers, graceful deletion.
 
-use std::sync::atomic::AtomicBool;
-
 use axum::{extract::Request, http::StatusCode, response::Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{DeleteOptions, ListMeta};
 
@@ -94,12 +92,10 @@ async fn delete_one<K: ServedResource>(
     );
     attributes.equivalents = api.equivalents.clone();
     let attributes = &attributes;
-    // A precondition pins the delete: failing it again and again will not help.
-    let pinned =
-        AtomicBool::new(preconditions.resource_version.is_some() || preconditions.uid.is_some());
     let gc = api.ctx.settings.garbage_collection;
     let preconditions = &preconditions;
-    guaranteed::retry(writer, &pinned, |from| async move {
+    // The client's preconditions are checked by each attempt: from the source, final.
+    guaranteed::retry(writer, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_preconditions(current.get(), preconditions)?;
         // The delete's warnings are not returned (its answer is a Status or the object).

@@ -1,11 +1,9 @@
 //! kube-apiserver's GuaranteedUpdate, for every write that starts from the stored object
-//! (update, every patch, apply, delete): an attempt reads the object, the verb transforms it,
-//! and `write()` stores the result only if nobody wrote in between (compare-and-swap on the
-//! resourceVersion read). `retry` owns when an attempt is tried again; `write()` owns what
-//! storing a result means: nothing for an unchanged object, a delete for an object being
-//! deleted whose last finalizer the write removed ([`lifecycle`]).
-
-use std::sync::atomic::{AtomicBool, Ordering};
+//! (update, every patch, apply, delete), whatever the store: an attempt reads the object, the
+//! verb transforms it, and `write()` stores the result only if nobody wrote in between
+//! (compare-and-swap on the resourceVersion read). `retry` owns when an attempt is tried
+//! again; `write()` owns what storing a result means: nothing for an unchanged object, a
+//! delete for an object being deleted whose last finalizer the write removed ([`lifecycle`]).
 
 use super::lifecycle;
 use crate::{
@@ -14,8 +12,7 @@ use crate::{
     store::{Object, Preconditions, Stored, UpdateFrom, WritableStore},
 };
 
-/// Attempts after the first, for writes that no resourceVersion pins (a patch, an apply, a
-/// delete): each lost a race to another writer.
+/// Attempts in all for a write that keeps losing races to other writers.
 const MAX_ATTEMPTS: usize = 64;
 
 /// Where a write's first attempt reads the object it starts from: the cache when the store
@@ -28,19 +25,63 @@ pub(crate) fn first_read<K: ServedResource>(writer: &dyn WritableStore<K>) -> Up
     }
 }
 
-/// Runs `attempt` until it succeeds or fails for good, as GuaranteedUpdate does: what failed
-/// from a cached copy in a way its staleness can explain (a conflict, a JSON patch `test`,
-/// validation, an apply conflict, a missing object) is tried once more from the source; then
-/// a lost race (409) is tried again unless the write is `pinned` to a resourceVersion the
-/// client named (the attempt may learn that late, from the body it decodes, hence a flag).
-/// Other failures are final: an admission webhook's refusal or failure is not asked again.
+/// Why an attempt at a write failed, as [`retry`] must tell it.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// The store did not write: the object changed, went or came since the attempt read it
+    /// (a lost race). Tried again from the source.
+    Raced(Error),
+    /// The write was refused (a precondition the client set, its resourceVersion included,
+    /// validation, admission): final, unless a cached copy's staleness can explain it.
+    Refused(Error),
+}
+
+impl Failed {
+    /// A store's write error: its conflicts are lost races.
+    pub(crate) fn of_store(error: Error) -> Self {
+        match error {
+            Error::Conflict { .. } | Error::AlreadyExists(_) | Error::NotFound(_) => {
+                Self::Raced(error)
+            }
+            error => Self::Refused(error),
+        }
+    }
+
+    /// The same failure with its error changed (warnings added, for one).
+    pub(crate) fn map(self, change: impl FnOnce(Error) -> Error) -> Self {
+        match self {
+            Self::Raced(error) => Self::Raced(change(error)),
+            Self::Refused(error) => Self::Refused(change(error)),
+        }
+    }
+}
+
+impl From<Error> for Failed {
+    fn from(error: Error) -> Self {
+        Self::Refused(error)
+    }
+}
+
+impl From<Failed> for Error {
+    fn from(failed: Failed) -> Self {
+        match failed {
+            Failed::Raced(error) | Failed::Refused(error) => error,
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds or fails for good, as GuaranteedUpdate does: a lost race
+/// is tried again from the source (where the attempt then meets the client's own
+/// preconditions, which are final); what was refused on the word of a cached copy in a way
+/// its staleness can explain (a conflict, a JSON patch `test`, validation, an apply conflict,
+/// a missing object) is tried once more from the source. Other failures are final: an
+/// admission webhook's refusal is not asked again.
 pub(crate) async fn retry<K: ServedResource, T, F>(
     writer: &dyn WritableStore<K>,
-    pinned: &AtomicBool,
     mut attempt: impl FnMut(UpdateFrom) -> F,
 ) -> Result<T>
 where
-    F: Future<Output = Result<T>>,
+    F: Future<Output = std::result::Result<T, Failed>>,
 {
     let mut from = first_read(writer);
     let mut attempts = 0;
@@ -48,15 +89,11 @@ where
         attempts += 1;
         match attempt(from).await {
             Ok(done) => return Ok(done),
-            Err(error) if from == UpdateFrom::Cache && may_be_stale(&error) => {
+            Err(Failed::Raced(_)) if attempts < MAX_ATTEMPTS => from = UpdateFrom::Source,
+            Err(Failed::Refused(error)) if from == UpdateFrom::Cache && may_be_stale(&error) => {
                 from = UpdateFrom::Source;
             }
-            Err(Error::Conflict { .. } | Error::AlreadyExists(_))
-                if !pinned.load(Ordering::Relaxed) && attempts < MAX_ATTEMPTS =>
-            {
-                from = UpdateFrom::Source;
-            }
-            Err(error) => return Err(error),
+            Err(failed) => return Err(failed.into()),
         }
     }
 }
@@ -80,15 +117,15 @@ fn may_be_stale(error: &Error) -> bool {
 /// if the object changed since `current` was read.
 ///
 /// `from` is where `current` was read: nothing is skipped on the word of a cached copy (it may
-/// be stale), so an unchanged result or a vanished object from the cache is an error that
-/// [`retry`] takes back to the source.
+/// be stale), so an unchanged result from the cache is a conflict that [`retry`] takes back to
+/// the source.
 pub(crate) async fn write<K: ServedResource>(
     writer: &dyn WritableStore<K>,
     next: K,
     current: &Object<K>,
     from: UpdateFrom,
     dry_run: bool,
-) -> Result<Object<K>> {
+) -> std::result::Result<Object<K>, Failed> {
     let name = current.meta().name.as_deref().unwrap_or("");
     let stale = || {
         Error::Conflict {
@@ -98,29 +135,26 @@ pub(crate) async fn write<K: ServedResource>(
     };
     if next.meta().resource_version != current.meta().resource_version {
         // The client's resourceVersion is not the one stored: refused like any update.
-        return Err(stale());
+        return Err(Failed::Refused(stale()));
     }
     if lifecycle::deletes_on_update(next.meta(), current.meta()) {
         let read = Preconditions {
             uid: current.meta().uid.clone(),
             resource_version: current.meta().resource_version.clone(),
         };
-        return match writer
+        writer
             .delete(&ObjectKey::of(current.meta()), &read, dry_run)
             .await
-        {
-            Ok(_) => Ok(Stored::new(next)),
-            Err(Error::NotFound(_)) if from == UpdateFrom::Cache => Err(stale()),
-            Err(error) => Err(error),
-        };
+            .map_err(Failed::of_store)?;
+        return Ok(Stored::new(next));
     }
     if serde_json::to_vec(&next).is_ok_and(|json| json[..] == current.json()[..]) {
         if from == UpdateFrom::Cache {
-            return Err(stale());
+            return Err(Failed::Refused(stale()));
         }
         return Ok(current.clone());
     }
-    writer.update(next, dry_run).await
+    writer.update(next, dry_run).await.map_err(Failed::of_store)
 }
 
 /// A delete's attempt: either the object is gone, or it waits for its finalizers.
@@ -141,7 +175,7 @@ pub(crate) async fn delete<K: ServedResource>(
     finalizers: Vec<String>,
     from: UpdateFrom,
     dry_run: bool,
-) -> Result<Deleted<K>> {
+) -> std::result::Result<Deleted<K>, Failed> {
     if finalizers.is_empty() {
         let read = Preconditions {
             uid: current.meta().uid.clone(),
@@ -149,7 +183,8 @@ pub(crate) async fn delete<K: ServedResource>(
         };
         let deleted = writer
             .delete(&ObjectKey::of(current.meta()), &read, dry_run)
-            .await?;
+            .await
+            .map_err(Failed::of_store)?;
         return Ok(Deleted::Gone(deleted));
     }
     let mut next = current.get().clone();

@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod options;
 pub mod partial_json;
 pub mod patch;
+pub(crate) mod pipeline;
 pub mod read;
 pub mod response;
 pub mod route;

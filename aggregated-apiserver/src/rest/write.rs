@@ -1,62 +1,26 @@
 //! create, update and patch (server-side apply included); delete and deletecollection are
 //! [`super::delete`]'s.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
-};
+use std::sync::Arc;
 
 use axum::{body::Bytes, extract::Request, http::StatusCode, response::Response};
 
 use super::decode::{DUPLICATE_OWNERS, DecodedBody, Source, decode_body, decode_object};
 use super::field_managers::{manager_or_user_agent, parse_apply_body};
+use super::guaranteed::{self, Failed};
 use super::options::{FieldValidation, parse_query};
 use super::patch::{PatchType, apply_patch, decode_patched, json_len, patch_type};
+use super::pipeline::{Author, ManagedFields, Replacing, Writing};
 use super::response::{object_response, with_warnings};
-use super::strategy::{
-    Subresource, UidSent, check_name, check_namespace, check_uid, prepare_create, prepare_update,
-    written_part,
-};
-use super::{KindApi, MAX_BODY_BYTES, admit, body, guaranteed};
+use super::strategy::{Subresource, UidSent, check_name, check_namespace, check_uid};
+use super::{KindApi, MAX_BODY_BYTES, admit, body};
 use crate::{
-    admission::Operation,
     error::{Error, FieldError, Result, Subject},
     negotiate::{self, Output},
     resource::{ObjectKey, ServedResource},
-    store::{Object, UpdateFrom, WritableStore},
+    store::{UpdateFrom, WritableStore},
     table::IncludeObject,
 };
-
-/// Who writes, and how: what a write's admission attributes are made of.
-struct Author {
-    user: Option<Arc<crate::auth::UserInfo>>,
-    dry_run: bool,
-    manager: String,
-}
-
-impl Author {
-    /// The attributes of a write of `K` through `api` by this author.
-    fn attributes<'a, K: ServedResource>(
-        &'a self,
-        api: &KindApi<K>,
-        operation: Operation,
-        part: Subresource,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> crate::admission::Attributes<'a> {
-        let mut attributes = admit::attributes::<K>(
-            operation,
-            part,
-            namespace,
-            name,
-            self.user.as_deref(),
-            self.dry_run,
-            admit::write_options(self.dry_run, &self.manager),
-        );
-        attributes.equivalents = api.equivalents.clone();
-        attributes
-    }
-}
 
 /// What a create or an update (PUT) sent: its options, and its body decoded (off the async
 /// workers) with the warnings that gave, or why it is invalid (422).
@@ -113,37 +77,20 @@ pub(crate) async fn create<K: ServedResource>(
         output,
         body,
     } = Sent::read(&api, request, Source::Create).await?;
-    let (object, warnings) = body.object?;
+    let (object, mut warnings) = body.object?;
     let decoded = warnings.clone();
-    create_decoded(api, namespace, author, output, object, warnings)
+    let writing = Writing {
+        api: &api,
+        writer: api.writer()?,
+        author: &author,
+        namespace: &namespace,
+        part: Subresource::Object,
+    };
+    let nothing = Replacing::Nothing { renamed: true };
+    let created = writing
+        .commit(object, nothing, ManagedFields::Updated, &mut warnings)
         .await
-        .map_err(|e| e.warned(&decoded))
-}
-
-/// A create of `object`, decoded with `warnings`.
-async fn create_decoded<K: ServedResource>(
-    api: KindApi<K>,
-    namespace: String,
-    author: Author,
-    output: Output,
-    mut object: K,
-    mut warnings: Vec<String>,
-) -> Result<Response> {
-    prepare_create(&mut object, &namespace)?;
-    namespace_lifecycle(&api, &object).await?;
-    let name = object.meta().name.clone().unwrap_or_default();
-    let attributes = author.attributes::<K>(
-        &api,
-        Operation::Create,
-        Subresource::Object,
-        &namespace,
-        &name,
-    );
-    // Managed fields first, as kube-apiserver: what webhooks add is nobody's.
-    api.fields
-        .update(Subresource::Object, None, &mut object, &author.manager)?;
-    admit::admit_create(&api, attributes, &mut object, true, &mut warnings).await?;
-    let created = api.writer()?.create(object, author.dry_run).await?;
+        .map_err(|failed| Error::from(failed).warned(&decoded))?;
     let response = object_response(
         &created,
         output,
@@ -151,23 +98,6 @@ async fn create_decoded<K: ServedResource>(
         StatusCode::CREATED,
     )?;
     Ok(with_warnings(response, &warnings))
-}
-
-/// NamespaceLifecycle admission of a create, when the server has a cluster's namespaces.
-async fn namespace_lifecycle<K: ServedResource>(api: &KindApi<K>, object: &K) -> Result<()> {
-    let (Some(namespaces), true) = (&api.ctx.namespaces, K::namespaced()) else {
-        return Ok(());
-    };
-    let meta = object.meta();
-    let name = meta
-        .name
-        .as_deref()
-        .filter(|n| !n.is_empty())
-        .or(meta.generate_name.as_deref())
-        .unwrap_or("Unknown");
-    namespaces
-        .admit_create(meta.namespace.as_deref().unwrap_or(""), K::subject(name))
-        .await
 }
 
 pub(crate) async fn update<K: ServedResource>(
@@ -248,17 +178,31 @@ async fn update_decoded<K: ServedResource>(
         });
     }
     let (object, warnings) = body.object?;
-    // A PUT names the resourceVersion it replaces: a conflict is the client's to resolve.
-    let pinned = AtomicBool::new(true);
-    let attributes = author.attributes::<K>(&api, Operation::Update, part, &namespace, &name);
-    let (object, warnings, manager, api, key) = (&object, &warnings, &author.manager, &api, &key);
-    let to = (api, writer, &attributes, author.dry_run);
-    let (updated, warnings) = guaranteed::retry(writer, &pinned, |from| async move {
+    let writing = Writing {
+        api: &api,
+        writer,
+        author: &author,
+        namespace: &namespace,
+        part,
+    };
+    let (object, warnings, writing, key) = (&object, &warnings, &writing, &key);
+    // The body names the resourceVersion it replaces: from the source, a conflict is final.
+    let (updated, warnings) = guaranteed::retry(writer, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         check_uid(object, current.as_ref(), UidSent::Precondition)?;
         let mut warnings = warnings.clone();
-        let sent = (object.clone(), part, manager.as_str());
-        let updated = write_update(to, sent, (&current, from), &mut warnings).await?;
+        let replacing = Replacing::Stored {
+            current: &current,
+            from,
+        };
+        let updated = writing
+            .commit(
+                object.clone(),
+                replacing,
+                ManagedFields::Updated,
+                &mut warnings,
+            )
+            .await?;
         Ok((updated, warnings))
     })
     .await?;
@@ -303,16 +247,19 @@ pub(crate) async fn patch<K: ServedResource>(
         };
         return apply.run(api, &body).await;
     }
-    // Patches without a resourceVersion retry on conflict, as kube-apiserver's GuaranteedUpdate.
+    // A patch without a resourceVersion is tried again on a lost race, as kube-apiserver's
+    // GuaranteedUpdate tries it.
     let writer = api.writer()?;
-    let pinned = AtomicBool::new(false);
-    let attributes = author.attributes::<K>(&api, Operation::Update, part, &namespace, &name);
-    let manager = &author.manager;
-    let (api, key, body, name, namespace, pinned_ref) =
-        (&api, &key, &body, &name, &namespace, &pinned);
-    let to = (api, writer, &attributes, dry_run);
-    guaranteed::retry(writer, &pinned, |from| async move {
-        let pinned = pinned_ref;
+    let writing = Writing {
+        api: &api,
+        writer,
+        author: &author,
+        namespace: &namespace,
+        part,
+    };
+    let (api, key, body, name, namespace, writing) =
+        (&api, &key, &body, &name, &namespace, &writing);
+    guaranteed::retry(writer, |from| async move {
         let current = writer.get_for_update(key, from).await?;
         // A JSON patch may nest its result deeper than its body: always off the workers.
         let heavy = patch_type == PatchType::Json || body::Work::is_heavy(body);
@@ -336,23 +283,25 @@ pub(crate) async fn patch<K: ServedResource>(
         check_name(&object, name)?;
         check_namespace(&object, namespace)?;
         check_uid(&object, current.as_ref(), UidSent::Field)?;
-        pinned.store(
-            object.meta().resource_version != current.meta().resource_version,
-            Ordering::Relaxed,
-        );
         if no_resource_version(&object) {
             object.meta_mut().resource_version = current.meta().resource_version.clone();
         }
         let decoded = warnings.clone();
         let mut warnings = warnings;
-        let sent = (object, part, manager.as_str());
+        let replacing = Replacing::Stored {
+            current: &current,
+            from,
+        };
         // A conflict stays one (the retry reads the object again); other errors keep the
         // body's warnings.
-        let updated = write_update(to, sent, (&current, from), &mut warnings)
+        let updated = writing
+            .commit(object, replacing, ManagedFields::Updated, &mut warnings)
             .await
-            .map_err(|e| match e {
-                e @ (Error::Conflict { .. } | Error::AlreadyExists(_)) => e,
-                e => e.warned(&decoded),
+            .map_err(|failed| {
+                failed.map(|e| match e {
+                    e @ (Error::Conflict { .. } | Error::AlreadyExists(_)) => e,
+                    e => e.warned(&decoded),
+                })
             })?;
         let response = object_response(&updated, output, IncludeObject::Metadata, StatusCode::OK)?;
         Ok(with_warnings(response, &warnings))
@@ -409,36 +358,6 @@ fn check_size<K: ServedResource>(object: &K, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The last steps of an update (PUT or patch) of `current` (read `from` the cache or the
-/// source) by `manager`: the part it writes kept, the object prepared, its managed fields
-/// updated, admitted (warnings added to `warnings`), and written.
-async fn write_update<K: ServedResource>(
-    (api, writer, attributes, dry_run): (
-        &KindApi<K>,
-        &dyn WritableStore<K>,
-        &crate::admission::Attributes<'_>,
-        bool,
-    ),
-    (object, part, manager): (K, Subresource, &str),
-    (current, from): (&Object<K>, UpdateFrom),
-    warnings: &mut Vec<String>,
-) -> Result<Object<K>> {
-    let mut object = written_part(object, current.as_ref(), part);
-    prepare_update(&mut object, current.as_ref(), part)?;
-    api.fields
-        .update(part, Some(current), &mut object, manager)?;
-    admit::admit_update(
-        api,
-        attributes,
-        &mut object,
-        current.as_ref(),
-        part,
-        warnings,
-    )
-    .await?;
-    guaranteed::write(writer, object, current, from, dry_run).await
-}
-
 /// A server-side apply of one object (or of its status).
 struct Apply {
     key: ObjectKey,
@@ -451,8 +370,8 @@ struct Apply {
 
 impl Apply {
     /// Merges the applied configuration into the stored object (or creates it: 201) and
-    /// writes the result through the same strategy and validation as any update; retried on
-    /// a conflicting write unless the configuration names a resourceVersion, as patches are.
+    /// writes the result through the same pipeline as any update; tried again on a lost race,
+    /// where a resourceVersion the configuration names is then final, as for patches.
     async fn run<K: ServedResource>(self, api: KindApi<K>, body: &Bytes) -> Result<Response> {
         let heavy = body::Work::is_heavy(body);
         let config = api
@@ -464,36 +383,17 @@ impl Apply {
             })
             .await?;
         let writer = api.writer()?;
-        // A resourceVersion or uid in the configuration is a precondition: no retry past it.
-        let names = |field: &str| {
-            config
-                .0
-                .pointer(field)
-                .and_then(serde_json::Value::as_str)
-                .is_some_and(|v| !v.is_empty())
-        };
-        let pinned = names("/metadata/resourceVersion") || names("/metadata/uid");
-        let pinned_flag = AtomicBool::new(pinned);
+        // A resourceVersion in the configuration is a precondition, checked by the write.
+        let pinned = config
+            .0
+            .pointer("/metadata/resourceVersion")
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|v| !v.is_empty());
         let (this, api, config) = (&self, &api, &config);
-        guaranteed::retry(writer, &pinned_flag, |from| async move {
+        guaranteed::retry(writer, |from| async move {
             this.attempt(api, writer, config, heavy, from, pinned).await
         })
         .await
-    }
-
-    /// The attributes of this apply as a create or an update.
-    fn attributes<K: ServedResource>(
-        &self,
-        api: &KindApi<K>,
-        operation: Operation,
-    ) -> crate::admission::Attributes<'_> {
-        self.author.attributes::<K>(
-            api,
-            operation,
-            self.part,
-            &self.key.namespace,
-            &self.key.name,
-        )
     }
 
     async fn attempt<K: ServedResource>(
@@ -504,11 +404,11 @@ impl Apply {
         heavy: bool,
         from: UpdateFrom,
         pinned: bool,
-    ) -> Result<Response> {
+    ) -> std::result::Result<Response, Failed> {
         let current = match writer.get_for_update(&self.key, from).await {
             Ok(current) => Some(current),
             Err(Error::NotFound(_)) if self.part == Subresource::Object => None,
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         let (api_, config, live) = (api.clone(), config.clone(), current.clone());
         let (part, manager, force) = (self.part, self.author.manager.clone(), self.force);
@@ -531,7 +431,7 @@ impl Apply {
         check_size(&object, "applied")?;
         check_name(&object, &self.key.name)?;
         check_namespace(&object, &self.key.namespace)?;
-        let (object, status) = match current {
+        let (replacing, status) = match &current {
             None => {
                 if let Some(uid) = object.meta().uid.as_deref().filter(|u| !u.is_empty()) {
                     return Err(Error::Conflict {
@@ -539,44 +439,30 @@ impl Apply {
                         message: format!(
                             "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
                         ),
-                    });
+                    }
+                    .into());
                 }
                 object.meta_mut().resource_version = None;
-                prepare_create(&mut object, &self.key.namespace)?;
-                namespace_lifecycle(api, &object).await?;
-                let attributes = self.attributes::<K>(api, Operation::Create);
-                admit::admit_create(api, attributes, &mut object, false, &mut warnings).await?;
-                (
-                    writer.create(object, self.author.dry_run).await?,
-                    StatusCode::CREATED,
-                )
+                (Replacing::Nothing { renamed: false }, StatusCode::CREATED)
             }
             Some(current) => {
                 check_uid(&object, current.as_ref(), UidSent::Field)?;
                 if !pinned {
                     object.meta_mut().resource_version = current.meta().resource_version.clone();
                 }
-                // The field manager's entries, /status's own included.
-                let managed = object.meta().managed_fields.clone();
-                let mut object = written_part(object, current.as_ref(), self.part);
-                object.meta_mut().managed_fields = managed;
-                let attributes = self.attributes::<K>(api, Operation::Update);
-                prepare_update(&mut object, current.as_ref(), self.part)?;
-                admit::admit_update(
-                    api,
-                    &attributes,
-                    &mut object,
-                    current.as_ref(),
-                    self.part,
-                    &mut warnings,
-                )
-                .await?;
-                (
-                    guaranteed::write(writer, object, &current, from, self.author.dry_run).await?,
-                    StatusCode::OK,
-                )
+                (Replacing::Stored { current, from }, StatusCode::OK)
             }
         };
+        let writing = Writing {
+            api,
+            writer,
+            author: &self.author,
+            namespace: &self.key.namespace,
+            part: self.part,
+        };
+        let object = writing
+            .commit(object, replacing, ManagedFields::Applied, &mut warnings)
+            .await?;
         let response = object_response(&object, self.output, IncludeObject::Metadata, status)?;
         Ok(with_warnings(response, &warnings))
     }

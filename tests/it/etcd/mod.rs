@@ -426,3 +426,4 @@ async fn writes_on_one_replica_right_after_writes_on_another_are_not_refused_for
 }
 
 mod failures;
+mod races;

@@ -117,27 +117,26 @@ impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
     ) -> Result<Object<K>> {
         let etcd = self.source();
         let etcd_key = etcd.key::<K>(key);
-        // As kube-apiserver's GuaranteedUpdate: read, check, delete if unchanged, else again.
-        for _ in 0..5 {
-            let Some(kv) = etcd.read_key(&etcd_key).await? else {
-                return Err(Error::NotFound(K::subject(&key.name)));
-            };
-            let current = etcd.decode(&kv, kv.mod_revision)?;
-            check_preconditions(&current, preconditions)?;
-            if dry_run {
-                return Ok(Stored::new(current));
-            }
-            let done = etcd
-                .client
-                .txn(&etcd_key, Compare::ModRevision(kv.mod_revision), None)
-                .await
-                .map_err(unavailable)?;
-            if done.succeeded {
-                let mut deleted = current;
-                deleted.meta_mut().resource_version = Some(done.revision.to_string());
-                return Ok(Stored::new(deleted));
-            }
+        // One compare-and-swap on the revision read: a lost race is a conflict, which the
+        // write's one retry loop (rest::guaranteed) takes back to a new read.
+        let Some(kv) = etcd.read_key(&etcd_key).await? else {
+            return Err(Error::NotFound(K::subject(&key.name)));
+        };
+        let current = etcd.decode(&kv, kv.mod_revision)?;
+        check_preconditions(&current, preconditions)?;
+        if dry_run {
+            return Ok(Stored::new(current));
         }
-        Err(outdated::<K>(&key.name))
+        let done = etcd
+            .client
+            .txn(&etcd_key, Compare::ModRevision(kv.mod_revision), None)
+            .await
+            .map_err(unavailable)?;
+        if !done.succeeded {
+            return Err(outdated::<K>(&key.name));
+        }
+        let mut deleted = current;
+        deleted.meta_mut().resource_version = Some(done.revision.to_string());
+        Ok(Stored::new(deleted))
     }
 }
