@@ -31,6 +31,7 @@ mod bodies;
 mod deletion;
 mod differential;
 mod docs;
+mod docs_sessions;
 mod e2e_cluster;
 mod e2e_example;
 mod e2e_helm;

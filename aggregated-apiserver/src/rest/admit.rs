@@ -8,8 +8,9 @@ use axum::http::Extensions;
 use serde_json::Value;
 
 use super::{
-    KindApi, MAX_BODY_BYTES,
+    context::MAX_BODY_BYTES,
     decode::{Source, decode_object},
+    kind_api::KindApi,
     options::FieldValidation,
     patch::json_len,
     strategy::Subresource,

@@ -13,7 +13,7 @@ use axum::body::{Body, Bytes};
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use super::MAX_BODY_BYTES;
+use super::context::MAX_BODY_BYTES;
 use crate::error::{Error, Result};
 
 /// How deep arrays and objects may nest in anything the server reads or builds: Go's

@@ -8,7 +8,7 @@ use super::guaranteed::Deleted;
 use super::options::{Query, dry_run_of, parse_delete_options, parse_query};
 use super::response::json_response;
 use super::strategy::Subresource;
-use super::{KindApi, admit, body, guaranteed, lifecycle};
+use super::{admit, body, guaranteed, kind_api::KindApi, lifecycle};
 use crate::{
     admission::Operation,
     error::{Error, Result},

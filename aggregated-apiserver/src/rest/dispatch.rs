@@ -9,8 +9,8 @@ use axum::{
     response::{IntoResponse, Response},
 };
 
-use super::KindApi;
 use super::delete::{delete, delete_collection};
+use super::kind_api::KindApi;
 use super::read::{get_item, get_item_sync, list_all, list_namespaced};
 use super::response::ItemResponse;
 use super::strategy::Subresource;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::guaranteed::{self, Failed};
 use super::strategy::{Subresource, prepare_create, prepare_update, written_part};
-use super::{KindApi, admit};
+use super::{admit, kind_api::KindApi};
 use crate::{
     admission::{Attributes, Operation},
     auth::UserInfo,

@@ -11,7 +11,7 @@ use axum::{
 use futures::future::Either;
 use rand::Rng;
 
-use super::KindApi;
+use super::kind_api::KindApi;
 use super::options::{Query, WatchFrom, parse_bool, parse_query};
 use super::response::ItemResponse;
 use super::response::{json_response, object_response};

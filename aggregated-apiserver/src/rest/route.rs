@@ -12,7 +12,10 @@ use axum::{
 use super::dispatch::Endpoint;
 use super::response::ItemResponse;
 use super::strategy::Subresource;
-use super::{KindApi, KindApiInner, RestContext};
+use super::{
+    context::RestContext,
+    kind_api::{KindApi, KindApiInner},
+};
 use crate::{
     error::{Error, Result},
     request_info::RequestInfo,
@@ -99,12 +102,12 @@ impl Endpoints {
             )
         })?;
         let equivalents = versions.map(|v| -> Arc<dyn crate::admission::Equivalents> { v });
-        let endpoint: Arc<dyn Endpoint> = Arc::new(KindApi::<K>(Arc::new(KindApiInner {
+        let endpoint: Arc<dyn Endpoint> = Arc::new(KindApi::<K>::new(KindApiInner {
             store,
             ctx,
             fields,
             equivalents,
-        })));
+        }));
         let version_index = match self.versions.iter().position(|v| *v == info.version) {
             Some(index) => index,
             None => {

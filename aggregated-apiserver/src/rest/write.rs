@@ -13,7 +13,7 @@ use super::patch::{PatchType, apply_patch, decode_patched, json_len, patch_type}
 use super::pipeline::{Author, ManagedFields, Replacing, Writing};
 use super::response::{object_response, with_warnings};
 use super::strategy::{Subresource, UidSent, check_name, check_namespace, check_uid};
-use super::{KindApi, MAX_BODY_BYTES, admit, body};
+use super::{admit, body, context::MAX_BODY_BYTES, kind_api::KindApi};
 use crate::{
     error::{Error, FieldError, Result, Subject},
     negotiate::{self, Output},

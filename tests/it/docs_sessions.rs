@@ -1,0 +1,250 @@
+//! The docs' terminal sessions run as shown (#51: every snippet in the docs is compiled or run
+//! by a test). A ```console block is a session: `$ command` lines (a heredoc continues the
+//! command), each followed by what it prints. A session that starts with
+//! `export KUBECONFIG=$PWD/certs/kubeconfig` runs against the server as README starts it
+//! (`cargo run --release` in the directory: development certificates in `certs/`), each command
+//! through bash, and what it prints (stdout, then stderr) must be what the page shows, once
+//! what differs from run to run is masked: ages, times, uids and resourceVersions. A command
+//! the page shows no output for runs unchecked. `$ cat FILE` writes the page's FILE first.
+//! A session of an installed server (docs/install.md's) needs a cluster and is not run here.
+//!
+//! Each ```sh command line that runs the server (`cargo run --release -- ARGS`) is parsed by the
+//! binary's own flags (`ARGS --help` exits 0 only when every flag is known).
+
+use std::{path::Path, process::Command};
+
+use crate::common::{install::has_kubectl, process::Running};
+
+const DEV_SESSION: &str = "export KUBECONFIG=$PWD/certs/kubeconfig";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// README.md and the pages of docs/, with their text.
+fn pages() -> Vec<(String, String)> {
+    let mut names = vec!["README.md".to_owned()];
+    let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
+        .expect("docs/")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    docs.sort();
+    names.extend(docs);
+    names
+        .into_iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(root().join(&name)).expect("page");
+            (name, text)
+        })
+        .collect()
+}
+
+/// The fenced blocks of `text` whose info string is `language`, each unindented by its fence's
+/// indentation (a block inside a list item).
+fn blocks(text: &str, language: &str) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    let mut current: Option<(usize, Vec<String>)> = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut current, fence) {
+            (None, Some(info)) if info.trim() == language => current = Some((indent, Vec::new())),
+            (Some(_), Some(_)) => found.extend(current.take().map(|(_, lines)| lines)),
+            (Some((indent, lines)), None) => {
+                lines.push(line.get(*indent..).unwrap_or(line.trim_start()).to_owned());
+            }
+            (None, _) => {}
+        }
+    }
+    found
+}
+
+/// One command of a session and what the page shows it printing.
+struct Step {
+    command: String,
+    shown: Vec<String>,
+}
+
+fn steps(block: &[String]) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    let mut heredoc: Option<String> = None;
+    for line in block {
+        if let Some(end) = &heredoc {
+            let step = steps.last_mut().expect("a command before its heredoc");
+            step.command.push('\n');
+            step.command.push_str(line);
+            if line.trim() == end {
+                heredoc = None;
+            }
+        } else if let Some(command) = line.strip_prefix("$ ") {
+            if let Some((_, marker)) = command.split_once("<<") {
+                heredoc = Some(
+                    marker
+                        .trim()
+                        .trim_matches('\'')
+                        .trim_matches('"')
+                        .to_owned(),
+                );
+            }
+            steps.push(Step {
+                command: command.to_owned(),
+                shown: Vec::new(),
+            });
+        } else if let Some(step) = steps.last_mut() {
+            step.shown.push(line.clone());
+        }
+    }
+    for step in &mut steps {
+        while step.shown.last().is_some_and(|line| line.trim().is_empty()) {
+            step.shown.pop();
+        }
+    }
+    steps
+}
+
+/// A line as words, with what differs from run to run masked. Words, not columns: kubectl pads
+/// a table's columns to their widest cell, and an age of `1s` or `12s` moves the rest.
+fn words(line: &str) -> Vec<String> {
+    let uid = |w: &str| {
+        let parts: Vec<&str> = w.split('-').collect();
+        parts.iter().map(|p| p.len()).eq([8, 4, 4, 4, 12])
+            && parts
+                .iter()
+                .all(|p| p.chars().all(|c| c.is_ascii_hexdigit()))
+    };
+    let age = |w: &str| {
+        let digits = w.trim_end_matches(|c: char| "smhd".contains(c));
+        w.len() > digits.len()
+            && !digits.is_empty()
+            && digits
+                .split(|c: char| "smhd".contains(c))
+                .all(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()))
+    };
+    let mut masked = Vec::new();
+    let mut after_version = false;
+    for word in line.split_whitespace() {
+        let bare = word.trim_matches('"');
+        let value = if uid(bare) {
+            "<uid>".to_owned()
+        } else if age(bare) {
+            "<age>".to_owned()
+        } else if bare.len() == 20 && bare.ends_with('Z') && bare.chars().nth(10) == Some('T') {
+            "<time>".to_owned()
+        } else if after_version && bare.chars().all(|c| c.is_ascii_digit()) {
+            "<resourceVersion>".to_owned()
+        } else {
+            word.to_owned()
+        };
+        after_version = word == "resourceVersion:";
+        masked.push(value);
+    }
+    masked
+}
+
+#[test]
+fn every_console_session_runs_as_shown() {
+    if !has_kubectl() {
+        eprintln!("SKIPPED: kubectl is not on PATH; the docs' sessions need it");
+        return;
+    }
+    let mut commands = 0;
+    for (page, text) in pages() {
+        for block in blocks(&text, "console") {
+            let steps = steps(&block);
+            if steps.first().is_none_or(|step| step.command != DEV_SESSION) {
+                continue;
+            }
+            // The server as README starts it, in a directory of the session's own.
+            let dir = tempfile::tempdir().unwrap();
+            let certs = dir.path().join("certs");
+            let _server = Running::start([std::ffi::OsStr::new("--cert-dir"), certs.as_os_str()]);
+            let cache = dir.path().join("kube-cache");
+            let mut exports = Vec::new();
+            for step in &steps {
+                if step.command.starts_with("export ") {
+                    exports.push(step.command.clone());
+                    continue;
+                }
+                if let Some(file) = step.command.strip_prefix("cat ") {
+                    let content = step.shown.join("\n") + "\n";
+                    std::fs::write(dir.path().join(file.trim()), content).unwrap();
+                }
+                let script = format!("{}\n{}", exports.join("\n"), step.command);
+                let out = Command::new("bash")
+                    .args(["-c", &script])
+                    .current_dir(dir.path())
+                    .env("KUBECACHEDIR", &cache)
+                    .env("HOME", dir.path())
+                    .output()
+                    .expect("bash");
+                commands += 1;
+                if step.shown.is_empty() {
+                    continue;
+                }
+                let printed = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let printed: Vec<Vec<String>> = printed
+                    .lines()
+                    .filter(|line| !line.trim().is_empty())
+                    .map(words)
+                    .collect();
+                let shown: Vec<Vec<String>> = step
+                    .shown
+                    .iter()
+                    .filter(|line| !line.trim().is_empty())
+                    .map(|line| words(line))
+                    .collect();
+                assert_eq!(
+                    printed, shown,
+                    "{page}: `$ {}` printed what the page does not show",
+                    step.command
+                );
+            }
+        }
+    }
+    assert!(commands >= 15, "only {commands} session commands ran");
+}
+
+#[test]
+fn every_server_command_line_in_the_docs_parses() {
+    let mut checked = 0;
+    for (page, text) in pages() {
+        for block in blocks(&text, "sh") {
+            for line in &block {
+                let line = line.split(" #").next().unwrap_or(line).trim();
+                let Some(args) = line.strip_prefix("cargo run --release") else {
+                    continue;
+                };
+                let args: Vec<&str> = args
+                    .trim()
+                    .strip_prefix("--")
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .collect();
+                let out = Command::new(env!("CARGO_BIN_EXE_farm-apiserver"))
+                    .args(&args)
+                    .arg("--help")
+                    .output()
+                    .expect("farm-apiserver --help");
+                assert!(
+                    out.status.success(),
+                    "{page}: `{line}`: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 4, "only {checked} server command lines found");
+}
