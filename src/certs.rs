@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use aggregated_apiserver::tls::{self, DevNames};
+use aggregated_apiserver::net::tls::{self, DevNames};
 use anyhow::{Context, Result};
 
 /// The user the development kubeconfig authenticates as.

@@ -16,15 +16,15 @@
 use std::{net::TcpListener, path::PathBuf, time::Duration};
 
 use aggregated_apiserver::{
-    client_tls,
-    columns::{AGE_COLUMN, ColumnDefinition, age},
+    api::identity::Identity,
     error::FieldError,
     group::ApiGroup,
-    identity::Identity,
+    net::client_tls,
+    net::tls::ServingFiles,
     resource::ServedResource,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
     server::{self, ShutdownTiming},
     store::StorageFactory,
-    tls::ServingFiles,
 };
 use kube::CustomResource;
 use schemars::JsonSchema;

@@ -168,7 +168,7 @@ pub enum Error {
 
     /// 403 `Forbidden`: the SubjectAccessReview (or its cached answer) denied the request, or
     /// there is no cluster to ask; the message is kube-apiserver's
-    /// ([`crate::auth::authz::forbidden_message`]).
+    /// (`crate::auth::authz::forbidden_message`).
     #[error("{0}")]
     Forbidden(String),
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::{
-    health::ReadinessCheck,
+    observe::health::ReadinessCheck,
     resource::{ResourceInfo, ServedResource, VersionOf},
     rest::{Endpoints, RestContext, field_managers::KindVersions},
     store::{Converted, StorageFactory, Store},

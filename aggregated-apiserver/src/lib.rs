@@ -10,12 +10,14 @@
 //!
 //! ```no_run
 //! use aggregated_apiserver::{
-//!     columns::{AGE_COLUMN, ColumnDefinition, age},
 //!     group::ApiGroup,
-//!     resource::ServedResource,
+//!     net::tls::ServingFiles,
+//!     resource::{
+//!         ServedResource,
+//!         columns::{AGE_COLUMN, ColumnDefinition, age},
+//!     },
 //!     server::{self, ShutdownTiming},
 //!     store::StorageFactory,
-//!     tls::ServingFiles,
 //! };
 //!
 //! /// KiteSpec describes one kite.
@@ -64,14 +66,24 @@
 //! workspace's end-to-end tests register it through a real kube-apiserver and use it with
 //! kubectl.
 //!
-//! A request goes: [`tls`] (handshake, client certificate) → [`server::app`] (probes go
-//! straight to [`health`]; everything else through the edge: [`request_info`], [`auth`]
-//! (authentication, SubjectAccessReview), metrics, the request log) → [`rest`] when the path is
-//! a resource endpoint (the verbs of one kind, written once; writes through [`admission`],
-//! the cluster's webhooks), else the axum router for
-//! [`discovery`], [`openapi`], /version and /metrics → [`store`] (in memory by default).
-//! [`table`], [`watch`] and [`negotiate`] shape responses, [`compression`] gzips large ones;
-//! [`error`] turns every failure into a `meta/v1 Status`.
+//! The crate is laid out by layer, each module using only those of the layers before it:
+//! 1. [`error`], [`json_patch`], [`net`] (TLS, connections) and [`request_info`];
+//! 2. what a kind is ([`resource`]) and how operators watch the server ([`observe`]: health,
+//!    metrics, traces, panics);
+//! 3. where objects are kept ([`store`]: in memory, on etcd, or a view of the cluster's
+//!    objects) and who is asking ([`auth`]);
+//! 4. how objects go out on the wire (`render`) and what is recorded of each request
+//!    ([`audit`]);
+//! 5. [`admission`], and what the server says of its API ([`api`]);
+//! 6. the REST verbs ([`rest`]); 7. the group of kinds served ([`group`]); 8. the [`server`].
+//!
+//! A request goes: [`net::tls`] (handshake, client certificate) → [`server::app`] (probes go
+//! straight to `observe::health`; everything else through the edge: [`request_info`],
+//! [`auth`] (authentication, SubjectAccessReview), metrics, [`audit`], the request log) →
+//! [`rest`] when the path is a resource endpoint (the verbs of one kind, written once; writes
+//! through [`admission`], the cluster's webhooks), else the axum router for
+//! `api::discovery`, [`api::openapi`], /version and /metrics → [`store`] (in memory by
+//! default). `render` shapes responses; [`error`] turns every failure into a `meta/v1 Status`.
 //!
 //! Start-up is one function, [`server::build`], called by a server's `main` (after its flags)
 //! and by its tests alike: [`server::Config::kinds`] gives the API group
@@ -85,40 +97,30 @@
 //! GET of one object at once from such a store, or else with the store's own read as the one
 //! future (a consistent read on etcd), past the general path.
 
+// Every layer's.
+pub mod error;
+pub mod json_patch;
+pub mod observe;
+
+// Kinds, storage, rendering.
+pub(crate) mod render;
+pub mod resource;
+pub mod store;
+
+// The REST verbs and what they serve.
 pub mod admission;
+pub mod api;
+pub mod group;
+pub mod rest;
+
+// The server around them.
 pub mod audit;
 pub mod auth;
-pub mod client_tls;
-pub mod columns;
-pub mod compression;
-pub mod conditional;
-pub mod connection;
-pub mod discovery;
-pub mod error;
-pub mod group;
-pub mod health;
-pub mod identity;
-pub mod informer;
-pub mod json_patch;
-pub mod list_body;
-pub mod list_buffer;
-pub mod metrics;
-pub mod namespaces;
-pub mod negotiate;
-pub mod openapi;
-pub mod recovery;
+pub mod net;
 pub mod request_info;
-pub mod resource;
-pub mod rest;
-pub mod selector;
 pub mod server;
-pub mod store;
-pub mod table;
-pub mod telemetry;
+
 #[cfg(test)]
 mod testing;
-pub mod tls;
-pub mod validation;
-pub mod watch;
 
 pub use error::{Error, Result};

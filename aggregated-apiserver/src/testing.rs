@@ -6,8 +6,8 @@ use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::O
 use serde_json::Value;
 
 use crate::{
-    columns::{AGE_COLUMN, ColumnDefinition, age},
     error::FieldError,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::{ServedResource, VersionOf},
     store::View,
 };
@@ -33,7 +33,7 @@ fn positive(field: &str, value: f64) -> Option<FieldError> {
 }
 
 /// `zoo.example.com/v1alpha`.
-pub mod v1alpha {
+pub(crate) mod v1alpha {
     use kube::CustomResource;
     use schemars::JsonSchema;
     use serde::{Deserialize, Serialize};
@@ -89,7 +89,7 @@ pub mod v1alpha {
 }
 
 /// `zoo.example.com/v1`, the stored version.
-pub mod v1 {
+pub(crate) mod v1 {
     use kube::CustomResource;
     use schemars::JsonSchema;
     use serde::{Deserialize, Serialize};

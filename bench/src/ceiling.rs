@@ -39,7 +39,7 @@ fn size_of(request: &Request<Incoming>) -> usize {
 }
 
 pub async fn serve(cert_pem: &[u8], key_pem: &[u8], client_cas: &[String]) -> Result<()> {
-    let config = aggregated_apiserver::tls::server_config(cert_pem, key_pem, client_cas)?;
+    let config = aggregated_apiserver::net::tls::server_config(cert_pem, key_pem, client_cas)?;
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     println!("listening {}", listener.local_addr()?.port());

@@ -34,7 +34,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aggregated_apiserver::tls::{self, DevCa};
+use aggregated_apiserver::net::tls::{self, DevCa};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use clap::{Parser, Subcommand};

@@ -11,13 +11,13 @@ use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
 use aggregated_apiserver::{
     auth::source::StaticSources,
+    net::tls::{self, ServingFiles},
     rest::RestSettings,
     server::{self, InflightLimits, ReviewCache, ShutdownTiming},
     store::{
         StorageFactory,
         etcd::{EtcdClient, EtcdConfig},
     },
-    tls::{self, ServingFiles},
 };
 
 /// Who farm-apiserver says it is: OpenAPI's title, `/version` (the commit from `FARM_GIT_COMMIT`

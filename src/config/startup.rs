@@ -71,7 +71,7 @@ impl Args {
                     roots = tls::load_certs(&pem)?;
                 }
                 // etcd's CA trusted as Go's clients (etcd's own, kube-apiserver) trust it.
-                let builder = aggregated_apiserver::client_tls::client_config(roots)?;
+                let builder = aggregated_apiserver::net::client_tls::client_config(roots)?;
                 Some(match (cert, key) {
                     (Some(cert), Some(key)) => {
                         let chain = tls::load_certs(
@@ -156,7 +156,9 @@ impl Args {
             return Ok(None);
         };
         tracing::info!(cluster = %config.cluster_url, "using this cluster for FarmPods and authorization");
-        Ok(Some(aggregated_apiserver::client_tls::kube_client(config)?))
+        Ok(Some(aggregated_apiserver::net::client_tls::kube_client(
+            config,
+        )?))
     }
 
     fn read(path: &Option<PathBuf>) -> anyhow::Result<Option<String>> {
@@ -246,7 +248,7 @@ impl Args {
         }
         let started = std::time::Instant::now();
         self.init_logging()?;
-        aggregated_apiserver::recovery::install_hook();
+        aggregated_apiserver::observe::recovery::install_hook();
         let auth_sources = StaticSources {
             requestheader_ca: Self::read(&self.requestheader_client_ca_file)?,
             requestheader_allowed_names: self.requestheader_allowed_names.clone(),
@@ -288,7 +290,7 @@ impl Args {
                 read_only: self.max_requests_inflight,
                 mutating: self.max_mutating_requests_inflight,
             },
-            limits: aggregated_apiserver::connection::Limits {
+            limits: aggregated_apiserver::net::connection::Limits {
                 header_read: seconds(self.header_read_timeout),
                 idle: seconds(self.idle_timeout),
                 write_stall: seconds(self.write_timeout),
@@ -326,9 +328,10 @@ impl Args {
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the tracing configuration {}", path.display()))?;
-        let config = aggregated_apiserver::telemetry::TracingConfiguration::parse(&text)
-            .map_err(|e| anyhow::anyhow!("tracing configuration {}: {e}", path.display()))?;
-        let provider = aggregated_apiserver::telemetry::start(&config, IDENTITY.name)
+        let config =
+            aggregated_apiserver::observe::telemetry::TracingConfiguration::parse(&text)
+                .map_err(|e| anyhow::anyhow!("tracing configuration {}: {e}", path.display()))?;
+        let provider = aggregated_apiserver::observe::telemetry::start(&config, IDENTITY.name)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         tracing::info!(
             endpoint = config.endpoint.as_deref().unwrap_or("localhost:4317"),

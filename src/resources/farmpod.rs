@@ -13,8 +13,8 @@ use serde_json::Value;
 use std::sync::Arc;
 
 use aggregated_apiserver::{
-    columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::ServedResource,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
     store::{ClusterSource, View, ViewCache},
 };
 
@@ -435,7 +435,7 @@ mod view_tests {
 
     use super::*;
     use aggregated_apiserver::{
-        selector::{Filter, LabelSelector},
+        store::selector::{Filter, LabelSelector},
         store::{
             CacheState, ClusterSource, ListRequest, Store, ViewCache, WatchItem, WatchRequest,
             WatchStart,

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use aggregated_apiserver::{
-    columns::{AGE_COLUMN, ColumnDefinition, age},
     error::FieldError,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::{ServedResource, VersionOf},
 };
 

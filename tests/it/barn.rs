@@ -4,9 +4,9 @@
 //! it to the binary's kinds with one line.
 
 use aggregated_apiserver::{
-    columns::{AGE_COLUMN, ColumnDefinition, age},
     error::FieldError,
     resource::ServedResource,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
 };
 use kube::CustomResource;
 use schemars::JsonSchema;

@@ -23,7 +23,7 @@ fn ca_pem(dir: &Path) -> String {
 /// The dev kubeconfig's identity, issued again from the server's dev CA.
 fn admin(dir: &Path) -> Option<(String, String)> {
     Some(
-        aggregated_apiserver::tls::DevCa::load_or_create(dir)
+        aggregated_apiserver::net::tls::DevCa::load_or_create(dir)
             .expect("dev ca")
             .issue_client("farm-dev-admin", &["system:masters"])
             .expect("client cert"),

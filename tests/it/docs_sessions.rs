@@ -248,3 +248,45 @@ fn every_server_command_line_in_the_docs_parses() {
     }
     assert!(checked >= 4, "only {checked} server command lines found");
 }
+
+/// The server's own configuration files the docs show (an audit Policy, a
+/// TracingConfiguration) are files the server starts with, under the flag the page names.
+#[test]
+fn every_server_configuration_in_the_docs_loads() {
+    let mut loaded = 0;
+    for (page, text) in pages() {
+        for block in blocks(&text, "yaml") {
+            let yaml = block.join("\n") + "\n";
+            let flag = if yaml.contains("apiVersion: audit.k8s.io/v1\nkind: Policy") {
+                "--audit-policy-file"
+            } else if yaml.contains("kind: TracingConfiguration") {
+                "--tracing-config-file"
+            } else {
+                continue;
+            };
+            assert!(
+                text.contains(flag),
+                "{page} shows a file for {flag} without naming it"
+            );
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("config.yaml");
+            std::fs::write(&file, &yaml).unwrap();
+            let certs = dir.path().join("certs");
+            let log = dir.path().join("audit.log");
+            let mut args = vec![
+                "--cert-dir".into(),
+                certs.into_os_string(),
+                flag.into(),
+                file.into_os_string(),
+            ];
+            if flag == "--audit-policy-file" {
+                args.extend(["--audit-log-path".into(), log.into_os_string()]);
+            }
+            // Running::start fails the test when the server exits instead of serving.
+            let server = Running::start(args);
+            assert!(server.addr.port() > 0, "{page}: {flag}");
+            loaded += 1;
+        }
+    }
+    assert!(loaded >= 2, "only {loaded} configuration files found");
+}

@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aggregated_apiserver::tls::DevCa;
+use aggregated_apiserver::net::tls::DevCa;
 use serde_json::{Value, json};
 
 use crate::e2e_cluster::{Cluster, ONE_AT_A_TIME};

@@ -142,3 +142,94 @@ fn the_write_steps_are_taken_in_one_place() {
     }
     assert!(found >= 5, "the write steps were not found at all");
 }
+
+/// The library's top-level modules in layers (#51): a module uses only those of its own layer
+/// and the layers before it, so a reader can take the crate from the bottom up (kinds → store →
+/// rendering → REST → group → server). Tests and comments aside.
+const LAYERS: &[&[&str]] = &[
+    &["error", "json_patch", "net", "request_info"],
+    &["resource", "observe"],
+    &["store", "auth"],
+    &["render", "audit"],
+    &["admission", "api"],
+    &["rest"],
+    &["group"],
+    &["server"],
+];
+
+/// The top-level modules `code` names through `crate::` (paths and `use crate::{...}` trees).
+fn crate_modules(code: &str) -> Vec<String> {
+    let mut named = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let rest = &code[at + "crate::".len()..];
+        if let Some(tree) = rest.strip_prefix('{') {
+            // The tree's top-level items, up to its closing brace.
+            let (mut depth, mut item) = (0, String::new());
+            for c in tree.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => named.push(std::mem::take(&mut item)),
+                    _ if depth == 0 => item.push(c),
+                    _ => {}
+                }
+            }
+            named.push(item);
+        } else {
+            named.push(rest.to_owned());
+        }
+    }
+    named
+        .iter()
+        .map(|item| {
+            let item = item.trim();
+            let end = item
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(item.len());
+            item[..end].to_owned()
+        })
+        .filter(|name| !name.is_empty() && name != "self")
+        .collect()
+}
+
+#[test]
+fn the_librarys_layers_import_only_the_layers_before_them() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("aggregated-apiserver/src");
+    let layer_of = |name: &str| LAYERS.iter().position(|layer| layer.contains(&name));
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut checked = 0;
+    let mut upward = Vec::new();
+    for path in &files {
+        let name = path.strip_prefix(&src).unwrap_or(path);
+        let top = name.iter().next().and_then(|s| s.to_str()).unwrap_or("");
+        let top = top.trim_end_matches(".rs");
+        if top == "lib" || top == "testing" {
+            continue;
+        }
+        let own = layer_of(top).unwrap_or_else(|| panic!("{top} is in no layer of LAYERS"));
+        let text = std::fs::read_to_string(path).expect("source file");
+        let code: String = text
+            .split("#[cfg(test)]\nmod tests")
+            .next()
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for used in crate_modules(&code) {
+            let Some(theirs) = layer_of(&used) else {
+                continue; // a crate-root item (Error, Result)
+            };
+            checked += 1;
+            if theirs > own {
+                upward.push(format!("{} uses {used}", name.display()));
+            }
+        }
+    }
+    assert!(checked > 300, "only {checked} uses of crate:: found");
+    upward.sort();
+    upward.dedup();
+    assert!(upward.is_empty(), "imports of a later layer: {upward:#?}");
+}

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use aggregated_apiserver::{openapi::OpenApiDocuments, store::StorageFactory};
+use aggregated_apiserver::{api::openapi::OpenApiDocuments, store::StorageFactory};
 use farm_apiserver::resources;
 
 /// The binary's kinds ([`resources::register`]): a kind added there shows in the snapshots.

@@ -4,8 +4,8 @@
 //! binary's kinds with one line.
 
 use aggregated_apiserver::{
-    columns::{AGE_COLUMN, ColumnDefinition, age},
     resource::ServedResource,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
     store::View,
 };
 use k8s_openapi::{api::core::v1::ConfigMap, apimachinery::pkg::apis::meta::v1::ObjectMeta};

@@ -6,9 +6,9 @@
 use crate::common;
 
 use aggregated_apiserver::{
-    selector::{FieldSelector, LabelSelector},
+    resource::validation,
     store::memory::ContinueToken,
-    validation,
+    store::selector::{FieldSelector, LabelSelector},
 };
 use common::oneshot::*;
 use proptest::prelude::*;

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::{sync::Arc, time::Duration};
 
-use aggregated_apiserver::tls::DevCa;
+use aggregated_apiserver::net::tls::DevCa;
 use common::{
     Alpn, Options, RawClient, TestServer,
     fake_kube::{FakeKube, auth_configmap},

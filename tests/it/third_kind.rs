@@ -9,9 +9,9 @@ use crate::{barn::Barn, common};
 use std::sync::Arc;
 
 use aggregated_apiserver::{
-    columns::{AGE_COLUMN, ColumnDefinition, age},
     group::ApiGroup,
     resource::ServedResource,
+    resource::columns::{AGE_COLUMN, ColumnDefinition, age},
     server::{self, AppState},
     store::MemoryStore,
 };

@@ -8,9 +8,9 @@
 //! a write waits for the configurations to be listed once (as the webhook plugin waits for its
 //! informers) and is refused if they cannot be (403, as kube-apiserver's "not yet ready").
 
-pub mod cel;
-pub mod policy;
-pub mod reinvocation;
+pub(crate) mod cel;
+pub(crate) mod policy;
+pub(crate) mod reinvocation;
 pub mod webhook;
 
 use std::{
@@ -90,7 +90,7 @@ pub struct Attributes<'a> {
 }
 
 /// A write as one hook judges it: at the version the hook's rules took
-/// ([`webhook::rules::matched_version`]), the object and the old object converted to it;
+/// (`webhook::rules::matched_version`), the object and the old object converted to it;
 /// borrowed as they came when that is the version requested.
 pub struct AtVersion<'v, 'a> {
     /// The write at that version.
@@ -324,14 +324,14 @@ impl<'a> ObjectJson<'a> {
 /// namespaces (for `namespaceSelector`), and the server's metrics and the authorizer that
 /// expressions and `matchConditions` call, both given once the server has them.
 pub struct Environment {
-    pub(crate) namespaces: Arc<crate::namespaces::Namespaces>,
-    metrics: OnceLock<Arc<crate::metrics::Metrics>>,
+    pub(crate) namespaces: Arc<crate::store::namespaces::Namespaces>,
+    metrics: OnceLock<Arc<crate::observe::metrics::Metrics>>,
     authorizer: OnceLock<Arc<dyn cel::Checker>>,
 }
 
 impl Environment {
     /// Namespace labels from `namespaces`; no metrics or authorizer yet.
-    pub fn new(namespaces: Arc<crate::namespaces::Namespaces>) -> Arc<Self> {
+    pub fn new(namespaces: Arc<crate::store::namespaces::Namespaces>) -> Arc<Self> {
         Arc::new(Self {
             namespaces,
             metrics: OnceLock::new(),
@@ -340,7 +340,7 @@ impl Environment {
     }
 
     /// Where the plugins count decisions and calls, once the server has them.
-    pub fn metrics(&self) -> Option<&Arc<crate::metrics::Metrics>> {
+    pub fn metrics(&self) -> Option<&Arc<crate::observe::metrics::Metrics>> {
         self.metrics.get()
     }
 
@@ -367,7 +367,7 @@ impl Admission {
     /// `namespaceSelector`s read from `namespaces`.
     pub fn for_cluster(
         client: &kube::Client,
-        namespaces: Arc<crate::namespaces::Namespaces>,
+        namespaces: Arc<crate::store::namespaces::Namespaces>,
         enabled: impl Fn(&str) -> bool,
     ) -> Self {
         let params = policy::Params::new(client.clone());
@@ -421,7 +421,7 @@ impl Admission {
     }
 
     /// Counts the plugins' decisions and calls in `metrics`.
-    pub fn set_metrics(&self, metrics: Arc<crate::metrics::Metrics>) {
+    pub fn set_metrics(&self, metrics: Arc<crate::observe::metrics::Metrics>) {
         if let Some(env) = &self.env {
             let _ = env.metrics.set(metrics);
         }
@@ -438,7 +438,7 @@ impl Admission {
     /// `/readyz`'s `informer-sync` (as k8s.io/apiserver's): not ready until the admission
     /// configurations have been listed, since writes wait for them (and are refused, 403, when
     /// they cannot be read, e.g. without the RBAC in `manifests/`). None with no admission.
-    pub fn readiness_check(&self) -> Option<crate::health::ReadinessCheck> {
+    pub fn readiness_check(&self) -> Option<crate::observe::health::ReadinessCheck> {
         if self.webhooks.is_none() && self.policies.is_none() && self.mutating_policies.is_none() {
             return None;
         }
@@ -447,7 +447,7 @@ impl Admission {
             self.policies.clone(),
             self.mutating_policies.clone(),
         );
-        Some(crate::health::ReadinessCheck::new(
+        Some(crate::observe::health::ReadinessCheck::new(
             "informer-sync",
             move || {
                 let synced = webhooks.as_ref().is_none_or(|w| w.synced())

@@ -1,4 +1,4 @@
-//! The audit log (k8s.io/apiserver's `audit`): a policy ([`policy`]) picks how much of each
+//! The audit log (k8s.io/apiserver's `audit`): a policy (`policy`) picks how much of each
 //! request is written, and `audit.k8s.io/v1` Events go to the log backend ([`log`]) at the
 //! request's stages (RequestReceived, ResponseStarted for a watch, ResponseComplete; one
 //! ResponseStarted for a failed authentication). The ID is the request's `Audit-ID` header when
@@ -13,7 +13,7 @@
 mod event;
 mod json;
 pub mod log;
-pub mod policy;
+pub(crate) mod policy;
 mod record;
 pub mod webhook;
 
@@ -36,7 +36,7 @@ use event::*;
 pub use policy::{Level, Policy, RequestConfig, Stage};
 pub use record::{Open, Record, annotate, current_level, finish, request_body, scope};
 
-use crate::{auth::UserInfo, metrics::Metrics, request_info::RequestInfo};
+use crate::{auth::UserInfo, observe::metrics::Metrics, request_info::RequestInfo};
 
 /// What an event reads of a request: its URI, its headers, and its peer's address.
 pub type RequestParts<'r> = (&'r Uri, &'r HeaderMap, Option<std::net::IpAddr>);
@@ -402,7 +402,7 @@ impl Auditor {
         if let Some(metrics) = self.metrics.get() {
             let dropped = metrics
                 .audit_errors
-                .get_or_create(&crate::metrics::PluginLabels { plugin })
+                .get_or_create(&crate::observe::metrics::PluginLabels { plugin })
                 .inc();
             // Logged the first time and then once per thousand.
             if dropped % 1000 == 0 {

@@ -16,7 +16,7 @@ use tokio::{
 };
 
 use super::log::{Message, Sink};
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// How the batches are made and sent (kube-apiserver's `--audit-webhook-batch-*` flags).
 #[derive(Debug, Clone)]
@@ -61,7 +61,7 @@ impl Endpoint {
         let mut parts = uri.clone().into_parts();
         parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
         config.cluster_url = http::Uri::from_parts(parts)?;
-        let client = crate::client_tls::kube_client(config)?;
+        let client = crate::net::client_tls::kube_client(config)?;
         Ok(Self { client, uri })
     }
 
@@ -168,9 +168,9 @@ async fn send(
             Ok(()) => return,
             Err(error) if attempt == TRIES => {
                 if let Some(metrics) = metrics.get() {
-                    let errors = metrics
-                        .audit_errors
-                        .get_or_create(&crate::metrics::PluginLabels { plugin: "webhook" });
+                    let errors = metrics.audit_errors.get_or_create(
+                        &crate::observe::metrics::PluginLabels { plugin: "webhook" },
+                    );
                     for _ in 0..count {
                         errors.inc();
                     }

@@ -1,11 +1,11 @@
 //! Authentication and authorization of every request but the health probes: who is calling
-//! ([`authn`]), may they ([`authz`]), and where the trusted CAs come from ([`source`]).
+//! (`authn`), may they (`authz`), and where the trusted CAs come from ([`source`]).
 
-pub mod authn;
-pub mod authz;
-pub mod impersonation;
+pub(crate) mod authn;
+pub(crate) mod authz;
+pub(crate) mod impersonation;
 pub mod source;
-pub mod user;
+pub(crate) mod user;
 
 use std::sync::Arc;
 
@@ -60,7 +60,7 @@ impl Auth {
         peer: Option<&PeerCertificates>,
         headers: &mut HeaderMap,
     ) -> Authenticated {
-        crate::telemetry::in_span("authentication", || {
+        crate::observe::telemetry::in_span("authentication", || {
             self.authn.authenticate_sync(peer, headers)
         })
     }
@@ -68,7 +68,7 @@ impl Auth {
     /// Authorizes an [`Auth::authenticate_sync`]ed request as far as it can without waiting
     /// (a cached or unneeded decision). `now` is when the request started (cached decisions'
     /// age is counted from it). A request that `impersonating` (see
-    /// [`impersonation::requested`]) is left to [`Auth::finish`].
+    /// `impersonation::requested`) is left to [`Auth::finish`].
     pub fn authorize_sync(
         &self,
         authenticated: Authenticated,
@@ -90,7 +90,7 @@ impl Auth {
             return AuthStep::Impersonate(Some(user));
         }
         let memo = peer.map(|p| &p.decisions);
-        let decided = crate::telemetry::in_span("authorization", || {
+        let decided = crate::observe::telemetry::in_span("authorization", || {
             self.authz.authorize_sync(&user, info, now, memo)
         });
         match decided {
@@ -114,7 +114,7 @@ impl Auth {
             AuthStep::Checked(checked) => return (checked, None),
             AuthStep::Authorize(user) | AuthStep::Impersonate(Some(user)) => user,
             AuthStep::ReviewToken | AuthStep::Impersonate(None) => {
-                let reviewed = crate::telemetry::in_span_async(
+                let reviewed = crate::observe::telemetry::in_span_async(
                     "authentication",
                     None,
                     self.authn.review_token(headers),
@@ -128,7 +128,7 @@ impl Auth {
             }
         };
         let (user, impersonator) = if impersonating {
-            let impersonated = crate::telemetry::in_span_async(
+            let impersonated = crate::observe::telemetry::in_span_async(
                 "impersonation",
                 None,
                 impersonation::impersonate(&self.authz, &user, headers),
@@ -142,7 +142,7 @@ impl Auth {
         } else {
             (user, None)
         };
-        let decided = crate::telemetry::in_span_async(
+        let decided = crate::observe::telemetry::in_span_async(
             "authorization",
             None,
             self.authz.authorize(&user, info),

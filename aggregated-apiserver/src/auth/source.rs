@@ -11,7 +11,7 @@ use kube::{
 };
 
 use super::{AuthnConfig, ClientCa, RequestHeaderConfig};
-use crate::tls::ServingTls;
+use crate::net::tls::ServingTls;
 
 /// Where kube-apiserver publishes the ConfigMap.
 pub const CONFIGMAP_NAMESPACE: &str = "kube-system";

@@ -23,6 +23,7 @@
 //! UTF-16 surrogates through, which serde_json refuses (422 here); and under
 //! `fieldValidation=Strict` it refuses an operation that names a member twice.
 
+pub mod depth;
 mod merge;
 mod pointer;
 #[cfg(test)]
@@ -509,8 +510,8 @@ impl Operation {
 /// A value placed at `path` may not take the document past `depth`.
 fn check_depth(path: &str, value: &Value, depth: usize) -> Result<(), Failure> {
     let above = path.bytes().filter(|&b| b == b'/').count();
-    if above + crate::rest::body::value_depth(value, depth) > depth {
-        return Err(Failure::Other(crate::rest::body::too_deep_message()));
+    if above + depth::value_depth(value, depth) > depth {
+        return Err(Failure::Other(depth::too_deep_message()));
     }
     Ok(())
 }

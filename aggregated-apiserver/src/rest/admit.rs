@@ -2,13 +2,13 @@
 //! webhooks, their patches applied with a JSON patch's bounds, the result decoded again (the
 //! caller then validates it as any write). Nothing is encoded when no webhook is configured.
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use axum::http::Extensions;
 use serde_json::Value;
 
 use super::{
-    context::MAX_BODY_BYTES,
+    body::MAX_BODY_BYTES,
     decode::{Source, decode_object},
     kind_api::KindApi,
     options::FieldValidation,
@@ -17,12 +17,11 @@ use super::{
 };
 use crate::{
     admission::{
-        Attributes, ObjectJson, Operation, cel::Numbers, policy::mutating::Appliers,
-        reinvocation::Passes,
+        Attributes, ObjectJson, Operation, policy::mutating::Appliers, reinvocation::Passes,
     },
     auth::UserInfo,
     error::{Error, Result},
-    resource::{ResourceInfo, ServedResource},
+    resource::ServedResource,
 };
 
 /// How deep a webhook's patch may nest the object: far deeper than any Zebra needs, and shallow
@@ -85,28 +84,8 @@ pub(crate) fn attributes<'a, K: ServedResource>(
     attributes.user = user;
     attributes.dry_run = dry_run;
     attributes.options = options;
-    attributes.numbers = Some(numbers_of::<K>());
+    attributes.numbers = Some(super::field_managers::numbers_of::<K>());
     attributes
-}
-
-/// Where `K`'s schema has numbers, read from its OpenAPI once per kind.
-pub(crate) fn numbers_of<K: ServedResource>() -> Arc<Numbers> {
-    type Cache = std::sync::Mutex<HashMap<std::any::TypeId, Arc<Numbers>>>;
-    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let id = std::any::TypeId::of::<K>();
-    if let Ok(cache) = cache.lock()
-        && let Some(found) = cache.get(&id)
-    {
-        return found.clone();
-    }
-    let info = ResourceInfo::of::<K>(false);
-    let (root, components) = crate::openapi::kind_schema(&info);
-    let numbers = Arc::new(Numbers::from_openapi(&root, &components));
-    if let Ok(mut cache) = cache.lock() {
-        cache.insert(id, numbers.clone());
-    }
-    numbers
 }
 
 /// The options of a create or update as webhooks see them.
@@ -164,7 +143,7 @@ pub(crate) async fn mutate<K: ServedResource>(
     object: &mut K,
     old: Option<&K>,
 ) -> Result<(Vec<String>, bool)> {
-    crate::telemetry::in_span_async(
+    crate::observe::telemetry::in_span_async(
         "admission",
         Some(("admission.phase", "mutating")),
         mutate_untraced(api, attributes, object, old),
@@ -252,7 +231,7 @@ pub(crate) async fn delete<K: ServedResource>(
     attributes: &Attributes<'_>,
     old: &K,
 ) -> Result<Vec<String>> {
-    crate::telemetry::in_span_async(
+    crate::observe::telemetry::in_span_async(
         "admission",
         Some(("admission.phase", "delete")),
         delete_untraced(api, attributes, old),
@@ -295,7 +274,7 @@ pub(crate) async fn validate<K: ServedResource>(
     object: Option<&K>,
     old: Option<&K>,
 ) -> Result<Vec<String>> {
-    crate::telemetry::in_span_async(
+    crate::observe::telemetry::in_span_async(
         "admission",
         Some(("admission.phase", "validating")),
         validate_untraced(api, attributes, object, old),

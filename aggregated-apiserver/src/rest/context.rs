@@ -6,10 +6,7 @@ use std::{sync::Arc, time::Duration};
 use tokio_util::sync::CancellationToken;
 
 use super::body;
-use crate::metrics::Metrics;
-
-/// kube-apiserver's `--max-request-body-bytes` default for JSON bodies (3 MiB).
-pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+use crate::observe::metrics::Metrics;
 
 /// Knobs of the REST layer shared by every kind.
 #[derive(Debug, Clone)]
@@ -52,7 +49,7 @@ pub struct RestContext {
     pub work: body::Work,
     /// The cluster's namespaces, for NamespaceLifecycle admission of creates; None without a
     /// cluster (or with the plugin disabled): no check.
-    pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
+    pub namespaces: Option<Arc<crate::store::namespaces::Namespaces>>,
     /// The cluster's admission webhooks every write goes through (none standalone).
     pub admission: crate::admission::Admission,
 }

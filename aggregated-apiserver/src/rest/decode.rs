@@ -13,9 +13,9 @@ use super::strategy::{generate_name, new_name_causes};
 use super::structural;
 use crate::{
     error::{Error, FieldError, Result, Subject},
-    negotiate::BodyFormat,
+    render::negotiate::BodyFormat,
     resource::ServedResource,
-    validation,
+    resource::validation,
 };
 
 pub(crate) fn cannot_handle<K: ServedResource>(detail: impl std::fmt::Display) -> Error {

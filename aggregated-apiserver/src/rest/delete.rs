@@ -12,7 +12,7 @@ use super::{admit, body, guaranteed, kind_api::KindApi, lifecycle};
 use crate::{
     admission::Operation,
     error::{Error, Result},
-    list_body::{self},
+    render::list_body::{self},
     resource::{ObjectKey, ServedResource},
     store::{ListRequest, WritableStore, check_preconditions},
 };

@@ -3,7 +3,7 @@
 //! create, update and non-apply patches record an `Update` entry for their manager; apply
 //! merges the applied configuration and records an `Apply` entry.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use axum::http::{HeaderMap, header};
 use fieldmanager::{self, FieldManager, Schema};
@@ -14,8 +14,9 @@ use super::body;
 use super::options::{FIELD_MANAGER_MAX_LENGTH, is_print};
 use super::strategy::Subresource;
 use crate::{
+    admission::cel::Numbers,
+    api::openapi,
     error::{Error, FieldError, Result},
-    openapi,
     resource::{ResourceInfo, ServedResource, VersionOf},
     store::Stored,
 };
@@ -213,11 +214,11 @@ impl<A: VersionOf<B>, B: VersionOf<A>> crate::admission::Equivalents for KindVer
         self.convert_at(object, to, current)
     }
 
-    fn numbers(&self, version: &str) -> Option<Arc<crate::admission::cel::Numbers>> {
+    fn numbers(&self, version: &str) -> Option<Arc<Numbers>> {
         if version == A::version_name() {
-            Some(super::admit::numbers_of::<A>())
+            Some(numbers_of::<A>())
         } else if version == B::version_name() {
-            Some(super::admit::numbers_of::<B>())
+            Some(numbers_of::<B>())
         } else {
             None
         }
@@ -322,6 +323,26 @@ pub(crate) fn parse_apply_body(bytes: &[u8]) -> Result<body::Deep> {
         ));
     }
     Ok(value)
+}
+
+/// Where `K`'s schema has numbers, read from its OpenAPI once per kind.
+pub(crate) fn numbers_of<K: ServedResource>() -> Arc<Numbers> {
+    type Cache = std::sync::Mutex<HashMap<std::any::TypeId, Arc<Numbers>>>;
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let id = std::any::TypeId::of::<K>();
+    if let Ok(cache) = cache.lock()
+        && let Some(found) = cache.get(&id)
+    {
+        return found.clone();
+    }
+    let info = ResourceInfo::of::<K>(false);
+    let (root, components) = crate::api::openapi::kind_schema(&info);
+    let numbers = Arc::new(Numbers::from_openapi(&root, &components));
+    if let Ok(mut cache) = cache.lock() {
+        cache.insert(id, numbers.clone());
+    }
+    numbers
 }
 
 #[cfg(test)]

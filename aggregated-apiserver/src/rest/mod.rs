@@ -3,35 +3,36 @@
 //! patch, delete and deletecollection, with kube-apiserver's query parameters, content
 //! negotiation, status codes and messages.
 //!
-//! Laid out as k8s.io/apiserver lays out the same work: [`route`] finds the kind, namespace
-//! and name from the path (its `endpoints/installer`) and [`dispatch`] the verb; [`options`]
-//! reads the query (ListOptions, WatchOptions, DeleteOptions); [`read`], [`write`](mod@write)
-//! and [`delete`](mod@delete) are the verbs (`endpoints/handlers`). Every write ends in one
-//! pipeline (the kind's [`strategy`], managed fields, [`admit`]ssion, the store), retried by
-//! [`guaranteed`] as GuaranteedUpdate retries it; [`patch`] applies patches, and [`response`]
-//! shapes what goes back. [`context`] is what every kind's handlers share.
+//! Laid out as k8s.io/apiserver lays out the same work: `route` finds the kind, namespace and
+//! name from the path (its `endpoints/installer`) and `dispatch` the verb; `options` reads the
+//! query (ListOptions, WatchOptions, DeleteOptions); `read`, `write` and `delete` are the verbs
+//! (`endpoints/handlers`). Every write ends in one `pipeline` (the kind's `strategy`, managed
+//! fields, admission through `admit`, the store), retried by `guaranteed` as GuaranteedUpdate
+//! retries it; `patch` applies patches, and `response` shapes what goes back. `context` is
+//! what every kind's handlers share.
 
-pub mod admit;
-pub mod body;
-pub mod context;
-pub mod decode;
-pub mod delete;
-pub mod dispatch;
-pub mod field_managers;
-pub mod guaranteed;
+pub(crate) mod admit;
+pub(crate) mod body;
+pub(crate) mod context;
+pub(crate) mod decode;
+pub(crate) mod delete;
+pub(crate) mod dispatch;
+pub(crate) mod field_managers;
+pub(crate) mod guaranteed;
 pub(crate) mod kind_api;
-pub mod lifecycle;
-pub mod options;
-pub mod partial_json;
-pub mod patch;
+pub(crate) mod lifecycle;
+pub(crate) mod options;
+pub(crate) mod partial_json;
+pub(crate) mod patch;
 pub(crate) mod pipeline;
-pub mod read;
-pub mod response;
-pub mod route;
-pub mod strategy;
-pub mod structural;
-pub mod write;
+pub(crate) mod read;
+pub(crate) mod response;
+pub(crate) mod route;
+pub(crate) mod strategy;
+pub(crate) mod structural;
+pub(crate) mod write;
 
-pub use context::{MAX_BODY_BYTES, RestContext, RestSettings};
+pub use body::MAX_BODY_BYTES;
+pub use context::{RestContext, RestSettings};
 pub use response::ItemResponse;
 pub use route::{Endpoints, Route, Target};

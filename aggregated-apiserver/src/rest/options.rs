@@ -7,10 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::DeleteOptions;
 
 use crate::{
     error::{Error, FieldError, Result, Subject},
+    render::table::IncludeObject,
     resource::ServedResource,
-    selector::{FieldSelector, Filter, LabelSelector},
     store::ReadAt,
-    table::IncludeObject,
+    store::selector::{FieldSelector, Filter, LabelSelector},
 };
 
 /// The query parameters kube-apiserver reads on resource requests, as sent. Others are

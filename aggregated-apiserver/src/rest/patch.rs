@@ -9,7 +9,7 @@ use super::options::FieldValidation;
 use crate::{
     error::{Error, Result},
     json_patch,
-    negotiate::{self},
+    render::negotiate::{self},
     resource::ServedResource,
     store::Stored,
 };

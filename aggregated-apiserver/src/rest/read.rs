@@ -17,13 +17,13 @@ use super::response::ItemResponse;
 use super::response::{json_response, object_response};
 use crate::{
     error::Result,
-    list_body::{ListWriter, StreamedList},
-    negotiate::{self, Output},
+    render::list_body::{ListWriter, StreamedList},
+    render::negotiate::{self, Output},
+    render::table::IncludeObject,
+    render::watch::{self, WatchOptions},
     resource::{ObjectKey, ServedResource},
-    selector::{FieldSelector, Filter},
+    store::selector::{FieldSelector, Filter},
     store::{self, ListRequest, Object, WatchRequest, WatchStart},
-    table::IncludeObject,
-    watch::{self, WatchOptions},
 };
 
 // Reads take the whole request (not a `HeaderMap`, which axum would clone) and borrow headers.

@@ -12,10 +12,10 @@ use serde::Serialize;
 
 use crate::{
     error::{Error, Result},
-    negotiate::Output,
+    render::negotiate::Output,
+    render::table::{self, IncludeObject, PartialObjectMetadata},
     resource::ServedResource,
     store::Object,
-    table::{self, IncludeObject, PartialObjectMetadata},
 };
 
 /// A GET of one object answered by [`super::Target::call_sync`]: at once, or once the store has

@@ -9,7 +9,7 @@ use super::lifecycle;
 use crate::{
     error::{Error, FieldError, Result},
     resource::ServedResource,
-    validation,
+    resource::validation,
 };
 
 /// Validates an object to be created (`old` None) or to replace `old`: its metadata, then the

@@ -13,13 +13,13 @@ use super::patch::{PatchType, apply_patch, decode_patched, json_len, patch_type}
 use super::pipeline::{Author, ManagedFields, Replacing, Writing};
 use super::response::{object_response, with_warnings};
 use super::strategy::{Subresource, UidSent, check_name, check_namespace, check_uid};
-use super::{admit, body, context::MAX_BODY_BYTES, kind_api::KindApi};
+use super::{admit, body, body::MAX_BODY_BYTES, kind_api::KindApi};
 use crate::{
     error::{Error, FieldError, Result, Subject},
-    negotiate::{self, Output},
+    render::negotiate::{self, Output},
+    render::table::IncludeObject,
     resource::{ObjectKey, ServedResource},
     store::{UpdateFrom, WritableStore},
-    table::IncludeObject,
 };
 
 /// What a create or an update (PUT) sent: its options, and its body decoded (off the async

@@ -6,10 +6,13 @@ use std::sync::Arc;
 use axum::response::Response;
 
 use super::edge::{Edge, Handled, held_while_streamed};
-use crate::{auth::PeerCertificates, compression, connection, health, recovery, rest, tls};
+use crate::{
+    auth::PeerCertificates, net::connection, net::tls, observe::health, observe::recovery,
+    render::compression, rest,
+};
 
 /// The whole HTTP surface as one service, for the TLS listener and for `oneshot` tests alike:
-/// the probes go straight to [`health`], everything else through the edge. Not an axum
+/// the probes go straight to `health`, everything else through the edge. Not an axum
 /// `Router` with the edge as fallback (see PERFORMANCE.md).
 ///
 /// The listener makes one per connection, told the connection's verified client certificates

@@ -19,12 +19,12 @@ use crate::{
     admission::Admission,
     audit::Auditor,
     auth::source::{self, StaticSources},
-    connection,
     group::ApiGroup,
-    namespaces::Namespaces,
+    net::connection,
+    net::tls::{ServingFiles, ServingTls},
     rest::RestSettings,
     store::StorageFactory,
-    tls::{ServingFiles, ServingTls},
+    store::namespaces::Namespaces,
 };
 
 /// The admission plugins that read the cluster's Namespaces (`--disable-admission-plugins`

@@ -15,10 +15,10 @@ use axum::{
 use crate::{
     audit,
     auth::{Auth, AuthStep, PeerCertificates, UserInfo, user::Groups},
-    connection,
     error::{Error, ErrorReason},
-    metrics::Metrics,
-    recovery,
+    net::connection,
+    observe::metrics::Metrics,
+    observe::recovery,
     request_info::RequestInfo,
     rest,
 };
@@ -148,7 +148,7 @@ impl Edge {
         request: &mut axum::http::Request<B>,
     ) -> Handled {
         let started = Instant::now();
-        let trace = crate::telemetry::server_span(
+        let trace = crate::observe::telemetry::server_span(
             request.headers(),
             request.method(),
             request.uri().path(),
@@ -367,7 +367,7 @@ impl Edge {
         let deadline = (log.verb != "watch").then_some(self.request_timeout);
         let (response, user) = match within(
             deadline,
-            crate::telemetry::scope(
+            crate::observe::telemetry::scope(
                 trace.clone(),
                 self.answer(request, auth, route, log.verb, audit_id.as_deref(), &open),
             ),
@@ -385,7 +385,7 @@ impl Edge {
             response.headers_mut().insert(audit::AUDIT_ID, value);
         }
         if let Some(cx) = &trace {
-            crate::telemetry::end_server_span(cx, response.status().as_u16());
+            crate::observe::telemetry::end_server_span(cx, response.status().as_u16());
         }
         self.finish(&log.fields(), user.as_deref(), response, started)
     }

@@ -14,7 +14,7 @@ use prometheus_client::metrics::{family::Family, gauge::Gauge};
 
 use crate::{
     error::Error,
-    metrics::{InflightLabels, Metrics},
+    observe::metrics::{InflightLabels, Metrics},
 };
 
 /// The limits (0: none), kube-apiserver's defaults.

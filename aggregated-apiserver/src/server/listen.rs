@@ -27,7 +27,7 @@ use hyper_util::{
 use tokio::sync::watch;
 
 use super::{App, Shutdown};
-use crate::{connection, tls};
+use crate::{net::connection, net::tls};
 
 /// The HTTPS listener, bound and configured, not serving yet (as kubert's `Bound`).
 pub struct Bound {

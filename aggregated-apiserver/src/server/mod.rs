@@ -21,18 +21,18 @@ mod listen;
 pub use build::{Config, ReviewCache, Server, build};
 pub use inflight::InflightLimits;
 
-pub use crate::identity::Identity;
+pub use crate::api::identity::Identity;
 pub use app::App;
 use edge::{Edge, not_found};
 pub use listen::{Bound, Running, ShutdownTiming, bind, serve};
 
 use crate::{
+    api::discovery::{self, DiscoveryDocuments},
+    api::openapi::{self, OpenApiDocuments},
     auth::{self, Auth, Authenticator, AuthnConfig, Authorizer},
-    discovery::{self, DiscoveryDocuments},
     group::ApiGroup,
-    health::{self, Health},
-    metrics::Metrics,
-    openapi::{self, OpenApiDocuments},
+    observe::health::{self, Health},
+    observe::metrics::Metrics,
     rest::{self, RestContext, RestSettings},
 };
 
@@ -135,7 +135,7 @@ pub struct StateOptions {
     /// Shared with whatever replaces its configuration (the ConfigMap follower).
     pub auth: Arc<Auth>,
     /// NamespaceLifecycle admission of creates (None: no check).
-    pub namespaces: Option<Arc<crate::namespaces::Namespaces>>,
+    pub namespaces: Option<Arc<crate::store::namespaces::Namespaces>>,
     /// The cluster's admission webhooks (none by default).
     pub admission: crate::admission::Admission,
     /// The audit log (none by default).

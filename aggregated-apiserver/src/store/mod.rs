@@ -8,11 +8,14 @@
 //! checked by one conformance suite (`tests/it/store_conformance.rs`). [`StorageFactory`] makes
 //! each kind's store as the flags say (memory or etcd).
 
-pub mod converted;
+pub(crate) mod converted;
 pub mod etcd;
-pub mod factory;
+pub(crate) mod factory;
+pub(crate) mod informer;
 pub mod memory;
-pub mod view;
+pub(crate) mod namespaces;
+pub mod selector;
+pub(crate) mod view;
 pub mod watch_cache;
 
 use std::{
@@ -29,9 +32,9 @@ use serde::Serialize;
 
 use crate::{
     error::{Error, Result},
-    health::ReadinessCheck,
+    observe::health::ReadinessCheck,
     resource::{ObjectKey, ServedResource},
-    selector::Filter,
+    store::selector::Filter,
 };
 
 pub use converted::Converted;
@@ -77,7 +80,7 @@ pub struct Stored<K> {
     object: K,
     /// Where `"metadata"`'s value lies in the JSON (start, length), found on first use.
     metadata_span: OnceLock<(u32, u32)>,
-    /// Sorted hashes of its `key=value` labels, for [`crate::selector::LabelSelector::may_match`].
+    /// Sorted hashes of its `key=value` labels, for [`crate::store::selector::LabelSelector::may_match`].
     pub label_hashes: Vec<u64>,
     /// The object at the other version its kind is served at, made once ([`Converted`]).
     other_version: OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
@@ -91,7 +94,7 @@ impl<K: kube::Resource> Stored<K> {
     /// here: its JSON and label hashes are made from it once.
     pub fn new(object: K) -> Object<K> {
         Arc::new(Self {
-            label_hashes: crate::selector::label_hashes(object.meta().labels.as_ref()),
+            label_hashes: crate::store::selector::label_hashes(object.meta().labels.as_ref()),
             object,
             json: OnceLock::new(),
             metadata_span: OnceLock::new(),
@@ -256,7 +259,7 @@ impl<K: ServedResource> Event<K> {
     }
 
     /// The event's watch line in the kind's own form, made by `render` once however many
-    /// watchers send it ([`crate::watch`] writes it).
+    /// watchers send it (`crate::render::watch` writes it).
     pub fn json_line(&self, render: impl FnOnce(&Self) -> Bytes) -> Bytes {
         self.json_line.get_or_init(|| render(self)).clone()
     }
@@ -427,22 +430,7 @@ pub fn check_preconditions<K: ServedResource>(
 /// What a delete requires of the object it deletes (uid, resourceVersion).
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Preconditions;
 
-/// Where a store stands.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Objects held, in all namespaces (`apiserver_storage_objects`).
-    pub objects: usize,
-    /// The resourceVersion of the store's last write (what a watch from "now" starts after).
-    pub resource_version: u64,
-    /// Events kept for watches to resume from (0 for a store that keeps none).
-    pub history_events: usize,
-    /// What those events hold, estimated in bytes (the objects' JSON three times: the object,
-    /// its encoding and its watch line).
-    pub history_bytes: usize,
-    /// Watchers ended for falling too far behind, since the store was made
-    /// (`apiserver_terminated_watchers_total`).
-    pub terminated_watchers: u64,
-}
+pub use crate::observe::metrics::StoreStats;
 
 /// The reads every store serves: get, list, watch, and where it stands.
 #[async_trait]

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    health::ReadinessCheck,
+    observe::health::ReadinessCheck,
     resource::ServedResource,
 };
 

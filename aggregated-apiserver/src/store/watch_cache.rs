@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     error::Result,
-    health::ReadinessCheck,
+    observe::health::ReadinessCheck,
     resource::{ObjectKey, ServedResource},
 };
 

@@ -123,10 +123,10 @@ impl Etcd {
             let files = self.tls_files();
             let read = |p: &PathBuf| std::fs::read(p).expect("etcd pki");
             let mut roots = rustls::RootCertStore::empty();
-            for cert in aggregated_apiserver::tls::load_certs(&read(&files.ca)).expect("ca") {
+            for cert in aggregated_apiserver::net::tls::load_certs(&read(&files.ca)).expect("ca") {
                 roots.add(cert).expect("ca");
             }
-            let chain = aggregated_apiserver::tls::load_certs(&read(&files.cert)).expect("cert");
+            let chain = aggregated_apiserver::net::tls::load_certs(&read(&files.cert)).expect("cert");
             let key = <rustls_pki_types::PrivateKeyDer as rustls_pki_types::pem::PemObject>::from_pem_slice(
                 &read(&files.key),
             )

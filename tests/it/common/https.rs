@@ -16,7 +16,8 @@ pub struct Served {
 pub async fn serve(app: axum::Router, ca_name: &str, names: &[&str]) -> Served {
     super::install_crypto();
     let dir = tempfile::tempdir().unwrap();
-    let ca = aggregated_apiserver::tls::DevCa::load_or_create_named(dir.path(), ca_name).unwrap();
+    let ca =
+        aggregated_apiserver::net::tls::DevCa::load_or_create_named(dir.path(), ca_name).unwrap();
     let mut sans = vec!["127.0.0.1", "localhost"];
     sans.extend_from_slice(names);
     let (cert, key) = ca.issue_serving(&sans).unwrap();

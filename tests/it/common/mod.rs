@@ -26,10 +26,10 @@ use aggregated_apiserver::{
     auth::PeerCertificates,
     auth::source::{self, StaticSources},
     group::ApiGroup,
+    net::tls::{self, DevCa, ServingFiles, ServingTls, load_certs},
     rest::RestSettings,
     server::{self, AppState, AuthOptions, Shutdown, StateOptions},
     store::{ClusterSource, StorageFactory, Store, ViewCache},
-    tls::{self, DevCa, ServingFiles, ServingTls, load_certs},
 };
 use bytes::Bytes;
 use farm_apiserver::resources::{self, FarmPod, Llama};
@@ -43,7 +43,7 @@ use tokio_rustls::TlsConnector;
 /// For `oneshot` tests: state trusting a fresh dev CA, and the admin's certificate chain from
 /// it, which requests carry as if they came through the TLS listener.
 pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
-    aggregated_apiserver::tls::install_default_provider();
+    aggregated_apiserver::net::tls::install_default_provider();
     let dir = tempfile::tempdir().unwrap();
     let ca = DevCa::load_or_create(dir.path()).unwrap();
     let (cert, _key) = ca
@@ -72,7 +72,7 @@ pub fn oneshot_identity() -> (StateOptions, PeerCertificates) {
 }
 
 pub fn install_crypto() {
-    aggregated_apiserver::tls::install_default_provider();
+    aggregated_apiserver::net::tls::install_default_provider();
 }
 
 /// A farm-apiserver started as the binary starts one ([`server::build`]), on a loopback port,
@@ -118,7 +118,7 @@ pub struct Options {
     /// Trust the dev CA as a client CA (as the server does when it made its own certs).
     pub trust_dev_ca: bool,
     /// The connections' bounds (timeouts).
-    pub limits: aggregated_apiserver::connection::Limits,
+    pub limits: aggregated_apiserver::net::connection::Limits,
     /// What a request other than a watch may take.
     pub request_timeout: Duration,
     /// Where Llamas live.

@@ -99,7 +99,7 @@ impl Running {
     /// development CA in `certs` (its `--cert-dir`).
     pub fn admin(&self, certs: &std::path::Path, alpn: super::Alpn) -> super::RawClient {
         let ca = std::fs::read_to_string(certs.join("ca.crt")).expect("ca.crt");
-        let admin = aggregated_apiserver::tls::DevCa::load_or_create(certs)
+        let admin = aggregated_apiserver::net::tls::DevCa::load_or_create(certs)
             .expect("dev ca")
             .issue_client("farm-dev-admin", &["system:masters"])
             .expect("client cert");

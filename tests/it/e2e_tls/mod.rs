@@ -264,7 +264,7 @@ async fn behind_the_aggregator() -> (
 ) {
     let fake = common::fake_kube::FakeKube::start().await;
     let proxy_dir = tempfile::tempdir().unwrap();
-    let proxy_ca = aggregated_apiserver::tls::DevCa::load_or_create(proxy_dir.path()).unwrap();
+    let proxy_ca = aggregated_apiserver::net::tls::DevCa::load_or_create(proxy_dir.path()).unwrap();
     let server = TestServer::start_with(common::Options {
         requestheader: Some((proxy_ca.cert_pem.clone(), vec!["front-proxy-client".into()])),
         cluster: Some(fake.client().await),

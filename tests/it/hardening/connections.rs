@@ -3,8 +3,8 @@
 
 use super::*;
 
-pub(super) fn short_limits() -> aggregated_apiserver::connection::Limits {
-    aggregated_apiserver::connection::Limits {
+pub(super) fn short_limits() -> aggregated_apiserver::net::connection::Limits {
+    aggregated_apiserver::net::connection::Limits {
         header_read: Duration::from_millis(800),
         idle: Duration::from_millis(1200),
         write_stall: Duration::from_millis(800),
@@ -356,8 +356,8 @@ pub(super) fn h2_frame_types(mut bytes: &[u8]) -> Vec<u8> {
 }
 
 /// What a client that speaks HTTP/2 frame by frame meets: the bounds with these limits.
-pub(super) fn h2_limits() -> aggregated_apiserver::connection::Limits {
-    aggregated_apiserver::connection::Limits {
+pub(super) fn h2_limits() -> aggregated_apiserver::net::connection::Limits {
+    aggregated_apiserver::net::connection::Limits {
         header_read: Duration::from_millis(800),
         idle: Duration::from_millis(3000),
         write_stall: Duration::from_millis(800),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use aggregated_apiserver::{
     Result,
     group::ApiGroup,
-    recovery,
+    observe::recovery,
     resource::ObjectKey,
     server::{self, AppState},
     store::{

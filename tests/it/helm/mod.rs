@@ -37,7 +37,7 @@ fn helm_or_skip() -> Option<PathBuf> {
 
 /// A CA certificate in PEM, for tls.mode=existingSecret.
 fn some_ca(dir: &Path) -> PathBuf {
-    aggregated_apiserver::tls::DevCa::load_or_create(dir).unwrap();
+    aggregated_apiserver::net::tls::DevCa::load_or_create(dir).unwrap();
     dir.join("ca.crt")
 }
 
@@ -288,7 +288,7 @@ fn self_signed_certificate_is_what_the_aggregator_verifies() {
         "{names:?}"
     );
     crate::common::install_crypto();
-    aggregated_apiserver::tls::server_config(&data("tls.crt"), &data("tls.key"), &[])
+    aggregated_apiserver::net::tls::server_config(&data("tls.crt"), &data("tls.key"), &[])
         .expect("the server loads the certificate and its key");
     // helm template cannot look the Secret up: each render makes a new CA (upgrades keep the
     // one in the cluster; the lab test shows it).

@@ -24,7 +24,7 @@ use std::{
 use aggregated_apiserver::{
     error::Error,
     resource::{ObjectKey, ServedResource},
-    selector::{FieldSelector, Filter, LabelSelector},
+    store::selector::{FieldSelector, Filter, LabelSelector},
     store::{
         ClusterSource, EtcdStore, EventType, ListCursor, ListPage, ListRequest, MemoryStore,
         Object, PageInfo, Preconditions, ReadAt, Store, StoreStats, ViewCache, WatchItem,
@@ -227,7 +227,7 @@ struct CacheHarness {
 
 /// A synced cache over the Pods `seeds` names (a FarmPod `ns/farm-<name>` each).
 async fn pod_cache(seeds: &[Seed]) -> CacheHarness {
-    aggregated_apiserver::tls::install_default_provider();
+    aggregated_apiserver::net::tls::install_default_provider();
     let fake = FakeKube::start().await;
     for seed in seeds {
         fake.add(fake_kube::pod(seed.ns, seed.name, seed.labels, 1));

@@ -5,9 +5,9 @@
 //! variables CEL sees (`object`, `oldObject`, `request`, `params`, `namespaceObject`,
 //! `variables`).
 
-pub mod mutating;
+pub(crate) mod mutating;
 mod params;
-pub mod validating;
+pub(crate) mod validating;
 
 use std::sync::{
     Arc,
@@ -31,8 +31,8 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    informer::{self, Reflected},
-    namespaces::Namespaces,
+    store::informer::{self, Reflected},
+    store::namespaces::Namespaces,
 };
 
 /// One kind of policy and its bindings, as the cluster has them now.

@@ -21,7 +21,7 @@ use crate::admission::Environment;
 use crate::{
     admission::{AtVersion, Attributes, Operation, cel, reinvocation::Passes, webhook::Patcher},
     error::{Error, Result},
-    metrics::{MutationCheckLabels, policy_error_type},
+    observe::metrics::{MutationCheckLabels, policy_error_type},
 };
 
 /// Merges an apply configuration into an object, as server-side apply merges (the kind's

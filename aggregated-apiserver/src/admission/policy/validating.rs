@@ -19,8 +19,8 @@ use crate::admission::Environment;
 use crate::{
     admission::{AtVersion, Attributes, ObjectJson, cel, webhook::forbidden},
     error::{Error, Result},
-    metrics::policy_error_type,
-    namespaces::Namespaces,
+    observe::metrics::policy_error_type,
+    store::namespaces::Namespaces,
 };
 
 /// The cluster's ValidatingAdmissionPolicies and their bindings.

@@ -148,7 +148,7 @@ impl Clients {
     async fn resolve(&self, namespace: &str, name: &str, port: i32) -> Result<(), String> {
         let store = self
             .watched
-            .get_or_init(|| crate::informer::start::<Service>(self.cluster.clone()));
+            .get_or_init(|| crate::store::informer::start::<Service>(self.cluster.clone()));
         // The first calls wait for the first list (bounded by the webhook's timeout).
         store
             .wait_until_ready()
@@ -203,7 +203,7 @@ impl Clients {
         };
         // Trusted as kube-apiserver trusts it (Go's crypto/x509): a caBundle that is the
         // webhook's own self-signed certificate included.
-        let tls = crate::client_tls::client_config(roots)
+        let tls = crate::net::client_tls::client_config(roots)
             .map_err(|e| format!("could not use caBundle: {e}"))?
             .with_no_client_auth();
         let resolver = Resolver {
@@ -364,12 +364,12 @@ fn verify(review: Review, uid: &str, mutating: bool) -> Result<Verdict, String> 
                 .decode(patch.as_bytes())
                 .map_err(|e| format!("received undecodable patch in webhook response: {e}"))?;
             // Decoded on an async worker: no deeper than serde's recursion fits any stack.
-            if crate::rest::body::text_depth(&bytes, crate::rest::body::SHALLOW)
-                > crate::rest::body::SHALLOW
+            if crate::json_patch::depth::text_depth(&bytes, crate::json_patch::depth::SHALLOW)
+                > crate::json_patch::depth::SHALLOW
             {
                 return Err(format!(
                     "received undecodable patch in webhook response: {}",
-                    crate::rest::body::too_deep_message()
+                    crate::json_patch::depth::too_deep_message()
                 ));
             }
             let patch = crate::json_patch::Patch::decode(&bytes)

@@ -2,10 +2,10 @@
 //! configurations from a watch of each kind, which of them a write calls, and what their
 //! answers do to it.
 
-pub mod call;
+pub(crate) mod call;
 #[macro_use]
 mod hook;
-pub mod rules;
+pub(crate) mod rules;
 
 use std::{sync::Arc, time::Duration};
 
@@ -21,8 +21,8 @@ use serde_json::Value;
 use super::{AtVersion, Attributes, Environment, Operation, cel, reinvocation::Passes};
 use crate::{
     error::{Error, Result},
-    informer,
-    metrics::{RejectionLabels, WebhookLabels},
+    observe::metrics::{RejectionLabels, WebhookLabels},
+    store::informer,
 };
 use hook::Hook;
 
@@ -349,7 +349,7 @@ impl Webhooks {
     /// The mutating webhooks, in order (configurations by name, webhooks as listed), each on
     /// the object as the ones before left it. On the second of `passes`, only those with
     /// `reinvocationPolicy: IfNeeded` that ran before the object last changed
-    /// ([`reinvocation`](crate::admission::reinvocation)).
+    /// (`reinvocation`).
     pub async fn mutate(
         &self,
         attributes: &Attributes<'_>,

@@ -9,16 +9,17 @@ use k8s_openapi::{
 };
 
 use super::super::Attributes;
-use crate::selector::LabelSelector;
+use crate::store::selector::LabelSelector;
 
-/// Whether `rule` names the write (`rules.Matcher.Matches`): its scope, operation, group,
-/// version and resource. `*` is every resource but no subresource; `zebras/*` is the resource
-/// and all its subresources; `*/status` every status subresource.
-pub fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
+/// [`rule_matches_at`] at the version the write names.
+#[cfg(test)]
+fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
     rule_matches_at(rule, attributes, attributes.version)
 }
 
-/// [`rule_matches`] for the write at the kind's `version`.
+/// Whether `rule` names the write at the kind's `version` (`rules.Matcher.Matches`): its scope,
+/// operation, group, version and resource. `*` is every resource but no subresource;
+/// `zebras/*` is the resource and all its subresources; `*/status` every status subresource.
 pub fn rule_matches_at(
     rule: &RuleWithOperations,
     attributes: &Attributes<'_>,
@@ -80,11 +81,6 @@ pub struct Rule<'r> {
 }
 
 impl Rule<'_> {
-    /// Whether the rule takes the write `attributes` describes.
-    pub fn matches(&self, attributes: &Attributes<'_>) -> bool {
-        self.matches_at(attributes, attributes.version)
-    }
-
     /// Whether the rule takes the write `attributes` describes, made at the kind's `version`.
     pub fn matches_at(&self, attributes: &Attributes<'_>, version: &str) -> bool {
         let exact_or_wildcard = |items: &Option<Vec<String>>, requested: &str| {
@@ -202,7 +198,7 @@ impl Selectors {
         attributes: &Attributes<'_>,
         object: Option<&serde_json::Value>,
         old: Option<&serde_json::Value>,
-        namespaces: &crate::namespaces::Namespaces,
+        namespaces: &crate::store::namespaces::Namespaces,
     ) -> crate::error::Result<bool> {
         if self.object.is_some()
             && !object_matches(

@@ -21,11 +21,11 @@ mod front_proxy;
 mod token;
 
 use front_proxy::UserMemo;
-pub use front_proxy::{RequestHeaderConfig, strip_identity_headers, user_from_headers};
+pub use front_proxy::{RequestHeaderConfig, strip_identity_headers};
 pub use token::TokenReviewer;
 
 use super::authz::DecisionMemo;
-pub use super::user::{Groups, UserInfo};
+pub use super::user::UserInfo;
 use crate::error::Error;
 
 /// Verified client certificate chain of a connection (leaf first, empty when none was sent),
@@ -71,7 +71,7 @@ impl std::ops::Deref for PeerCertificates {
 /// A verifier of client certificates signed by the CAs of `ca_pem`.
 fn verifier(ca_pem: &str) -> anyhow::Result<Arc<dyn ClientCertVerifier>> {
     let mut roots = RootCertStore::empty();
-    for cert in crate::tls::load_certs(ca_pem.as_bytes())? {
+    for cert in crate::net::tls::load_certs(ca_pem.as_bytes())? {
         roots.add(cert)?;
     }
     Ok(WebPkiClientVerifier::builder(Arc::new(roots)).build()?)
@@ -370,14 +370,19 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 mod tests {
     use axum::http::HeaderValue;
 
-    use super::{front_proxy::MEMO_USERS, *};
+    use super::{
+        front_proxy::{MEMO_USERS, user_from_headers},
+        *,
+    };
+    use crate::auth::user::Groups;
 
     #[test]
     fn certificate_verdicts_are_shared_by_connections_and_follow_config_changes() {
-        crate::tls::install_default_provider();
-        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
+        crate::net::tls::install_default_provider();
+        let ca =
+            crate::net::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
         let (cert_pem, _) = ca.issue_client("alice", &["farmers"]).unwrap();
-        let chain = crate::tls::load_certs(cert_pem.as_bytes()).unwrap();
+        let chain = crate::net::tls::load_certs(cert_pem.as_bytes()).unwrap();
         let as_client_ca = || AuthnConfig {
             request_header: None,
             client_cas: vec![ClientCa::new(&ca.cert_pem).unwrap()],
@@ -432,8 +437,9 @@ mod tests {
 
     /// kube-apiserver's default header names, trusting a fresh dev CA as the front proxy's.
     fn default_request_header_config() -> RequestHeaderConfig {
-        crate::tls::install_default_provider();
-        let ca = crate::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
+        crate::net::tls::install_default_provider();
+        let ca =
+            crate::net::tls::DevCa::load_or_create(&tempfile::tempdir().unwrap().keep()).unwrap();
         RequestHeaderConfig::new(&ca.cert_pem, vec![]).unwrap()
     }
 

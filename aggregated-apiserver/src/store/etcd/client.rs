@@ -428,7 +428,7 @@ impl EtcdClient {
     where
         F: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        crate::telemetry::in_span_async(
+        crate::observe::telemetry::in_span_async(
             "etcd",
             Some(("rpc.method", method)),
             self.unary_within(idempotent, call),

@@ -40,7 +40,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    health::ReadinessCheck,
+    observe::health::ReadinessCheck,
     resource::{ObjectKey, ServedResource},
 };
 

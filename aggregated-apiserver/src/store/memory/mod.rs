@@ -33,7 +33,7 @@ use super::{
 use crate::{
     error::{Error, Result},
     resource::{KeyParts, ObjectKey, ServedResource},
-    selector::Filter,
+    store::selector::Filter,
 };
 
 /// How much history a [`MemoryStore`] keeps, and where its resourceVersions start.

@@ -25,7 +25,7 @@ use super::{Shared, seen_by};
 use crate::{
     error::Error,
     resource::ServedResource,
-    selector::Filter,
+    store::selector::Filter,
     store::{Event, WatchItem},
 };
 

@@ -26,7 +26,7 @@ pub struct Event {
     pub prev_kv: ::core::option::Option<KeyValue>,
 }
 /// Nested message and enum types in `Event`.
-pub mod event {
+pub(crate) mod event {
     #[derive(
         Clone,
         Copy,

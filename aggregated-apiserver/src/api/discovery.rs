@@ -24,9 +24,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha512};
 
 use crate::{
-    conditional,
     error::{Error, Result},
-    negotiate::{self, Discovery},
+    render::conditional,
+    render::negotiate::{self, Discovery},
     resource::{ResourceInfo, at_version, served_versions},
 };
 

@@ -25,7 +25,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
 
-use crate::connection;
+use crate::net::connection;
 
 /// File of a CA directory holding the CA certificate (PEM).
 pub const CA_CERT: &str = "ca.crt";

@@ -290,7 +290,7 @@ mod tests {
         presented: &CertificateDer<'_>,
         name: &str,
     ) -> Result<(), Error> {
-        crate::tls::install_default_provider();
+        crate::net::tls::install_default_provider();
         let verifier = GoVerifier::new(trusted).unwrap();
         let name = ServerName::try_from(name.to_owned()).unwrap();
         verifier
@@ -303,7 +303,7 @@ mod tests {
         let webhook = self_signed_ca(&["localhost", "127.0.0.1"]);
         // WebPKI alone refuses it.
         let webpki = {
-            crate::tls::install_default_provider();
+            crate::net::tls::install_default_provider();
             let mut store = RootCertStore::empty();
             store.add(webhook.clone()).unwrap();
             WebPkiServerVerifier::builder(Arc::new(store))

@@ -27,10 +27,10 @@ use self::{
     schemas::{V3_REFS, rewrite_refs},
 };
 use crate::{
-    conditional,
+    api::identity::Identity,
     error::{Error, Result},
-    identity::Identity,
-    negotiate,
+    render::conditional,
+    render::negotiate,
     resource::{ResourceInfo, at_version, group_of, served_versions},
 };
 

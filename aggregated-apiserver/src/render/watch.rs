@@ -21,12 +21,12 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    columns,
-    metrics::Metrics,
-    negotiate::Output,
+    observe::metrics::Metrics,
+    render::negotiate::Output,
+    render::table::{self, IncludeObject, PartialObjectMetadata},
     resource::ServedResource,
+    resource::columns,
     store::{Event, WatchItem, WatchStream},
-    table::{self, IncludeObject, PartialObjectMetadata},
 };
 
 /// The annotation client-go's watch-list waits for after the initial events.
@@ -340,7 +340,7 @@ pub fn response<K: ServedResource>(
     // Events go out as they happen: never held to be compressed.
     response
         .extensions_mut()
-        .insert(crate::compression::Unbuffered);
+        .insert(crate::render::compression::Unbuffered);
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),

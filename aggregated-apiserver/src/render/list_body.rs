@@ -23,13 +23,13 @@ use futures::future::Either;
 use http_body::Frame;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
 
-use crate::list_buffer::{ListBody, METADATA_ROOM, STREAM_PIECE};
+use crate::render::list_buffer::{ListBody, METADATA_ROOM, STREAM_PIECE};
 use crate::{
     error::{Error, Result},
-    negotiate::{MetaVersion, Output},
+    render::negotiate::{MetaVersion, Output},
+    render::table::{IncludeObject, TableWriter},
     resource::ServedResource,
     store::{LendObjects, ListCursor, Object},
-    table::{IncludeObject, TableWriter},
 };
 
 /// Every list body ends so.
@@ -101,7 +101,7 @@ impl MetadataList {
     /// [`MetadataList::finish`].
     pub fn push<K: ServedResource>(&mut self, object: &Object<K>) {
         let out = self.body.next_item();
-        if let Err(error) = crate::table::write_row_object(object, self.version, out) {
+        if let Err(error) = crate::render::table::write_row_object(object, self.version, out) {
             self.error.get_or_insert(error);
         }
     }
@@ -321,8 +321,8 @@ mod tests {
 
     use super::*;
     use crate::{
+        render::table::PartialObjectMetadata,
         store::Stored,
-        table::PartialObjectMetadata,
         testing::{Zebra, ZebraSpec},
     };
 
@@ -447,24 +447,24 @@ mod tests {
         for output in outputs {
             let writer = ListWriter::new::<Zebra>(output, IncludeObject::Metadata, None);
             let cursor = store.list_cursor(request).await.unwrap().unwrap();
-            let (frames, streamed) = match StreamedList::start(writer, cursor).await.unwrap() {
-                Either::Left(whole) => (1, whole.to_vec()),
-                Either::Right(mut body) => {
-                    let (mut sizes, mut bytes) = (Vec::new(), Vec::new());
-                    while let Some(frame) = body.frame().await {
-                        let data = frame.unwrap().into_data().unwrap();
-                        sizes.push(data.len());
-                        bytes.extend_from_slice(&data);
+            let (frames, streamed) =
+                match StreamedList::start(writer, cursor).await.unwrap() {
+                    Either::Left(whole) => (1, whole.to_vec()),
+                    Either::Right(mut body) => {
+                        let (mut sizes, mut bytes) = (Vec::new(), Vec::new());
+                        while let Some(frame) = body.frame().await {
+                            let data = frame.unwrap().into_data().unwrap();
+                            sizes.push(data.len());
+                            bytes.extend_from_slice(&data);
+                        }
+                        assert!(http_body::Body::is_end_stream(&body));
+                        // Every piece but the last is whole HTTP/2 frames.
+                        let (_, pieces) = sizes.split_last().unwrap();
+                        assert!(pieces.iter().all(|n| *n >= STREAM_PIECE
+                            && n % crate::render::list_buffer::FRAME_BYTES == 0));
+                        (sizes.len(), bytes)
                     }
-                    assert!(http_body::Body::is_end_stream(&body));
-                    // Every piece but the last is whole HTTP/2 frames.
-                    let (_, pieces) = sizes.split_last().unwrap();
-                    assert!(pieces.iter().all(
-                            |n| *n >= STREAM_PIECE && n % crate::list_buffer::FRAME_BYTES == 0
-                        ));
-                    (sizes.len(), bytes)
-                }
-            };
+                };
             let mut whole = ListWriter::new::<Zebra>(output, IncludeObject::Metadata, None);
             let info = store
                 .list_each(request, &mut |object| whole.push(object))
@@ -521,8 +521,8 @@ mod tests {
             assert_eq!(streamed, whole);
         }
         let none = ListRequest {
-            filter: crate::selector::Filter {
-                labels: crate::selector::LabelSelector::parse("app=none").unwrap(),
+            filter: crate::store::selector::Filter {
+                labels: crate::store::selector::LabelSelector::parse("app=none").unwrap(),
                 ..Default::default()
             },
             ..Default::default()

@@ -1,7 +1,7 @@
 //! The buffer every list body is written into: items separated by commas after room left for
 //! the list's head, which is known only after the last item (its continue token and
 //! remainingItemCount) and goes into that room, ending where the first item starts. JSON lists
-//! ([`crate::list_body`]) and Tables ([`crate::table`]) are both written this way.
+//! ([`crate::render::list_body`]) and Tables ([`crate::render::table`]) are both written this way.
 
 use bytes::{Buf, Bytes};
 

@@ -16,6 +16,23 @@ use prometheus_client::{
 };
 
 // Static label values: a request's labels cost no allocation on the hot path.
+/// Where a store stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Objects held, in all namespaces (`apiserver_storage_objects`).
+    pub objects: usize,
+    /// The resourceVersion of the store's last write (what a watch from "now" starts after).
+    pub resource_version: u64,
+    /// Events kept for watches to resume from (0 for a store that keeps none).
+    pub history_events: usize,
+    /// What those events hold, estimated in bytes (the objects' JSON three times: the object,
+    /// its encoding and its watch line).
+    pub history_bytes: usize,
+    /// Watchers ended for falling too far behind, since the store was made
+    /// (`apiserver_terminated_watchers_total`).
+    pub terminated_watchers: u64,
+}
+
 /// The labels of `apiserver_request_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -207,7 +224,7 @@ pub struct Metrics {
     pub open_watches: Gauge,
     /// `apiserver_storage_objects`: objects stored per resource, refreshed on every scrape.
     pub stored_objects: Family<ResourceLabels, Gauge>,
-    /// Requests whose handler panicked (answered 500, see [`crate::recovery`]).
+    /// Requests whose handler panicked (answered 500, see [`crate::observe::recovery`]).
     pub panics: Counter,
     /// `<prefix>_watch_history_events`: events kept for watches to resume from, per
     /// resource, refreshed on every scrape.
@@ -490,7 +507,7 @@ impl Metrics {
 
     /// Sets `apiserver_storage_objects` and the watch history's size for `resource`
     /// (group-qualified).
-    pub fn set_stored(&self, resource: &str, stats: &crate::store::StoreStats) {
+    pub fn set_stored(&self, resource: &str, stats: &StoreStats) {
         let labels = ResourceLabels {
             resource: resource.to_owned(),
         };

@@ -25,7 +25,7 @@ impl Namespaces {
     /// Starts watching `client`'s Namespaces.
     pub fn start(client: kube::Client) -> Arc<Self> {
         Arc::new(Self {
-            cache: crate::informer::start(client.clone()),
+            cache: crate::store::informer::start(client.clone()),
             api: Api::all(client),
         })
     }

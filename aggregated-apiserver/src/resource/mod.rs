@@ -1,6 +1,9 @@
 //! What the generic REST machinery needs to know about a served kind. A server's kinds implement
 //! [`ServedResource`]; discovery, OpenAPI, Table, list and watch are written once against it.
 
+pub mod columns;
+pub mod validation;
+
 use std::fmt::Debug;
 
 use k8s_openapi::{NamespaceResourceScope, apimachinery::pkg::apis::meta::v1::ObjectMeta};
@@ -9,8 +12,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
-    columns::ColumnDefinition,
     error::{FieldError, Subject},
+    resource::columns::ColumnDefinition,
 };
 
 /// Verbs a writable kind supports, in kube-apiserver's order.

@@ -317,13 +317,13 @@ fn validate_key(key: &str) -> Result<(), String> {
         None => (None, key),
     };
     if let Some(prefix) = prefix
-        && !crate::validation::is_dns1123_subdomain(prefix)
+        && !crate::resource::validation::is_dns1123_subdomain(prefix)
     {
         return Err(format!(
             "invalid label key {key:?}: prefix part must be a lowercase RFC 1123 subdomain"
         ));
     }
-    if !crate::validation::is_label_name(name) {
+    if !crate::resource::validation::is_label_name(name) {
         return Err(format!(
             "invalid label key {key:?}: name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
         ));
@@ -332,7 +332,7 @@ fn validate_key(key: &str) -> Result<(), String> {
 }
 
 fn validate_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || crate::validation::is_label_name(value) {
+    if value.is_empty() || crate::resource::validation::is_label_name(value) {
         Ok(())
     } else {
         Err(format!(
