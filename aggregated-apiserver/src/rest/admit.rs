@@ -352,7 +352,10 @@ pub(crate) async fn admit_update<K: ServedResource>(
         object.meta_mut().resource_version = resource_version;
         if part == Subresource::Status {
             let sent = std::mem::replace(object, current.clone());
+            // The write's managed fields, as the status strategy keeps the new object's.
+            let managed = sent.meta().managed_fields.clone();
             *object = super::strategy::written_part(sent, current, part);
+            object.meta_mut().managed_fields = managed;
         }
         super::strategy::prepare_update(object, current, part)?;
     }

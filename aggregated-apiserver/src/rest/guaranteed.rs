@@ -98,16 +98,28 @@ where
     }
 }
 
-/// Whether an attempt that read a cached copy may have failed because the copy was stale.
+/// Whether an attempt that read a cached copy may have failed because the copy was stale (a
+/// JSON patch's `test` included), whatever warnings the error carries.
 fn may_be_stale(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::Conflict { .. }
-            | Error::AlreadyExists(_)
-            | Error::Invalid { .. }
-            | Error::ApplyConflict { .. }
-            | Error::NotFound(_)
-    )
+    match error {
+        Error::Warned { error, .. } => may_be_stale(error),
+        error => matches!(
+            error,
+            Error::Conflict { .. }
+                | Error::AlreadyExists(_)
+                | Error::Invalid { .. }
+                | Error::ApplyConflict { .. }
+                | Error::NotFound(_)
+                | Error::PatchNotApplied(_)
+        ),
+    }
+}
+
+/// The refusal of a write whose resourceVersion is not `current`'s (kube-apiserver's
+/// `OptimisticLockErrorMsg`): final once `current` was read from the source.
+pub(crate) fn stale<K: ServedResource>(current: &Object<K>) -> Failed {
+    let name = current.meta().name.as_deref().unwrap_or("");
+    Failed::Refused(crate::store::outdated::<K>(name))
 }
 
 /// Stores `next` in place of `current` (read by the same attempt): nothing when it changes
@@ -126,16 +138,9 @@ pub(crate) async fn write<K: ServedResource>(
     from: UpdateFrom,
     dry_run: bool,
 ) -> std::result::Result<Object<K>, Failed> {
-    let name = current.meta().name.as_deref().unwrap_or("");
-    let stale = || {
-        Error::Conflict {
-        subject: K::subject(name),
-        message: "the object has been modified; please apply your changes to the latest version and try again".into(),
-    }
-    };
     if next.meta().resource_version != current.meta().resource_version {
         // The client's resourceVersion is not the one stored: refused like any update.
-        return Err(Failed::Refused(stale()));
+        return Err(stale(current));
     }
     if lifecycle::deletes_on_update(next.meta(), current.meta()) {
         let read = Preconditions {
@@ -150,7 +155,7 @@ pub(crate) async fn write<K: ServedResource>(
     }
     if serde_json::to_vec(&next).is_ok_and(|json| json[..] == current.json()[..]) {
         if from == UpdateFrom::Cache {
-            return Err(Failed::Refused(stale()));
+            return Err(stale(current));
         }
         return Ok(current.clone());
     }

@@ -80,6 +80,11 @@ impl<K: ServedResource> Writing<'_, K> {
                 None
             }
             Replacing::Stored { current, .. } => {
+                // The resourceVersion the write names first, as kube-apiserver's Update checks
+                // it before the strategy and admission: a stale one is a 409, whatever else.
+                if object.meta().resource_version != current.meta().resource_version {
+                    return Err(guaranteed::stale(current));
+                }
                 let applied = (fields == ManagedFields::Applied)
                     .then(|| object.meta().managed_fields.clone());
                 object = written_part(object, current.as_ref(), part);

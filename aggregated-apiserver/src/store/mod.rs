@@ -528,6 +528,10 @@ pub trait WritableStore<K: ServedResource>: Store<K> {
         false
     }
 
+    // A write that finds the object changed, taken or gone since the caller read it answers
+    // 409 Conflict, 409 AlreadyExists or 404 NotFound, and nothing else: the REST layer's one
+    // retry loop (`rest::guaranteed`) takes those as a lost race and reads the object again.
+
     /// Stores a new object (409 AlreadyExists when its key is taken).
     async fn create(&self, object: K, dry_run: bool) -> Result<Object<K>>;
     /// Replaces an object whose `metadata.resourceVersion` must still be current (409 Conflict).

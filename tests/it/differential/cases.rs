@@ -208,6 +208,14 @@ pub(crate) fn fixed() -> Vec<Case> {
         // A body's unknown fields are warned of whatever the answer (here a name mismatch).
         Case::on(llama(json!({})), "PUT", Target::Item, JSON,
             json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": "Bad_NAME", "resourceVersion": "RVSET"}, "spec": {"colour": "brown", "heightMetres": 1, "weightKg": 1}})),
+        // A stale resourceVersion is a 409 before the object's validity (#51's one pipeline:
+        // kube-apiserver's Update compares it before the strategy validates).
+        Case::on(llama(json!({})), "PUT", Target::Item, JSON,
+            json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": "NAME", "resourceVersion": "1"}, "spec": {"heightMetres": 1, "weightKg": -1}})),
+        Case::on(llama(json!({})), "PUT", Target::Item, JSON,
+            json!({"apiVersion": "farm.example.com/v1", "kind": "Llama", "metadata": {"name": "NAME", "resourceVersion": "1", "labels": {"a": "bad value"}}, "spec": {"heightMetres": 1, "weightKg": 1}})),
+        Case::on(llama(json!({})), "PATCH", Target::Item, MERGE,
+            json!({"metadata": {"resourceVersion": "1"}, "spec": {"weightKg": -1}})),
         // Another version of the group: 400, its fields unknown.
         Case::create(json!({"apiVersion": "farm.example.com/v2", "kind": "Llama", "metadata": {"name": "NAME"}, "spec": {"weightKg": 1, "heightMetres": 1}})),
         // No name: every cause at once, not only the name's.

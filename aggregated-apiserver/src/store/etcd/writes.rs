@@ -133,7 +133,10 @@ impl<K: ServedResource> WritableStore<K> for EtcdStore<K> {
             .await
             .map_err(unavailable)?;
         if !done.succeeded {
-            return Err(outdated::<K>(&key.name));
+            return Err(match done.current {
+                None => Error::NotFound(K::subject(&key.name)),
+                Some(_) => outdated::<K>(&key.name),
+            });
         }
         let mut deleted = current;
         deleted.meta_mut().resource_version = Some(done.revision.to_string());
