@@ -9,7 +9,10 @@
 //! A session of an installed server (docs/install.md's) needs a cluster and is not run here.
 //!
 //! Each ```sh command line that runs the server (`cargo run --release -- ARGS`) is parsed by the
-//! binary's own flags (`ARGS --help` exits 0 only when every flag is known).
+//! binary's own flags (`ARGS --help` exits 0 only when every flag is known); one that runs the
+//! tests or a benchmark names a test module, a script and flags that exist; each audit Policy
+//! and TracingConfiguration shown is a file the server starts with. What needs a cluster
+//! (kubectl apply -k, helm install, admission configurations) is run by the e2e tests, not here.
 
 use std::{path::Path, process::Command};
 
@@ -289,4 +292,56 @@ fn every_server_configuration_in_the_docs_loads() {
         }
     }
     assert!(loaded >= 2, "only {loaded} configuration files found");
+}
+
+/// Every ```sh line that runs the project's own tests or benchmarks names what exists: `cargo
+/// test --test it NAME` a module of the test crate, `bench/SCRIPT --flag` a script that takes
+/// that flag (`bench/run`'s are farm-bench's `run` flags).
+#[test]
+fn every_test_and_bench_command_in_the_docs_names_what_exists() {
+    let tests = std::fs::read_to_string(root().join("tests/it/main.rs")).expect("main.rs");
+    let bench_flags = std::fs::read_to_string(root().join("bench/src/main.rs")).expect("bench");
+    let mut checked = 0;
+    for (page, text) in pages() {
+        for block in blocks(&text, "sh") {
+            for line in &block {
+                let line = line.split(" #").next().unwrap_or(line).trim();
+                // Environment assignments before the command.
+                let words: Vec<&str> = line
+                    .split_whitespace()
+                    .skip_while(|word| word.contains('=') && !word.starts_with('-'))
+                    .collect();
+                match words.as_slice() {
+                    ["cargo", "test", "--test", "it", name, ..] if !name.starts_with('-') => {
+                        let module = name.split("::").next().unwrap_or(name);
+                        assert!(
+                            tests.contains(&format!("mod {module};")),
+                            "{page}: `{line}`: tests/it has no module {module}"
+                        );
+                    }
+                    [script, args @ ..] if script.starts_with("bench/") => {
+                        let file = root().join(script);
+                        assert!(file.is_file(), "{page}: `{line}`: no {script}");
+                        let own = std::fs::read_to_string(&file).expect("script");
+                        for flag in args.iter().filter(|a| a.starts_with("--")) {
+                            let flag = flag.split('=').next().unwrap_or(flag);
+                            let known = if *script == "bench/run" {
+                                let field = flag.trim_start_matches('-').replace('-', "_");
+                                bench_flags.contains(&format!("    {field}: "))
+                            } else {
+                                own.contains(flag)
+                            };
+                            assert!(known, "{page}: `{line}`: {script} takes no {flag}");
+                        }
+                    }
+                    _ => continue,
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} test and bench command lines found"
+    );
 }
