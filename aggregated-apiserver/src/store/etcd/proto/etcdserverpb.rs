@@ -42,7 +42,7 @@ pub struct RangeRequest {
     pub max_create_revision: i64,
 }
 /// Nested message and enum types in `RangeRequest`.
-pub(crate) mod range_request {
+pub mod range_request {
     #[derive(
         Clone,
         Copy,
@@ -185,7 +185,7 @@ pub struct RequestOp {
     pub request: ::core::option::Option<request_op::Request>,
 }
 /// Nested message and enum types in `RequestOp`.
-pub(crate) mod request_op {
+pub mod request_op {
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Request {
         #[prost(message, tag = "1")]
@@ -204,7 +204,7 @@ pub struct ResponseOp {
     pub response: ::core::option::Option<response_op::Response>,
 }
 /// Nested message and enum types in `ResponseOp`.
-pub(crate) mod response_op {
+pub mod response_op {
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Response {
         #[prost(message, tag = "1")]
@@ -231,7 +231,7 @@ pub struct Compare {
     pub target_union: ::core::option::Option<compare::TargetUnion>,
 }
 /// Nested message and enum types in `Compare`.
-pub(crate) mod compare {
+pub mod compare {
     #[derive(
         Clone,
         Copy,
@@ -369,7 +369,7 @@ pub struct WatchRequest {
     pub request_union: ::core::option::Option<watch_request::RequestUnion>,
 }
 /// Nested message and enum types in `WatchRequest`.
-pub(crate) mod watch_request {
+pub mod watch_request {
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
     pub enum RequestUnion {
         #[prost(message, tag = "1")]
@@ -400,7 +400,7 @@ pub struct WatchCreateRequest {
     pub fragment: bool,
 }
 /// Nested message and enum types in `WatchCreateRequest`.
-pub(crate) mod watch_create_request {
+pub mod watch_create_request {
     #[derive(
         Clone,
         Copy,
@@ -476,7 +476,7 @@ pub struct StatusResponse {
     pub version: ::prost::alloc::string::String,
 }
 /// Generated client implementations.
-pub(crate) mod kv_client {
+pub mod kv_client {
     #![allow(
         unused_variables,
         dead_code,
@@ -657,7 +657,7 @@ pub(crate) mod kv_client {
     }
 }
 /// Generated client implementations.
-pub(crate) mod watch_client {
+pub mod watch_client {
     #![allow(
         unused_variables,
         dead_code,
@@ -760,7 +760,7 @@ pub(crate) mod watch_client {
     }
 }
 /// Generated client implementations.
-pub(crate) mod maintenance_client {
+pub mod maintenance_client {
     #![allow(
         unused_variables,
         dead_code,

@@ -26,7 +26,7 @@ pub struct Event {
     pub prev_kv: ::core::option::Option<KeyValue>,
 }
 /// Nested message and enum types in `Event`.
-pub(crate) mod event {
+pub mod event {
     #[derive(
         Clone,
         Copy,
