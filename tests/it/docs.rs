@@ -4,12 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-fn root() -> &'static Path {
+pub(crate) fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// README.md and every page of docs/.
-fn pages() -> Vec<PathBuf> {
+pub(crate) fn pages() -> Vec<PathBuf> {
     let mut pages = vec![root().join("README.md")];
     let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
         .expect("docs/")
@@ -22,18 +22,19 @@ fn pages() -> Vec<PathBuf> {
     pages
 }
 
-/// The fenced blocks of `text` whose info string is `language`.
-fn blocks(text: &str, language: &str) -> Vec<String> {
+/// The fenced blocks of `text` whose info string is `language`, as lines, each unindented by
+/// its fence's indentation (a block inside a list item).
+pub(crate) fn blocks(text: &str, language: &str) -> Vec<Vec<String>> {
     let mut found = Vec::new();
-    let mut current: Option<String> = None;
+    let mut current: Option<(usize, Vec<String>)> = None;
     for line in text.lines() {
-        let trimmed = line.trim_start();
-        match (&mut current, trimmed.strip_prefix("```")) {
-            (None, Some(info)) if info.trim() == language => current = Some(String::new()),
-            (Some(_), Some(_)) => found.extend(current.take()),
-            (Some(block), None) => {
-                block.push_str(line);
-                block.push('\n');
+        let indent = line.len() - line.trim_start().len();
+        let fence = line.trim_start().strip_prefix("```");
+        match (&mut current, fence) {
+            (None, Some(info)) if info.trim() == language => current = Some((indent, Vec::new())),
+            (Some(_), Some(_)) => found.extend(current.take().map(|(_, lines)| lines)),
+            (Some((indent, lines)), None) => {
+                lines.push(line.get(*indent..).unwrap_or(line.trim_start()).to_owned());
             }
             (None, _) => {}
         }
@@ -72,7 +73,7 @@ fn every_rust_snippet_is_compiled_code() {
     for page in pages() {
         let text = std::fs::read_to_string(&page).expect("page");
         for snippet in blocks(&text, "rust") {
-            let snippet = lines(&snippet);
+            let snippet = lines(&snippet.join("\n"));
             let compiled = sources.iter().any(|source| {
                 source
                     .windows(snippet.len())

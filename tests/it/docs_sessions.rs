@@ -14,60 +14,27 @@
 //! and TracingConfiguration shown is a file the server starts with. What needs a cluster
 //! (kubectl apply -k, helm install, admission configurations) is run by the e2e tests, not here.
 
-use std::{path::Path, process::Command};
+use std::process::Command;
 
 use crate::common::{install::has_kubectl, process::Running};
+use crate::docs::{self, blocks, root};
 
 const DEV_SESSION: &str = "export KUBECONFIG=$PWD/certs/kubeconfig";
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// README.md and the pages of docs/, with their text.
+/// README.md and the pages of docs/, each with its name from the repository's root and its text.
 fn pages() -> Vec<(String, String)> {
-    let mut names = vec!["README.md".to_owned()];
-    let mut docs: Vec<String> = std::fs::read_dir(root().join("docs"))
-        .expect("docs/")
-        .map(|entry| {
-            entry
-                .expect("entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .filter(|name| name.ends_with(".md"))
-        .map(|name| format!("docs/{name}"))
-        .collect();
-    docs.sort();
-    names.extend(docs);
-    names
+    docs::pages()
         .into_iter()
-        .map(|name| {
-            let text = std::fs::read_to_string(root().join(&name)).expect("page");
+        .map(|path| {
+            let name = path
+                .strip_prefix(root())
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            let text = std::fs::read_to_string(&path).expect("page");
             (name, text)
         })
         .collect()
-}
-
-/// The fenced blocks of `text` whose info string is `language`, each unindented by its fence's
-/// indentation (a block inside a list item).
-fn blocks(text: &str, language: &str) -> Vec<Vec<String>> {
-    let mut found = Vec::new();
-    let mut current: Option<(usize, Vec<String>)> = None;
-    for line in text.lines() {
-        let indent = line.len() - line.trim_start().len();
-        let fence = line.trim_start().strip_prefix("```");
-        match (&mut current, fence) {
-            (None, Some(info)) if info.trim() == language => current = Some((indent, Vec::new())),
-            (Some(_), Some(_)) => found.extend(current.take().map(|(_, lines)| lines)),
-            (Some((indent, lines)), None) => {
-                lines.push(line.get(*indent..).unwrap_or(line.trim_start()).to_owned());
-            }
-            (None, _) => {}
-        }
-    }
-    found
 }
 
 /// One command of a session and what the page shows it printing.

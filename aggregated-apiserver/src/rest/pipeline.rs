@@ -59,8 +59,9 @@ pub(crate) struct Writing<'a, K> {
 
 impl<K: ServedResource> Writing<'_, K> {
     /// Stores `object`, made by a verb, in place of what it is `replacing`:
-    /// 1. the kind's strategy (the part written kept, server-set fields set or kept, then
-    ///    NamespaceLifecycle for a create);
+    /// 1. for an update, the resourceVersion it names compared with the stored one (409 when
+    ///    stale); then the kind's strategy (the part written kept, server-set fields set or
+    ///    kept, then NamespaceLifecycle for a create);
     /// 2. the managed fields, before admission as in kube-apiserver (what webhooks add is
     ///    nobody's), unless the verb applied them;
     /// 3. admission (mutating, then validating), its warnings added to `warnings`;
